@@ -1,0 +1,65 @@
+# Berth: `make demo` and `make test` work on a fresh machine (Python 3.11, Node 20, npm).
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e demo up openapi clean
+
+all: install
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip==26.3
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[control-plane,agent,infra,local,dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install: $(VENV)/.installed node_modules/.installed
+
+# The CloudFormation template: the one that goes to AWS is the one the local cloud deploys.
+cdk.out/Berth.template.json: install $(shell find infra functions -name '*.py' -not -path '*/__pycache__/*') cdk.json
+	npx cdk synth --quiet > /dev/null
+	touch $@
+
+synth: cdk.out/Berth.template.json
+
+lint: install
+	$(BIN)/ruff check functions agent infra tests
+	$(BIN)/ruff format --check functions agent infra tests
+	$(BIN)/mypy functions agent infra
+
+test: install synth lint
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+test-functional: install
+	$(BIN)/pytest -q tests/functional
+
+test-infra: install synth
+	$(BIN)/pytest -q tests/infra
+
+test-e2e: install synth
+	$(BIN)/pytest -q tests/e2e
+
+demo: install synth
+	$(BIN)/python -m berth.demo
+
+up: install synth
+	$(BIN)/berth local up
+
+openapi: install
+	$(BIN)/python -m berth.handlers.openapi > docs/openapi.json
+
+clean:
+	rm -rf cdk.out .berth .mypy_cache .ruff_cache .pytest_cache

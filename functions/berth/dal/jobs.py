@@ -1,0 +1,171 @@
+"""DynamoDB job repository (pynamodb). Every write is conditional on the stored version."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from pynamodb.connection import Connection
+from pynamodb.transactions import TransactWrite
+
+from berth.dal.errors import translated
+from berth.dal.models import JobEventRow, JobRow, event_model, job_model
+from berth.domain.errors import InvalidRequest
+from berth.domain.job import Job, JobEvent, Site, iso
+from berth.domain.job_spec import JobSpec
+from berth.domain.ports import Page
+from berth.domain.status import JobStatus
+
+ACTIVE = [s for s in JobStatus if s.is_active]
+
+
+def _tenant_status(tenant: str, status: JobStatus) -> str:
+    return f"{tenant}#{status}"
+
+
+def _created_key(job: Job) -> str:
+    return f"{iso(job.created_at)}#{job.id}"
+
+
+class DynamoJobRepository:
+    def __init__(self, jobs_table: str, events_table: str) -> None:
+        self._Job = job_model(jobs_table)
+        self._Event = event_model(events_table)
+        self._conn = Connection()
+
+    # -- mapping -------------------------------------------------------------------------------
+    def _row(self, job: Job) -> JobRow:
+        return self._Job(
+            job_id=job.id,
+            tenant=job.tenant,
+            tenant_status=_tenant_status(job.tenant, job.status),
+            created_key=_created_key(job),
+            owner=job.owner,
+            status=str(job.status),
+            reason=job.reason,
+            spec=job.spec.model_dump(mode="json", exclude_none=True),
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            site=None if job.site is None else str(job.site),
+            placement=job.placement,
+            attempts=job.attempts,
+            cost_usd=job.cost_usd,
+            version=job.version,
+        )
+
+    @staticmethod
+    def _job(row: JobRow) -> Job:
+        return Job(
+            id=row.job_id,
+            tenant=row.tenant,
+            owner=row.owner,
+            status=JobStatus(row.status),
+            reason=row.reason,
+            spec=JobSpec.model_validate(row.spec),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            site=None if row.site is None else Site(row.site),
+            placement=row.placement,
+            attempts=int(row.attempts),
+            cost_usd=float(row.cost_usd),
+            version=int(row.version),
+        )
+
+    def _event_row(self, event: JobEvent) -> JobEventRow:
+        return self._Event(
+            job_id=event.job_id,
+            seq=event.seq,
+            at=event.at,
+            from_status=None if event.from_ is None else str(event.from_),
+            to_status=str(event.to),
+            reason=event.reason,
+        )
+
+    # -- writes --------------------------------------------------------------------------------
+    def create(self, job: Job, event: JobEvent) -> None:
+        with translated(f"create job {job.id}"), TransactWrite(connection=self._conn) as tx:
+            tx.save(self._row(job), condition=self._Job.job_id.does_not_exist())
+            tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+
+    def save(self, job: Job, event: JobEvent) -> None:
+        with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
+            tx.save(self._row(job), condition=self._Job.version == job.version - 1)
+            tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        with translated(f"read job {job_id}"):
+            try:
+                return self._job(self._Job.get(job_id, consistent_read=True))
+            except self._Job.DoesNotExist:
+                return None
+
+    def events(self, job_id: str) -> list[JobEvent]:
+        with translated(f"read events of {job_id}"):
+            return [
+                JobEvent(
+                    job_id=r.job_id,
+                    seq=int(r.seq),
+                    at=r.at,
+                    from_=None if r.from_status is None else JobStatus(r.from_status),
+                    to=JobStatus(r.to_status),
+                    reason=r.reason,
+                )
+                for r in self._Event.query(job_id, consistent_read=True, scan_index_forward=True)
+            ]
+
+    def list_for_tenant(
+        self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
+    ) -> Page:
+        start = _decode_token(next_token, tenant, status) if next_token else None
+        with translated(f"list jobs of {tenant}"):
+            if status is None:
+                result = self._Job.by_tenant.query(  # type: ignore[attr-defined]
+                    tenant, scan_index_forward=False, limit=limit, last_evaluated_key=start
+                )
+            else:
+                result = self._Job.by_tenant_status.query(  # type: ignore[attr-defined]
+                    _tenant_status(tenant, status), scan_index_forward=False, limit=limit,
+                    last_evaluated_key=start,
+                )
+            jobs = [self._job(r) for r in result]
+            last = result.last_evaluated_key
+        return Page(jobs=jobs, next_token=_encode_token(last, tenant, status) if last else None)
+
+    def count_active(self, tenant: str) -> int:
+        with translated(f"count active jobs of {tenant}"):
+            return sum(
+                self._Job.by_tenant_status.count(_tenant_status(tenant, s))  # type: ignore[attr-defined]
+                for s in ACTIVE
+            )
+
+
+# Pagination tokens are opaque to clients but bound to the tenant and filter that produced them,
+# so a token can never be replayed to read another tenant's index partition.
+def _encode_token(key: dict[str, Any], tenant: str, status: JobStatus | None) -> str:
+    raw = json.dumps({"t": tenant, "s": None if status is None else str(status), "k": key}, sort_keys=True)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str, tenant: str, status: JobStatus | None) -> dict[str, Any]:
+    bad = InvalidRequest("next_token is not valid for this query; start again without it")
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
+        raise bad from exc
+    if not isinstance(data, dict) or data.get("t") != tenant:
+        raise bad
+    if data.get("s") != (None if status is None else str(status)):
+        raise bad
+    key = data.get("k")
+    if not isinstance(key, dict) or not all(
+        isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) for v in key.values()
+    ):
+        raise bad
+    expected_hash = "tenant" if status is None else "tenant_status"
+    expected_hash_val = tenant if status is None else _tenant_status(tenant, status)
+    if set(key) != {"job_id", "created_key", expected_hash} or key[expected_hash]["S"] != expected_hash_val:
+        raise bad
+    return key

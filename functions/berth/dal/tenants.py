@@ -1,0 +1,58 @@
+"""DynamoDB tenant repository: principal -> (tenant, role) and tenant -> quota."""
+
+from __future__ import annotations
+
+from pynamodb.exceptions import PutError
+
+from berth.dal.errors import translated
+from berth.dal.models import tenant_model
+from berth.domain.ports import Member
+from berth.domain.tenancy import Quota, Role, canonical_principal
+
+PRINCIPAL = "PRINCIPAL#"
+TENANT = "TENANT#"
+
+
+class DynamoTenantRepository:
+    def __init__(self, table_name: str) -> None:
+        self._Row = tenant_model(table_name)
+
+    def member(self, principal: str) -> Member | None:
+        with translated("read tenant membership"):
+            try:
+                row = self._Row.get(PRINCIPAL + principal)
+            except self._Row.DoesNotExist:
+                return None
+        if row.tenant is None or row.role is None:
+            return None
+        return Member(principal=principal, tenant=row.tenant, role=Role(row.role))
+
+    def put_member(self, principal: str, tenant: str, role: str) -> None:
+        principal = canonical_principal(principal)
+        with translated("write tenant membership"):
+            self._Row(PRINCIPAL + principal, tenant=tenant, role=str(Role(role))).save()
+            try:
+                self._Row(TENANT + tenant, tenant=tenant).save(condition=self._Row.pk.does_not_exist())
+            except PutError as exc:  # the tenant record already exists: keep its quota
+                if exc.cause_response_code != "ConditionalCheckFailedException":
+                    raise
+
+    def tenant_exists(self, tenant: str) -> bool:
+        with translated("read tenant"):
+            try:
+                self._Row.get(TENANT + tenant)
+            except self._Row.DoesNotExist:
+                return False
+        return True
+
+    def quota(self, tenant: str) -> Quota | None:
+        with translated("read quota"):
+            try:
+                row = self._Row.get(TENANT + tenant, consistent_read=True)
+            except self._Row.DoesNotExist:
+                return None
+        return None if row.quota is None else Quota.model_validate(row.quota)
+
+    def put_quota(self, tenant: str, quota: Quota) -> None:
+        with translated("write quota"):
+            self._Row(TENANT + tenant, tenant=tenant, quota=quota.model_dump(mode="json")).save()

@@ -1,0 +1,72 @@
+"""Domain errors. Each carries a stable machine-readable code; the API maps them to HTTP statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    code = "Error"
+
+    def __init__(self, message: str, *, details: Any = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidRequest(DomainError):
+    """Malformed input (bad JSON, bad query parameter, bad token)."""
+
+    code = "BadRequest"
+
+
+class PayloadTooLarge(InvalidRequest):
+    code = "PayloadTooLarge"
+
+
+class ValidationFailed(DomainError):
+    """Well-formed input that breaks the schema or a rule."""
+
+    code = "ValidationError"
+
+
+class Unauthenticated(DomainError):
+    code = "Unauthenticated"
+
+
+class Forbidden(DomainError):
+    code = "Forbidden"
+
+
+class NotFound(DomainError):
+    code = "NotFound"
+
+
+class Conflict(DomainError):
+    """A conditional write lost a race, or the request clashes with the current state."""
+
+    code = "Conflict"
+
+
+class IllegalTransition(Conflict):
+    code = "IllegalTransition"
+
+
+class IdempotencyMismatch(Conflict):
+    code = "IdempotencyKeyReused"
+
+
+class QuotaExceeded(DomainError):
+    code = "QuotaExceeded"
+
+
+class Infeasible(DomainError):
+    """No site could ever run the job under the organisation's policy."""
+
+    code = "Infeasible"
+
+
+class StoreUnavailable(DomainError):
+    """The state store failed in a way worth retrying (throttling, timeouts)."""
+
+    code = "ServiceUnavailable"

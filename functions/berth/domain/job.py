@@ -1,0 +1,112 @@
+"""The job record and its state history, as stored and as the API returns them. Pure."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from berth.domain.job_spec import JobSpec
+from berth.domain.status import JobStatus, check_transition
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_job_id(now: datetime, entropy: bytes | None = None) -> str:
+    """A sortable, unguessable id: ``j-`` + 10 chars of millisecond time + 16 random chars."""
+    ms = int(now.timestamp() * 1000)
+    rand = int.from_bytes(entropy if entropy is not None else secrets.token_bytes(10), "big")
+    t = "".join(_CROCKFORD[(ms >> (5 * i)) & 31] for i in range(9, -1, -1))
+    r = "".join(_CROCKFORD[(rand >> (5 * i)) & 31] for i in range(15, -1, -1))
+    return f"j-{t}{r}"
+
+
+def iso(ts: datetime) -> str:
+    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Site(StrEnum):
+    ONPREM = "onprem"
+    CLOUD = "cloud"
+
+
+class JobEvent(BaseModel):
+    """One state change. ``seq`` equals the job's version after the change."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    job_id: str
+    seq: int
+    at: datetime
+    from_: JobStatus | None = Field(default=None, alias="from")
+    to: JobStatus
+    reason: str
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "at": iso(self.at),
+            "from": None if self.from_ is None else str(self.from_),
+            "to": str(self.to),
+            "reason": self.reason,
+        }
+
+
+class Job(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    tenant: str
+    owner: str
+    status: JobStatus
+    reason: str
+    spec: JobSpec
+    created_at: datetime
+    updated_at: datetime
+    site: Site | None = None
+    placement: dict[str, Any] | None = None
+    attempts: int = 0
+    cost_usd: float = 0.0
+    version: int = 1
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "owner": self.owner,
+            "status": str(self.status),
+            "reason": self.reason,
+            "spec": self.spec.model_dump(mode="json", exclude_none=True),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "site": None if self.site is None else str(self.site),
+            "placement": self.placement,
+            "attempts": self.attempts,
+            "cost_usd": round(self.cost_usd, 4),
+        }
+
+    def transition(self, to: JobStatus, reason: str, now: datetime, **changes: Any) -> tuple[Job, JobEvent]:
+        """The next version of this job and the event recording the move. Refuses illegal moves."""
+        check_transition(self.status, to)
+        nxt = self.model_copy(
+            update={"status": to, "reason": reason, "updated_at": now, "version": self.version + 1, **changes}
+        )
+        event = JobEvent(job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=to, reason=reason)
+        return nxt, event
+
+
+def new_job(job_id: str, tenant: str, owner: str, spec: JobSpec, now: datetime) -> tuple[Job, JobEvent]:
+    reason = "waiting for placement"
+    job = Job(
+        id=job_id,
+        tenant=tenant,
+        owner=owner,
+        status=JobStatus.QUEUED,
+        reason=reason,
+        spec=spec,
+        created_at=now,
+        updated_at=now,
+    )
+    return job, JobEvent(job_id=job_id, seq=1, at=now, from_=None, to=JobStatus.QUEUED, reason="submitted")

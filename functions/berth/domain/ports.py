@@ -1,0 +1,54 @@
+"""What the domain needs from the outside world, as protocols. Adapters implement them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from berth.domain.job import Job, JobEvent
+from berth.domain.status import JobStatus
+from berth.domain.tenancy import Quota, Role
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    jobs: list[Job]
+    next_token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    principal: str
+    tenant: str
+    role: Role
+
+
+class JobRepository(Protocol):
+    def create(self, job: Job, event: JobEvent) -> None:
+        """Store a new job and its first event atomically; Conflict if the id exists."""
+
+    def get(self, job_id: str) -> Job | None: ...
+
+    def save(self, job: Job, event: JobEvent) -> None:
+        """Store ``job`` (version n) only if the stored one is still version n-1, with its event,
+        atomically; Conflict if another writer got there first."""
+
+    def list_for_tenant(
+        self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
+    ) -> Page: ...
+
+    def events(self, job_id: str) -> list[JobEvent]: ...
+
+    def count_active(self, tenant: str) -> int: ...
+
+
+class TenantRepository(Protocol):
+    def member(self, principal: str) -> Member | None: ...
+
+    def put_member(self, principal: str, tenant: str, role: str) -> None: ...
+
+    def quota(self, tenant: str) -> Quota | None: ...
+
+    def put_quota(self, tenant: str, quota: Quota) -> None: ...
+
+    def tenant_exists(self, tenant: str) -> bool: ...

@@ -1,0 +1,80 @@
+"""Tenants, roles, callers and quotas. Pure."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from berth.domain.job_spec import GPU_TYPES
+
+TENANT_RE = r"^[a-z][a-z0-9-]{1,31}$"
+_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
+
+
+class Role(StrEnum):
+    MEMBER = "member"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as established from the verified IAM identity (never from the body)."""
+
+    principal: str
+    tenant: str
+    role: Role
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+    @property
+    def name(self) -> str:
+        return self.principal.rsplit("/", 1)[-1]
+
+
+def canonical_principal(arn: str) -> str:
+    """Map an STS assumed-role session ARN to its role ARN; other ARNs are kept as they are.
+
+    A team's engineers typically assume one role per team; every session of it belongs to the
+    same tenant.
+    """
+    m = _ASSUMED_ROLE.match(arn)
+    if m:
+        partition, account, role = m.groups()
+        return f"arn:{partition}:iam::{account}:role/{role}"
+    return arn
+
+
+class GpuQuota(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    guaranteed: Annotated[int, Field(ge=0, le=100_000)] = 0
+    borrow_limit: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+
+class Quota(BaseModel):
+    """A tenant's share of the fleet. ``gpus`` is keyed by GPU model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: dict[str, GpuQuota] = Field(default_factory=dict)
+    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    monthly_cloud_budget_usd: Annotated[float | None, Field(ge=0, le=100_000_000)] = None
+    max_active_jobs: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
+
+    @field_validator("gpus")
+    @classmethod
+    def _known_models(cls, v: dict[str, GpuQuota]) -> dict[str, GpuQuota]:
+        unknown = sorted(set(v) - set(GPU_TYPES))
+        if unknown:
+            raise ValueError(f"unknown GPU model(s) {unknown}; expected some of {', '.join(GPU_TYPES)}")
+        return v
+
+
+def valid_tenant_name(name: str) -> bool:
+    return re.fullmatch(TENANT_RE, name) is not None

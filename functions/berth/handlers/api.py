@@ -1,0 +1,276 @@
+"""The public HTTP API Lambda (API Gateway REST, AWS_IAM). Thin: parse, call one service, map.
+
+Routes are declared with Powertools' REST resolver with validation on; the OpenAPI document in
+``docs/openapi.json`` is generated from them (``python -m berth.handlers.openapi``).
+"""
+
+
+import json
+from datetime import UTC, datetime
+from functools import cache
+from typing import Annotated, Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.idempotency import (
+    DynamoDBPersistenceLayer,
+    IdempotencyConfig,
+    idempotent_function,
+)
+from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyValidationError,
+)
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from berth.dal.jobs import DynamoJobRepository
+from berth.dal.tenants import DynamoTenantRepository
+from berth.domain.errors import DomainError, IdempotencyMismatch, InvalidRequest, PayloadTooLarge
+from berth.domain.job_spec import JobSpec
+from berth.domain.status import JobStatus
+from berth.domain.tenancy import Caller, Quota, Role
+from berth.handlers import schemas
+from berth.handlers.errors import error_response, from_domain, from_validation
+from berth.handlers.settings import settings
+from berth.logic.jobs import JobService
+from berth.logic.tenants import TenantService
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+app = APIGatewayRestResolver(enable_validation=True)
+app.configure_openapi(
+    title="Berth API",
+    version="1.0.0",
+    summary="Hybrid-cloud GPU allocation for ML training jobs",
+    description="Every route is signed with AWS SigV4 (service `execute-api`). Errors are "
+    '`{"error": {"code", "message", "details"}}`.',
+)
+
+IDEMPOTENCY_KEY_MAX = 128
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@cache
+def _services() -> tuple[JobService, TenantService]:
+    cfg = settings()
+    tenants = DynamoTenantRepository(cfg.tenants_table)
+    jobs = JobService(
+        jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table), tenants=tenants, clock=_now
+    )
+    return jobs, TenantService(tenants)
+
+
+@cache
+def _idempotent_submit() -> Any:
+    cfg = settings()
+    config = IdempotencyConfig(
+        event_key_jmespath="[tenant, key]",
+        payload_validation_jmespath="spec",
+        expires_after_seconds=cfg.idempotency_ttl_s,
+        raise_on_no_idempotency_key=True,
+    )
+    store = DynamoDBPersistenceLayer(table_name=cfg.idempotency_table)
+
+    @idempotent_function(data_keyword_argument="request", persistence_store=store, config=config)
+    def submit_once(request: dict[str, Any]) -> dict[str, Any]:
+        caller = Caller(principal=request["principal"], tenant=request["tenant"], role=Role(request["role"]))
+        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]))
+        return {"job_id": job.id}
+
+    return submit_once, config
+
+
+def _caller() -> Caller:
+    identity = app.current_event.request_context.identity
+    return _services()[1].caller(identity.user_arn)
+
+
+def _json(status: int, body: Any) -> Response[Any]:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body)
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+@app.post(
+    "/v1/jobs",
+    summary="Submit a training job",
+    description="Optional `Idempotency-Key` header: the same key and body return the same job; "
+    "the same key with another body answers 409.",
+    responses={
+        201: {"description": "Job accepted", "content": {"application/json": {"model": schemas.JobOut}}},
+        **schemas.error_responses(400, 403, 409, 422, 429),
+    },
+    tags=["jobs"],
+)
+@tracer.capture_method
+def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
+    caller = _caller()
+    jobs, _ = _services()
+    key = app.current_event.headers.get("Idempotency-Key")
+    if key is None:
+        job = jobs.submit(caller, spec)
+    else:
+        if not key or len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
+            raise InvalidRequest(f"Idempotency-Key must be 1..{IDEMPOTENCY_KEY_MAX} printable characters")
+        submit_once, _config = _idempotent_submit()
+        request = {
+            "tenant": caller.tenant,
+            "key": key,
+            "principal": caller.principal,
+            "role": str(caller.role),
+            "spec": spec.model_dump(mode="json"),
+        }
+        try:
+            job_id = submit_once(request=request)["job_id"]
+        except IdempotencyValidationError as exc:
+            raise IdempotencyMismatch(
+                "this Idempotency-Key was already used with a different job spec; use a new key"
+            ) from exc
+        except IdempotencyAlreadyInProgressError as exc:
+            raise IdempotencyMismatch("a request with this Idempotency-Key is still in progress") from exc
+        job = jobs.get(caller, job_id)
+    metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
+    logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
+    return _json(201, job.public())
+
+
+@app.get(
+    "/v1/jobs",
+    summary="List your tenant's jobs, newest first",
+    responses={
+        200: {"description": "A page of jobs", "content": {"application/json": {"model": schemas.JobList}}},
+        **schemas.error_responses(400, 403, 422),
+    },
+    tags=["jobs"],
+)
+def list_jobs(
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Page size")] = 50,
+    next_token: Annotated[str | None, Query(max_length=2048, description="From the previous page")] = None,
+) -> Response[Any]:
+    page = _services()[0].list(_caller(), status, limit, next_token)
+    return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
+
+
+JobId = Annotated[str, Path(pattern=r"^j-[0-9a-z]{26}$", description="Job id")]
+
+
+@app.get(
+    "/v1/jobs/<job_id>",
+    summary="Get a job",
+    responses={
+        200: {"description": "The job", "content": {"application/json": {"model": schemas.JobOut}}},
+        **schemas.error_responses(403, 404, 422),
+    },
+    tags=["jobs"],
+)
+def get_job(job_id: JobId) -> Response[Any]:
+    return _json(200, _services()[0].get(_caller(), job_id).public())
+
+
+@app.post(
+    "/v1/jobs/<job_id>/cancel",
+    summary="Cancel a job",
+    description="Queued jobs become CANCELED at once; placed ones CANCELING until the executor stops "
+    "them. Repeating a cancel is harmless.",
+    responses={
+        202: {"description": "Cancel accepted", "content": {"application/json": {"model": schemas.JobOut}}},
+        **schemas.error_responses(403, 404, 409, 422),
+    },
+    tags=["jobs"],
+)
+def cancel_job(job_id: JobId) -> Response[Any]:
+    return _json(202, _services()[0].cancel(_caller(), job_id).public())
+
+
+@app.get(
+    "/v1/jobs/<job_id>/events",
+    summary="A job's state history, oldest first",
+    responses={
+        200: {"description": "State changes", "content": {"application/json": {"model": schemas.EventList}}},
+        **schemas.error_responses(403, 404, 422),
+    },
+    tags=["jobs"],
+)
+def job_events(job_id: JobId) -> Response[Any]:
+    events = _services()[0].events(_caller(), job_id)
+    return _json(200, {"events": [e.public() for e in events]})
+
+
+# -- tenants --------------------------------------------------------------------------------------
+Tenant = Annotated[str, Path(pattern=r"^[a-z][a-z0-9-]{1,31}$", description="Tenant (team) name")]
+
+
+@app.get(
+    "/v1/tenants/<tenant>/quota",
+    summary="A tenant's quota (admins: any tenant; members: their own)",
+    responses={
+        200: {"description": "The quota", "content": {"application/json": {"model": Quota}}},
+        **schemas.error_responses(403, 404, 422),
+    },
+    tags=["tenants"],
+)
+def get_quota(tenant: Tenant) -> Response[Any]:
+    return _json(200, _services()[1].get_quota(_caller(), tenant).model_dump(mode="json"))
+
+
+@app.put(
+    "/v1/tenants/<tenant>/quota",
+    summary="Set a tenant's quota (admins only)",
+    responses={
+        200: {"description": "The new quota", "content": {"application/json": {"model": Quota}}},
+        **schemas.error_responses(400, 403, 404, 422),
+    },
+    tags=["tenants"],
+)
+def put_quota(tenant: Tenant, quota: Annotated[Quota, Body(embed=False)]) -> Response[Any]:
+    return _json(200, _services()[1].put_quota(_caller(), tenant, quota).model_dump(mode="json"))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+@app.exception_handler(DomainError)
+def _domain_error(exc: DomainError) -> Response[Any]:
+    if not isinstance(exc, (InvalidRequest,)):
+        logger.info("request refused", extra={"code": exc.code, "error": exc.message})
+    return from_domain(exc)
+
+
+@app.exception_handler(RequestValidationError)
+def _validation_error(exc: RequestValidationError) -> Response[Any]:
+    return from_validation(exc)
+
+
+@app.not_found
+def _not_found(_exc: Exception) -> Response[Any]:
+    return error_response(404, "NotFound", f"no route {app.current_event.http_method} {app.current_event.path}")
+
+
+# -- entry point ----------------------------------------------------------------------------------
+def _body_too_large(event: dict[str, Any]) -> bool:
+    body = event.get("body") or ""
+    return len(body.encode() if isinstance(body, str) else body) > settings().max_body_bytes
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    if _body_too_large(event):
+        limit = settings().max_body_bytes
+        exc = PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
+        resp = from_domain(exc)
+        return {
+            "statusCode": resp.status_code,
+            "headers": {"Content-Type": "application/json"},
+            "body": json.dumps(resp.body),
+            "isBase64Encoded": False,
+        }
+    _idempotent_submit()[1].register_lambda_context(context)
+    return app.resolve(event, context)

@@ -1,0 +1,66 @@
+"""Response shapes of the HTTP API, used for the generated OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from berth.domain.job_spec import JobSpec
+from berth.domain.status import JobStatus
+
+
+class JobOut(BaseModel):
+    id: str
+    tenant: str
+    owner: str
+    status: JobStatus
+    reason: str
+    spec: JobSpec
+    created_at: str
+    updated_at: str
+    site: str | None = None
+    placement: dict[str, Any] | None = None
+    attempts: int
+    cost_usd: float
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    next_token: str | None = None
+
+
+class EventOut(BaseModel):
+    at: str
+    from_: JobStatus | None = Field(default=None, alias="from")
+    to: JobStatus
+    reason: str
+
+
+class EventList(BaseModel):
+    events: list[EventOut]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+def error_responses(*codes: int) -> dict[int, dict[str, Any]]:
+    text = {
+        400: "Malformed request",
+        403: "Not allowed (unknown principal, other tenant's resource, not an admin)",
+        404: "Not found (including another tenant's job)",
+        409: "Conflict (illegal state change, lost race, Idempotency-Key reused with another body)",
+        422: "Request does not satisfy the schema",
+        429: "Quota exceeded",
+    }
+    return {
+        c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}}
+        for c in codes
+    }

@@ -1,0 +1,24 @@
+"""Runtime configuration of the control-plane Lambdas, read from the environment once."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERTH_", extra="ignore")
+
+    jobs_table: str
+    job_events_table: str
+    tenants_table: str
+    idempotency_table: str
+    #: Largest accepted request body; a job spec is small, anything bigger is refused before parsing.
+    max_body_bytes: int = 64 * 1024
+    idempotency_ttl_s: int = 24 * 3600
+
+
+@cache
+def settings() -> Settings:
+    return Settings()  # type: ignore[call-arg]  # values come from the environment

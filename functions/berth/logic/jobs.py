@@ -1,0 +1,80 @@
+"""Job use cases: submit, read, list, cancel, history. Pure logic over repository ports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from berth.domain.errors import Conflict, NotFound, QuotaExceeded
+from berth.domain.job import Job, JobEvent, new_job, new_job_id
+from berth.domain.job_spec import JobSpec
+from berth.domain.ports import JobRepository, Page, TenantRepository
+from berth.domain.status import JobStatus, cancel_target
+from berth.domain.tenancy import Caller, Quota
+
+Clock = Callable[[], datetime]
+#: Raises a domain error (Infeasible) when no site could ever run the spec for this tenant.
+FeasibilityCheck = Callable[[JobSpec, str], None]
+
+MAX_LIST_LIMIT = 100
+CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class JobService:
+    jobs: JobRepository
+    tenants: TenantRepository
+    clock: Clock
+    feasibility: FeasibilityCheck | None = None
+
+    def submit(self, caller: Caller, spec: JobSpec) -> Job:
+        quota = self.tenants.quota(caller.tenant) or Quota()
+        active = self.jobs.count_active(caller.tenant)
+        if active >= quota.max_active_jobs:
+            raise QuotaExceeded(
+                f"tenant {caller.tenant!r} already has {active} active jobs "
+                f"(quota max_active_jobs={quota.max_active_jobs}); wait for some to finish or cancel them",
+                details={"active": active, "max_active_jobs": quota.max_active_jobs},
+            )
+        if self.feasibility is not None:
+            self.feasibility(spec, caller.tenant)
+        now = self.clock()
+        job, event = new_job(new_job_id(now), caller.tenant, caller.principal, spec, now)
+        self.jobs.create(job, event)
+        return job
+
+    def get(self, caller: Caller, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        # Another tenant's job is indistinguishable from a missing one.
+        if job is None or (job.tenant != caller.tenant and not caller.is_admin):
+            raise NotFound(f"job {job_id!r} not found")
+        return job
+
+    def list(self, caller: Caller, status: JobStatus | None, limit: int, next_token: str | None) -> Page:
+        return self.jobs.list_for_tenant(caller.tenant, status, min(limit, MAX_LIST_LIMIT), next_token)
+
+    def events(self, caller: Caller, job_id: str) -> list[JobEvent]:
+        self.get(caller, job_id)
+        return self.jobs.events(job_id)
+
+    def cancel(self, caller: Caller, job_id: str) -> Job:
+        """Cancel a job; safe to repeat (a job already canceling or canceled is returned as is).
+
+        Lost races (another writer moved the job) are retried against the fresh record.
+        """
+        for _ in range(CONFLICT_RETRIES):
+            job = self.get(caller, job_id)
+            if job.status in (JobStatus.CANCELING, JobStatus.CANCELED):
+                return job
+            target = cancel_target(job.status)
+            reason = f"canceled by {caller.name}" if target is JobStatus.CANCELED else (
+                f"cancel requested by {caller.name}; waiting for the executor to stop it"
+            )
+            nxt, event = job.transition(target, reason, self.clock())
+            try:
+                self.jobs.save(nxt, event)
+            except Conflict:
+                continue
+            return nxt
+        raise Conflict(f"job {job_id!r} kept changing while canceling; try again")

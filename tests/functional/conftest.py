@@ -1,0 +1,169 @@
+"""Handlers and adapters against moto (in-process), with the tables the CDK app defines."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+ACCOUNT = "123456789012"
+TABLES = {
+    "BERTH_JOBS_TABLE": "berth-jobs",
+    "BERTH_JOB_EVENTS_TABLE": "berth-job-events",
+    "BERTH_TENANTS_TABLE": "berth-tenants",
+    "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
+}
+
+
+def _s(name: str) -> dict[str, str]:
+    return {"AttributeName": name, "AttributeType": "S"}
+
+
+def create_tables(ddb: Any) -> None:
+    """The key schemas of infra/berth_infra (tests/infra asserts the template has the same)."""
+    pay = {"BillingMode": "PAY_PER_REQUEST"}
+    gsi = [
+        {
+            "IndexName": name,
+            "KeySchema": [
+                {"AttributeName": hk, "KeyType": "HASH"},
+                {"AttributeName": "created_key", "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "ALL"},
+        }
+        for name, hk in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status"))
+    ]
+    ddb.create_table(
+        TableName=TABLES["BERTH_JOBS_TABLE"],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        AttributeDefinitions=[_s("job_id"), _s("tenant"), _s("tenant_status"), _s("created_key")],
+        GlobalSecondaryIndexes=gsi,
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_JOB_EVENTS_TABLE"],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}, {"AttributeName": "seq", "KeyType": "RANGE"}],
+        AttributeDefinitions=[_s("job_id"), {"AttributeName": "seq", "AttributeType": "N"}],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_TENANTS_TABLE"],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[_s("pk")],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_IDEMPOTENCY_TABLE"],
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[_s("id")],
+        **pay,
+    )
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "POWERTOOLS_SERVICE_NAME": "berth-api",
+        "POWERTOOLS_TRACE_DISABLED": "1",
+        "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+        **TABLES,
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        create_tables(boto3.client("dynamodb", region_name="us-east-1"))
+        yield
+
+
+def arn(user: str) -> str:
+    return f"arn:aws:iam::{ACCOUNT}:user/{user}"
+
+
+@pytest.fixture
+def seeded(aws: None) -> None:
+    from berth.dal.tenants import DynamoTenantRepository
+
+    repo = DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"])
+    repo.put_member(arn("alice"), "vision", "member")
+    repo.put_member(arn("bob"), "nlp", "member")
+    repo.put_member(arn("admin"), "platform", "admin")
+
+
+class FakeContext:
+    function_name = "berth-api"
+    memory_limit_in_mb = 512
+    invoked_function_arn = f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:berth-api"
+    aws_request_id = "req-1"
+    log_group_name = "/aws/lambda/berth-api"
+    log_stream_name = "stream"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 29_000
+
+
+Invoke = Callable[..., tuple[int, Any]]
+
+
+@pytest.fixture
+def api(seeded: None) -> Invoke:
+    """Call the API Lambda with a proxy event built from events/apigw_submit_job.json."""
+    from berth.handlers import api as api_module
+    from berth.handlers.settings import settings
+
+    settings.cache_clear()
+    api_module._services.cache_clear()
+    api_module._idempotent_submit.cache_clear()
+    base = json.loads((EVENTS / "apigw_submit_job.json").read_text())
+
+    def invoke(
+        method: str,
+        path: str,
+        *,
+        user: str = "alice",
+        body: Any = None,
+        raw_body: str | None = None,
+        query: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        event = copy.deepcopy(base)
+        event["httpMethod"] = method
+        event["path"] = path
+        event["resource"] = path
+        event["requestContext"]["httpMethod"] = method
+        event["requestContext"]["identity"]["userArn"] = arn(user) if user else None
+        event["queryStringParameters"] = query
+        event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()} if query else None
+        event["headers"] = {**event["headers"], **(headers or {})}
+        event["multiValueHeaders"] = {k: [v] for k, v in event["headers"].items()}
+        event["body"] = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
+        resp = api_module.lambda_handler(event, FakeContext())  # type: ignore[arg-type]
+        return resp["statusCode"], json.loads(resp["body"]) if resp.get("body") else None
+
+    return invoke
+
+
+@pytest.fixture
+def spec() -> dict[str, Any]:
+    return {
+        "name": "resnet50",
+        "image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+        "command": ["python", "train.py", "--epochs", "10"],
+        "resources": {"gpu_type": "V100", "gpus": 4},
+    }
+
+
+os.environ.setdefault("POWERTOOLS_DEV", "false")
