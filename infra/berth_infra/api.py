@@ -1,0 +1,156 @@
+"""The public HTTP API: API Gateway REST API (SigV4/AWS_IAM on every method) proxying to one Lambda."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from berth_infra.bundling import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, function_code
+from berth_infra.data import DataTables
+
+API_STAGE_NAME = "api"
+LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+
+#: Every route of the HTTP API contract (docs/BRIEF): path -> methods. Paths start with /v1.
+ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/jobs": ("GET", "POST"),
+    "/v1/jobs/{id}": ("GET",),
+    "/v1/jobs/{id}/cancel": ("POST",),
+    "/v1/jobs/{id}/events": ("GET",),
+    "/v1/jobs/{id}/logs": ("GET",),
+    "/v1/jobs/{id}/metrics": ("GET",),
+    "/v1/jobs/{id}/explain": ("GET",),
+    "/v1/capacity": ("GET",),
+    "/v1/tenants/{tenant}/quota": ("GET", "PUT"),
+}
+
+
+class ApiFunction(Construct):
+    """The API's Lambda with its own log group and a least-privilege role."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, tables: DataTables, bundle: bool) -> None:
+        super().__init__(scope, construct_id)
+
+        self.log_group = logs.LogGroup(
+            self, "LogGroup", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY
+        )
+        # Own role instead of the default one: no AWSLambdaBasicExecutionRole managed policy, logs
+        # only to this function's log group.
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Berth API Lambda: DynamoDB state tables, its log group, X-Ray",
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=LAMBDA_RUNTIME,
+            architecture=LAMBDA_ARCHITECTURE,
+            handler="berth.handlers.api.lambda_handler",
+            code=function_code(bundle),
+            memory_size=512,
+            timeout=Duration.seconds(29),
+            tracing=lambda_.Tracing.ACTIVE,
+            role=self.role,
+            log_group=self.log_group,
+            description="Berth control-plane HTTP API (/v1)",
+            environment={
+                "BERTH_JOBS_TABLE": tables.jobs.table_name,
+                "BERTH_JOB_EVENTS_TABLE": tables.job_events.table_name,
+                "BERTH_TENANTS_TABLE": tables.tenants.table_name,
+                "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
+                "POWERTOOLS_SERVICE_NAME": "berth-api",
+                "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+                "POWERTOOLS_LOG_LEVEL": "INFO",
+            },
+        )
+        self.log_group.grant_write(self.role)
+        # Jobs, events, idempotency: the API creates and transitions jobs (conditional writes) and
+        # appends their history. Tenants: read for principal->tenant mapping and quotas, write for
+        # admins setting quotas (authorised in the handler by role).
+        for table in tables.all_tables:
+            table.grant_read_write_data(self.role)
+
+
+class BerthApi(Construct):
+    """REST API ``BerthApi``, stage ``api``; every method AWS_IAM, Lambda proxy to ``ApiFunction``."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, handler: lambda_.IFunction) -> None:
+        super().__init__(scope, construct_id)
+
+        self.access_log_group = logs.LogGroup(
+            self, "AccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY
+        )
+        self.rest_api = apigw.RestApi(
+            self,
+            "BerthApi",
+            rest_api_name="BerthApi",
+            description="Berth hybrid-cloud GPU allocation API (SigV4-signed, routes under /v1)",
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            # Execution logging (APIG6) needs the account-level CloudWatch role; CDK creates it with the
+            # AWS::ApiGateway::Account resource (no custom resource).
+            cloud_watch_role=True,
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
+            deploy_options=apigw.StageOptions(
+                stage_name=API_STAGE_NAME,
+                tracing_enabled=True,
+                logging_level=apigw.MethodLoggingLevel.INFO,
+                data_trace_enabled=False,  # request/response bodies never go to logs
+                metrics_enabled=True,
+                throttling_rate_limit=100,
+                throttling_burst_limit=200,
+                access_log_destination=apigw.LogGroupLogDestination(self.access_log_group),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=True,
+                    http_method=True,
+                    ip=True,
+                    protocol=True,
+                    request_time=True,
+                    resource_path=True,
+                    response_length=True,
+                    status=True,
+                    user=True,
+                ),
+            ),
+            default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
+        )
+        # The default `Endpoint` output is replaced by the stack's contract output `ApiUrl`.
+        self.rest_api.node.try_remove_child("Endpoint")
+
+        # Rejects requests missing declared parameters before they reach Lambda. Body validation is
+        # on for any method that declares a request model; today none does: bodies are validated by
+        # the handler against the pydantic job-spec model (one schema, one place, clear 4xx errors).
+        self.validator = self.rest_api.add_request_validator(
+            "RequestValidator",
+            request_validator_name="berth-params-and-body",
+            validate_request_parameters=True,
+            validate_request_body=True,
+        )
+        # One invoke permission for the whole API instead of two per method.
+        integration = apigw.LambdaIntegration(handler, proxy=True, scope_permission_to_method=False)
+
+        self.methods: list[apigw.Method] = []
+        for path, verbs in ROUTES.items():
+            resource = self.rest_api.root.resource_for_path(path)
+            params = {
+                f"method.request.path.{part[1:-1]}": True for part in path.split("/") if part.startswith("{")
+            }
+            for verb in verbs:
+                self.methods.append(
+                    resource.add_method(
+                        verb,
+                        integration,
+                        authorization_type=apigw.AuthorizationType.IAM,
+                        request_validator=self.validator,
+                        request_parameters=params or None,
+                    )
+                )
+
+    @property
+    def url(self) -> str:
+        return self.rest_api.url

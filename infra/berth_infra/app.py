@@ -1,0 +1,38 @@
+"""CDK entry point: ``npx cdk synth`` (see cdk.json) runs ``python -m berth_infra.app``."""
+
+from __future__ import annotations
+
+import os
+
+from aws_cdk import App, Environment, Validations
+from cdk_nag import AwsSolutionsChecks
+
+from berth_infra.stack import STACK_NAME, BerthStack
+
+
+def build_app(context: dict[str, object] | None = None, outdir: str | None = None) -> tuple[App, BerthStack]:
+    """The app with its one stack and the cdk-nag AwsSolutions pack attached as a validation plugin.
+
+    Synthesis fails on any unacknowledged AwsSolutions finding. No AWS credentials are needed: the
+    stack is environment-agnostic unless ``berth:account``/``berth:region`` context (or the CLI's
+    ``CDK_DEFAULT_ACCOUNT``/``CDK_DEFAULT_REGION`` with ``berth:useCliEnv``) pins it.
+    """
+    app = App(context=context, outdir=outdir)
+    account = app.node.try_get_context("berth:account")
+    region = app.node.try_get_context("berth:region")
+    if app.node.try_get_context("berth:useCliEnv"):
+        account = account or os.environ.get("CDK_DEFAULT_ACCOUNT")
+        region = region or os.environ.get("CDK_DEFAULT_REGION")
+    env = Environment(account=account, region=region) if account or region else None
+    stack = BerthStack(app, STACK_NAME, env=env)
+    Validations.of(app).add_plugins(AwsSolutionsChecks(app, verbose=True))
+    return app, stack
+
+
+def main() -> None:
+    app, _ = build_app()
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""DynamoDB tables. Key schemas are a contract with ``berth.dal`` (pynamodb models): change both together."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as ddb
+from constructs import Construct
+
+_S = ddb.AttributeType.STRING
+_N = ddb.AttributeType.NUMBER
+
+
+def _table(
+    scope: Construct,
+    construct_id: str,
+    *,
+    partition_key: str,
+    sort_key: tuple[str, ddb.AttributeType] | None = None,
+    ttl_attribute: str | None = None,
+    removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+) -> ddb.Table:
+    """A table with Berth's baseline: on-demand, PITR, AWS-managed KMS encryption, retained on delete."""
+    return ddb.Table(
+        scope,
+        construct_id,
+        partition_key=ddb.Attribute(name=partition_key, type=_S),
+        sort_key=ddb.Attribute(name=sort_key[0], type=sort_key[1]) if sort_key else None,
+        billing_mode=ddb.BillingMode.PAY_PER_REQUEST,
+        point_in_time_recovery_specification=ddb.PointInTimeRecoverySpecification(
+            point_in_time_recovery_enabled=True
+        ),
+        encryption=ddb.TableEncryption.AWS_MANAGED,
+        time_to_live_attribute=ttl_attribute,
+        removal_policy=removal_policy,
+    )
+
+
+class DataTables(Construct):
+    """The control plane's state: jobs, their event history, tenants and quotas, idempotency records."""
+
+    def __init__(self, scope: Construct, construct_id: str) -> None:
+        super().__init__(scope, construct_id)
+
+        # Jobs: one item per job. GSIs serve `GET /v1/jobs` per tenant, optionally filtered by status
+        # (`tenant_status` = "<tenant>#<STATUS>"); `created_key` sorts newest/oldest and is unique.
+        self.jobs = _table(self, "JobsTable", partition_key="job_id")
+        for index_name, partition in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status")):
+            self.jobs.add_global_secondary_index(
+                index_name=index_name,
+                partition_key=ddb.Attribute(name=partition, type=_S),
+                sort_key=ddb.Attribute(name="created_key", type=_S),
+                projection_type=ddb.ProjectionType.ALL,
+            )
+
+        # Job events: the state history of a job, ordered by a per-job sequence number.
+        self.job_events = _table(self, "JobEventsTable", partition_key="job_id", sort_key=("seq", _N))
+
+        # Tenants: tenant records, quotas and principal mappings (single-table style, generic `pk`).
+        self.tenants = _table(self, "TenantsTable", partition_key="pk")
+
+        # Idempotency: Powertools' default persistence schema (`id` key, `expiration` TTL). The records
+        # are disposable (they expire), so this table is destroyed with the stack.
+        self.idempotency = _table(
+            self,
+            "IdempotencyTable",
+            partition_key="id",
+            ttl_attribute="expiration",
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
+    @property
+    def all_tables(self) -> list[ddb.Table]:
+        return [self.jobs, self.job_events, self.tenants, self.idempotency]
