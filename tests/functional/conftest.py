@@ -50,7 +50,10 @@ def create_tables(ddb: Any) -> None:
     )
     ddb.create_table(
         TableName=TABLES["BERTH_JOB_EVENTS_TABLE"],
-        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}, {"AttributeName": "seq", "KeyType": "RANGE"}],
+        KeySchema=[
+            {"AttributeName": "job_id", "KeyType": "HASH"},
+            {"AttributeName": "seq", "KeyType": "RANGE"},
+        ],
         AttributeDefinitions=[_s("job_id"), {"AttributeName": "seq", "AttributeType": "N"}],
         **pay,
     )

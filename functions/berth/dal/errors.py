@@ -11,6 +11,8 @@ from pynamodb.exceptions import PynamoDBException, TransactWriteError
 from berth.domain.errors import Conflict, StoreUnavailable
 
 _CONDITION_CODES = {"ConditionalCheckFailedException", "TransactionConflictException"}
+# Per-item reasons inside a TransactionCanceledException.
+_REASON_CODES = {"ConditionalCheckFailed", "TransactionConflict"}
 
 
 def _code(exc: PynamoDBException) -> str | None:
@@ -24,7 +26,7 @@ def translated(what: str) -> Iterator[None]:
         yield
     except TransactWriteError as exc:
         reasons = [r.code for r in (exc.cancellation_reasons or []) if r is not None]
-        if _code(exc) in _CONDITION_CODES or any(r in _CONDITION_CODES for r in reasons):
+        if _code(exc) in _CONDITION_CODES or any(r in _REASON_CODES for r in reasons):
             raise Conflict(f"{what}: the record changed concurrently; re-read and retry") from exc
         raise StoreUnavailable(f"{what}: state store unavailable ({_code(exc)})") from exc
     except PynamoDBException as exc:

@@ -127,7 +127,9 @@ class DynamoJobRepository:
                 )
             else:
                 result = self._Job.by_tenant_status.query(  # type: ignore[attr-defined]
-                    _tenant_status(tenant, status), scan_index_forward=False, limit=limit,
+                    _tenant_status(tenant, status),
+                    scan_index_forward=False,
+                    limit=limit,
                     last_evaluated_key=start,
                 )
             jobs = [self._job(r) for r in result]

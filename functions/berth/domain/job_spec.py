@@ -15,7 +15,10 @@ NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 REGION_RE = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
 # Container image reference: [registry/]repo[:tag][@digest]
-IMAGE_RE = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+IMAGE_RE = (
+    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
 CODE_RE = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S+|sha256:[a-f0-9]{64})$"
 DATA_SOURCE_RE = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|/[^\x00]+|dataset://[a-z0-9][a-z0-9._/-]*)$"
 MOUNT_RE = r"^/[A-Za-z0-9._/-]+$"
@@ -120,9 +123,9 @@ class JobSpec(Strict):
     name: Annotated[str, Field(pattern=NAME_RE)]
     image: Annotated[str | None, Field(max_length=512, pattern=IMAGE_RE)] = None
     code: Annotated[str | None, Field(max_length=1024, pattern=CODE_RE)] = None
-    command: Annotated[list[Annotated[str, Field(max_length=MAX_ARG_LEN)]], Field(max_length=MAX_COMMAND_ARGS)] = (
-        Field(default_factory=list)
-    )
+    command: Annotated[
+        list[Annotated[str, Field(max_length=MAX_ARG_LEN)]], Field(max_length=MAX_COMMAND_ARGS)
+    ] = Field(default_factory=list)
     env: dict[str, Annotated[str, Field(max_length=MAX_ENV_VALUE_LEN)]] = Field(default_factory=dict)
     data: Annotated[list[DataMount], Field(max_length=32)] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
@@ -134,7 +137,9 @@ class JobSpec(Strict):
     @classmethod
     def _argv_not_shell(cls, v: object) -> object:
         if isinstance(v, str):
-            raise ValueError("command must be a list of arguments, not a shell string (e.g. [python, train.py])")
+            raise ValueError(
+                "command must be a list of arguments, not a shell string (e.g. [python, train.py])"
+            )
         return v
 
     @field_validator("env")

@@ -4,7 +4,6 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 ``docs/openapi.json`` is generated from them (``python -m berth.handlers.openapi``).
 """
 
-
 import json
 from datetime import UTC, datetime
 from functools import cache
@@ -41,7 +40,7 @@ from berth.logic.tenants import TenantService
 
 logger = Logger()
 tracer = Tracer()
-metrics = Metrics()
+metrics = Metrics(namespace="Berth")
 app = APIGatewayRestResolver(enable_validation=True)
 app.configure_openapi(
     title="Berth API",
@@ -155,7 +154,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=100, description="Page size")] = 50,
     next_token: Annotated[str | None, Query(max_length=2048, description="From the previous page")] = None,
 ) -> Response[Any]:
-    page = _services()[0].list(_caller(), status, limit, next_token)
+    page = _services()[0].list_jobs(_caller(), status, limit, next_token)
     return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
 
 
@@ -249,7 +248,9 @@ def _validation_error(exc: RequestValidationError) -> Response[Any]:
 
 @app.not_found
 def _not_found(_exc: Exception) -> Response[Any]:
-    return error_response(404, "NotFound", f"no route {app.current_event.http_method} {app.current_event.path}")
+    return error_response(
+        404, "NotFound", f"no route {app.current_event.http_method} {app.current_event.path}"
+    )
 
 
 # -- entry point ----------------------------------------------------------------------------------

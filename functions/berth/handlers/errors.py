@@ -25,7 +25,9 @@ STATUS: list[tuple[type[e.DomainError], int]] = [
 def error_response(status: int, code: str, message: str, details: Any = None) -> Response[Any]:
     body: dict[str, Any] = {"error": {"code": code, "message": message, "details": details}}
     headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers)
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=body, headers=headers
+    )
 
 
 def from_domain(exc: e.DomainError) -> Response[Any]:

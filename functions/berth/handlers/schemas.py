@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, Field
 
 from berth.domain.job_spec import JobSpec
@@ -51,7 +52,7 @@ class ErrorOut(BaseModel):
     error: ErrorBody
 
 
-def error_responses(*codes: int) -> dict[int, dict[str, Any]]:
+def error_responses(*codes: int) -> dict[int, OpenAPIResponse]:
     text = {
         400: "Malformed request",
         403: "Not allowed (unknown principal, other tenant's resource, not an admin)",
@@ -60,7 +61,4 @@ def error_responses(*codes: int) -> dict[int, dict[str, Any]]:
         422: "Request does not satisfy the schema",
         429: "Quota exceeded",
     }
-    return {
-        c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}}
-        for c in codes
-    }
+    return {c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}} for c in codes}

@@ -21,4 +21,4 @@ class Settings(BaseSettings):
 
 @cache
 def settings() -> Settings:
-    return Settings()  # type: ignore[call-arg]  # values come from the environment
+    return Settings()  # values come from the environment

@@ -51,7 +51,7 @@ class JobService:
             raise NotFound(f"job {job_id!r} not found")
         return job
 
-    def list(self, caller: Caller, status: JobStatus | None, limit: int, next_token: str | None) -> Page:
+    def list_jobs(self, caller: Caller, status: JobStatus | None, limit: int, next_token: str | None) -> Page:
         return self.jobs.list_for_tenant(caller.tenant, status, min(limit, MAX_LIST_LIMIT), next_token)
 
     def events(self, caller: Caller, job_id: str) -> list[JobEvent]:
@@ -68,8 +68,10 @@ class JobService:
             if job.status in (JobStatus.CANCELING, JobStatus.CANCELED):
                 return job
             target = cancel_target(job.status)
-            reason = f"canceled by {caller.name}" if target is JobStatus.CANCELED else (
-                f"cancel requested by {caller.name}; waiting for the executor to stop it"
+            reason = (
+                f"canceled by {caller.name}"
+                if target is JobStatus.CANCELED
+                else (f"cancel requested by {caller.name}; waiting for the executor to stop it")
             )
             nxt, event = job.transition(target, reason, self.clock())
             try:

@@ -20,7 +20,9 @@ class TenantService:
         principal = canonical_principal(principal_arn)
         member = self.tenants.member(principal)
         if member is None:
-            raise Forbidden(f"principal {principal} is not a member of any Berth tenant; ask an admin to add it")
+            raise Forbidden(
+                f"principal {principal} is not a member of any Berth tenant; ask an admin to add it"
+            )
         return Caller(principal=principal, tenant=member.tenant, role=member.role)
 
     def get_quota(self, caller: Caller, tenant: str) -> Quota:

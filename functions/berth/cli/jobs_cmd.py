@@ -1,0 +1,220 @@
+"""Job commands: submit, status, ls, cancel, events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from berth.cli.output import (
+    Exit,
+    OutputFormat,
+    OutputOpt,
+    api_errors,
+    console,
+    emit_json,
+    err_console,
+    render,
+)
+from berth.client import BerthClient, load_config
+
+STATUS_STYLE = {
+    "QUEUED": "yellow",
+    "STARTING": "cyan",
+    "RUNNING": "blue",
+    "RETRYING": "magenta",
+    "COMPLETED": "green",
+    "FAILED": "red",
+    "CANCELING": "dim",
+    "CANCELED": "dim",
+}
+
+ApiUrlOpt = Annotated[str | None, typer.Option("--api-url", envvar="BERTH_API_URL", help="Berth API URL")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", help="AWS profile to sign with")]
+
+
+def _client(api_url: str | None, profile: str | None) -> BerthClient:
+    return BerthClient(load_config(api_url, profile))
+
+
+def _status(s: str) -> str:
+    return f"[{STATUS_STYLE.get(s, 'white')}]{s}[/]"
+
+
+def _where(job: dict[str, Any]) -> str:
+    p = job.get("placement") or {}
+    if job.get("site") == "onprem":
+        return f"onprem {p.get('pool', '')}/{p.get('host', '')}"
+    if job.get("site") == "cloud":
+        return f"cloud {p.get('region', '')} {p.get('instance_type', '')}"
+    return "-"
+
+
+def _job_table(job: dict[str, Any]) -> None:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    res = job["spec"].get("resources", {})
+    for k, v in [
+        ("id", job["id"]),
+        ("name", job["spec"]["name"]),
+        ("status", _status(job["status"])),
+        ("reason", job["reason"]),
+        ("tenant", job["tenant"]),
+        ("owner", job["owner"]),
+        ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),
+        ("where", _where(job)),
+        ("attempts", str(job["attempts"])),
+        ("cost", f"${job['cost_usd']:.2f}"),
+        ("created", job["created_at"]),
+        ("updated", job["updated_at"]),
+    ]:
+        t.add_row(f"[bold]{k}[/]", v)
+    console.print(t)
+
+
+def _read_spec(path: Path) -> Any:
+    try:
+        text = path.read_text() if str(path) != "-" else typer.get_text_stream("stdin").read()
+    except OSError as exc:
+        err_console.print(f"[bold red]error[/]: cannot read {path}: {exc.strerror}")
+        raise typer.Exit(int(Exit.USAGE)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        err_console.print(f"[bold red]error[/]: {path} is not valid YAML or JSON: {exc}")
+        raise typer.Exit(int(Exit.USAGE)) from None
+    if not isinstance(data, dict):
+        err_console.print(
+            f"[bold red]error[/]: {path} must hold a mapping (a job spec), not {type(data).__name__}"
+        )
+        raise typer.Exit(int(Exit.USAGE))
+    return data
+
+
+def submit(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Job spec, YAML or JSON ('-' for stdin)")],
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Same key and spec give the same job")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Submit a training job from a spec file."""
+    spec = _read_spec(file)
+    with api_errors(output):
+        job = _client(api_url, profile).submit(spec, idempotency_key)
+    render(output, job, lambda j: console.print(f"submitted [bold]{j['id']}[/] ({_status(j['status'])})"))
+
+
+def status(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show a job."""
+    with api_errors(output):
+        job = _client(api_url, profile).get(job_id)
+    render(output, job, _job_table)
+
+
+def ls(
+    status_filter: Annotated[str | None, typer.Option("--status", help="Only jobs in this status")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="Page size")] = 50,
+    all_pages: Annotated[bool, typer.Option("--all", help="Follow next_token to the end")] = False,
+    next_token: Annotated[str | None, typer.Option("--next-token", help="Continue a listing")] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """List your team's jobs, newest first."""
+    with api_errors(output):
+        client = _client(api_url, profile)
+        page = client.list(status_filter.upper() if status_filter else None, limit, next_token)
+        jobs = list(page["jobs"])
+        while all_pages and page.get("next_token"):
+            page = client.list(status_filter.upper() if status_filter else None, limit, page["next_token"])
+            jobs.extend(page["jobs"])
+    result = {"jobs": jobs, "next_token": None if all_pages else page.get("next_token")}
+
+    def table(data: dict[str, Any]) -> None:
+        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE", "CREATED", "REASON")
+        for j in data["jobs"]:
+            res = j["spec"].get("resources", {})
+            t.add_row(
+                j["id"],
+                j["spec"]["name"],
+                _status(j["status"]),
+                f"{res.get('gpus', 1)}x{res.get('gpu_type', '?')}",
+                _where(j),
+                j["created_at"],
+                j["reason"],
+            )
+        console.print(t)
+        if data.get("next_token"):
+            console.print(f"more: --next-token {data['next_token']}")
+
+    render(output, result, table)
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Cancel a job (queued jobs stop at once; running ones once their executor confirms)."""
+    with api_errors(output):
+        job = _client(api_url, profile).cancel(job_id)
+    render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({j['reason']})"))
+
+
+def events(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show a job's state history."""
+    with api_errors(output):
+        data = _client(api_url, profile).events(job_id)
+
+    def table(d: dict[str, Any]) -> None:
+        t = Table("AT", "FROM", "TO", "REASON")
+        for e in d["events"]:
+            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), e["reason"])
+        console.print(t)
+
+    render(output, data, table)
+
+
+def quota(
+    tenant: Annotated[str, typer.Argument(help="Tenant (team)")],
+    set_file: Annotated[
+        Path | None, typer.Option("--set", help="Quota document (YAML/JSON) to set; admins only")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show (or, as an admin, set) a tenant's quota."""
+    with api_errors(output):
+        client = _client(api_url, profile)
+        data = client.put_quota(tenant, _read_spec(set_file)) if set_file else client.get_quota(tenant)
+    render(output, data, lambda d: console.print_json(json.dumps(d)))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("status")(status)
+    app.command("ls")(ls)
+    app.command("cancel")(cancel)
+    app.command("events")(events)
+    app.command("quota")(quota)
+
+
+__all__ = ["emit_json", "register"]

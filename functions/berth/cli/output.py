@@ -1,0 +1,79 @@
+"""Shared CLI plumbing: output format, exit codes, error printing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import IntEnum, StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from berth.client import ClientError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+OutputOpt = Annotated[
+    OutputFormat, typer.Option("--output", "-o", help="table (for people) or json (for scripts)")
+]
+
+
+class Exit(IntEnum):
+    """Exit codes scripts can rely on (documented in docs/api.md)."""
+
+    OK = 0
+    ERROR = 1  # any other API refusal (409, 429, ...)
+    USAGE = 2  # bad flags, unreadable or invalid spec file, bad input (400, 422)
+    NOT_FOUND = 3
+    DENIED = 4  # 401/403: unsigned, unknown principal, not allowed
+    UNAVAILABLE = 5  # API unreachable or failing (5xx) after retries
+
+
+def exit_code(status: int) -> Exit:
+    if status in (400, 413, 422):
+        return Exit.USAGE
+    if status == 404:
+        return Exit.NOT_FOUND
+    if status in (401, 403):
+        return Exit.DENIED
+    if status == 0 or status >= 500:
+        return Exit.UNAVAILABLE
+    return Exit.ERROR
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def api_errors(output: OutputFormat) -> Iterator[None]:
+    """Turn client errors into a clear message and a meaningful exit code."""
+    try:
+        yield
+    except ClientError as exc:
+        if output is OutputFormat.JSON:
+            emit_json({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
+        else:
+            err_console.print(f"[bold red]error[/] ({exc.code}): {exc.message}", highlight=False)
+            if isinstance(exc.details, list):
+                for d in exc.details:
+                    if isinstance(d, dict) and "message" in d:
+                        err_console.print(f"  - {d['message']}", highlight=False)
+        raise typer.Exit(int(exit_code(exc.status))) from None
+
+
+def render(output: OutputFormat, data: Any, table: Callable[[Any], None]) -> None:
+    if output is OutputFormat.JSON:
+        emit_json(data)
+    else:
+        table(data)

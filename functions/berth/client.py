@@ -1,0 +1,185 @@
+"""A SigV4-signing HTTP client for the Berth API.
+
+It signs with the standard AWS credential chain (``AWS_PROFILE``, environment variables, shared
+files, SSO, instance roles), as any SigV4 client would; nothing Berth-specific is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import botocore.session
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.exceptions import BotoCoreError, NoCredentialsError
+from botocore.httpsession import URLLib3Session
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+USER_AGENT = "berth-cli/0.1.0"
+_EXECUTE_API_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.amazonaws\.com")
+
+
+class ClientError(Exception):
+    """Raised for anything that is not a 2xx answer; carries the API's error body."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class Unreachable(ClientError):
+    pass
+
+
+class _Transient(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    api_url: str
+    region: str
+    profile: str | None = None
+
+
+def load_config(api_url: str | None = None, profile: str | None = None) -> ClientConfig:
+    """The API URL from the flag, ``BERTH_API_URL``, or ``~/.config/berth/config.json``."""
+    url = api_url or os.environ.get("BERTH_API_URL")
+    cfg_file = Path(os.environ.get("BERTH_CONFIG", Path.home() / ".config" / "berth" / "config.json"))
+    file_cfg: dict[str, Any] = {}
+    if cfg_file.is_file():
+        try:
+            file_cfg = json.loads(cfg_file.read_text())
+        except ValueError as exc:
+            raise ClientError(0, "BadConfig", f"{cfg_file} is not valid JSON: {exc}") from exc
+    url = url or file_cfg.get("api_url")
+    if not url:
+        raise ClientError(
+            0,
+            "NoApiUrl",
+            "no Berth API URL: set BERTH_API_URL (for the local cloud: source .berth/local/env) "
+            f'or put {{"api_url": ...}} in {cfg_file}',
+        )
+    m = _EXECUTE_API_HOST.search(url)
+    region = (
+        (m.group(1) if m else None)
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or file_cfg.get("region")
+        or "us-east-1"
+    )
+    return ClientConfig(api_url=url.rstrip("/"), region=region, profile=profile or file_cfg.get("profile"))
+
+
+class BerthClient:
+    def __init__(self, config: ClientConfig, timeout_s: int = 30) -> None:
+        self._config = config
+        session = botocore.session.Session(profile=config.profile)
+        try:
+            creds = session.get_credentials()
+        except BotoCoreError as exc:
+            raise ClientError(0, "NoCredentials", f"cannot load AWS credentials: {exc}") from exc
+        if creds is None:
+            raise ClientError(
+                0, "NoCredentials", "no AWS credentials found; set AWS_PROFILE or AWS_ACCESS_KEY_ID/SECRET"
+            )
+        self._signer = SigV4Auth(creds, "execute-api", config.region)
+        self._http = URLLib3Session(timeout=timeout_s)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Send a signed request; retries connection failures, 429 and 503 with backoff."""
+        q = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self._config.api_url + path + (("?" + urlencode(q)) if q else "")
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **(headers or {})}
+        return self._send(method, url, data, hdrs)
+
+    @retry(
+        retry=retry_if_exception_type(_Transient),
+        stop=stop_after_attempt(4),
+        wait=wait_exponential(multiplier=0.2, max=3),
+        reraise=True,
+    )
+    def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> Any:
+        req = AWSRequest(method=method, url=url, data=data, headers=headers)
+        try:
+            self._signer.add_auth(req)
+        except NoCredentialsError as exc:
+            raise ClientError(0, "NoCredentials", str(exc)) from exc
+        try:
+            resp = self._http.send(req.prepare())
+        except BotoCoreError as exc:
+            raise _Transient() from Unreachable(0, "Unreachable", f"cannot reach {url}: {exc}")
+        status = resp.status_code
+        text = resp.content.decode("utf-8", "replace")
+        payload: Any
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError:
+            payload = {"error": {"code": f"HTTP{status}", "message": text[:500]}}
+        if status in (429, 502, 503, 504):
+            raise _Transient() from _error(status, payload)
+        if status >= 400:
+            raise _error(status, payload)
+        return payload
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return self.request(method, path, **kw)
+        except _Transient as exc:  # retries exhausted: surface the last real error
+            cause = exc.__cause__
+            if isinstance(cause, ClientError):
+                raise cause from None
+            raise ClientError(0, "Unreachable", "request failed after retries") from exc
+
+    # -- the API --------------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> Any:
+        key = idempotency_key or str(uuid.uuid4())
+        return self.call("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": key})
+
+    def get(self, job_id: str) -> Any:
+        return self.call("GET", f"/v1/jobs/{job_id}")
+
+    def list(self, status: str | None = None, limit: int = 50, next_token: str | None = None) -> Any:
+        return self.call(
+            "GET", "/v1/jobs", query={"status": status, "limit": limit, "next_token": next_token}
+        )
+
+    def cancel(self, job_id: str) -> Any:
+        return self.call("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def events(self, job_id: str) -> Any:
+        return self.call("GET", f"/v1/jobs/{job_id}/events")
+
+    def get_quota(self, tenant: str) -> Any:
+        return self.call("GET", f"/v1/tenants/{tenant}/quota")
+
+    def put_quota(self, tenant: str, quota: dict[str, Any]) -> Any:
+        return self.call("PUT", f"/v1/tenants/{tenant}/quota", body=quota)
+
+
+def _error(status: int, payload: Any) -> ClientError:
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, dict):
+        return ClientError(status, str(err.get("code")), str(err.get("message")), err.get("details"))
+    if isinstance(payload, dict) and "message" in payload:  # API Gateway's own answers
+        return ClientError(status, f"HTTP{status}", str(payload["message"]))
+    return ClientError(status, f"HTTP{status}", json.dumps(payload)[:500])
