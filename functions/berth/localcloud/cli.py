@@ -1,0 +1,131 @@
+"""`berth local up`: the embedded local cloud in the foreground."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import typer
+
+from berth.localcloud.state_dir import DEFAULT_STATE_DIR, render_exports
+
+TEMPLATE_RELATIVE = Path("cdk.out/Berth.template.json")
+#: What the template is synthesised from: a newer file here means the template is stale.
+SYNTH_SOURCES = ("infra", "functions", "cdk.json")
+
+
+def find_repo_root(start: Path | None = None) -> Path | None:
+    """The directory holding cdk.json: upwards from the working directory, else from this package."""
+    candidates = [start or Path.cwd(), Path(__file__).resolve()]
+    for candidate in candidates:
+        for directory in (candidate, *candidate.parents):
+            if (directory / "cdk.json").is_file() and (directory / "infra").is_dir():
+                return directory
+    return None
+
+
+def template_is_stale(template: Path, root: Path) -> bool:
+    if not template.exists():
+        return True
+    built = template.stat().st_mtime
+    for name in SYNTH_SOURCES:
+        source = root / name
+        if source.is_file() and source.stat().st_mtime > built:
+            return True
+        if source.is_dir():
+            for path in source.rglob("*.py"):
+                if "__pycache__" not in path.parts and path.stat().st_mtime > built:
+                    return True
+    return False
+
+
+def synthesise(root: Path) -> None:
+    env = dict(os.environ, JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
+    env.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+    typer.echo("berth local: synthesising the CDK app (npx cdk synth --quiet)...", err=True)
+    result = subprocess.run(
+        ["npx", "cdk", "synth", "--quiet"], cwd=root, env=env, stdout=subprocess.DEVNULL, check=False
+    )
+    if result.returncode != 0:
+        raise typer.Exit(code=result.returncode or 1)
+
+
+def up(
+    state_dir: Path = typer.Option(
+        DEFAULT_STATE_DIR, "--state-dir", help="Where profiles and the env file go."
+    ),
+    port: int = typer.Option(0, "--port", help="Port of the API front door (0: a free one)."),
+    moto_port: int = typer.Option(0, "--moto-port", help="Port of the moto server (0: a free one)."),
+    template: Path | None = typer.Option(
+        None, "--template", help="CloudFormation template to deploy (default: cdk.out/Berth.template.json)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="No access log or handler logs on the console."),
+) -> None:
+    """Start the embedded local cloud in the foreground (Ctrl-C stops it)."""
+    started = time.monotonic()
+    if template is None:
+        root = find_repo_root()
+        if root is None:
+            typer.echo("berth local: no cdk.json found; pass --template", err=True)
+            raise typer.Exit(code=2)
+        template = root / TEMPLATE_RELATIVE
+        if template_is_stale(template, root):
+            synthesise(root)
+    from berth.localcloud.cloud import LocalCloud, LocalCloudError, load_template
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    console = sys.stderr
+    cloud = LocalCloud(
+        template=load_template(template),
+        state_dir=state_dir,
+        api_port=port,
+        moto_port=moto_port,
+        console=None if quiet else console,
+        echo_handler_logs=not quiet,
+    )
+    try:
+        try:
+            cloud.start()
+        except LocalCloudError as exc:
+            typer.echo(f"berth local: {exc}", err=True)
+            raise typer.Exit(code=1) from None
+        typer.echo(render_exports(cloud.exports), nl=False)
+        sys.stdout.flush()
+        typer.echo(
+            f"berth local: API {cloud.api_url}, AWS endpoint {cloud.endpoint_url}; "
+            f"profiles {', '.join(cloud.profiles)}; env in {state_dir / 'env'}",
+            err=True,
+        )
+        typer.echo(f"berth local: ready in {time.monotonic() - started:.1f}s (Ctrl-C to stop)", err=True)
+        while not stop.wait(0.5):
+            pass
+        typer.echo("berth local: stopping", err=True)
+    finally:
+        cloud.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(app: typer.Typer) -> None:
+    local = typer.Typer(
+        name="local", help="The embedded local cloud (moto + Berth's stack).", no_args_is_help=True
+    )
+    local.command("up")(up)
+    app.add_typer(local, name="local")
+
+
+def main() -> None:
+    app = typer.Typer(pretty_exceptions_enable=False, no_args_is_help=True)
+    register(app)
+    app()

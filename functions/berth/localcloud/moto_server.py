@@ -1,0 +1,78 @@
+"""moto 5.2.5 as a threaded server on 127.0.0.1, configured for the local cloud."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.request
+from typing import Any
+
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+LOCAL_HOST = "127.0.0.1"
+
+#: moto's user config (what `POST /moto-api/config` sets). Step Functions executions only run with
+#: `execute_state_machine`; Batch and Lambda never use docker here (there is no docker engine): Lambda
+#: invocations are served in-process by `berth.localcloud.lambda_runtime`.
+MOTO_CONFIG: dict[str, Any] = {
+    "stepfunctions": {"execute_state_machine": True},
+    "batch": {"use_docker": False},
+    "lambda": {"use_docker": False},
+}
+
+#: Process environment moto reads at run time. DynamoDB streams need the account id endpoint mode
+#: disabled; MOTO_PORT is set once the port is known (integrations call localhost:$MOTO_PORT).
+MOTO_ENVIRONMENT = {"AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled"}
+
+
+class MotoServer:
+    """moto's ThreadedMotoServer bound to 127.0.0.1 (port 0 picks a free one), in this process."""
+
+    def __init__(self, port: int = 0, config: dict[str, Any] | None = None) -> None:
+        self._requested_port = port
+        self._config = config if config is not None else MOTO_CONFIG
+        self._server: ThreadedMotoServer | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("moto server not started")
+        return self._port
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{LOCAL_HOST}:{self.port}"
+
+    def start(self) -> MotoServer:
+        if self._server is not None:
+            return self
+        for key, value in MOTO_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
+        # Werkzeug logs every request at INFO; the local cloud prints its own concise lines instead.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        server = ThreadedMotoServer(ip_address=LOCAL_HOST, port=self._requested_port, verbose=False)
+        server.start()  # a daemon thread: it never keeps the process alive on its own
+        self._server = server
+        self._port = int(server.get_host_and_port()[1])
+        os.environ["MOTO_PORT"] = str(self._port)
+        self.configure(self._config)
+        return self
+
+    def configure(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Apply moto's user config the documented way (`POST /moto-api/config`) and return it."""
+        request = urllib.request.Request(
+            f"{self.endpoint_url}/moto-api/config",
+            data=json.dumps(config).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            result: dict[str, Any] = json.loads(response.read() or b"{}")
+        return result
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()

@@ -1,0 +1,111 @@
+"""Seed the local cloud: IAM users with access keys, the policy that lets them call the API, tenants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import boto3
+
+from berth.localcloud.lambda_runtime import sandbox_environment
+
+
+@dataclass(frozen=True)
+class SeedUser:
+    profile: str  # IAM user name and AWS profile name
+    tenant: str
+    role: str  # "member" or "admin"
+
+
+#: The users `berth local up` creates; the brief's CLI contract names the profiles and tenants.
+DEFAULT_USERS = (
+    SeedUser("alice", "vision", "member"),
+    SeedUser("bob", "nlp", "member"),
+    SeedUser("admin", "platform", "admin"),
+)
+INVOKE_POLICY_NAME = "BerthApiInvoke"
+
+
+@dataclass(frozen=True)
+class SeededUser:
+    profile: str
+    tenant: str
+    role: str
+    arn: str
+    access_key_id: str
+    secret_access_key: str
+
+
+def create_iam_users(
+    session: boto3.session.Session, endpoint_url: str, rest_api_id: str, users: tuple[SeedUser, ...]
+) -> list[SeededUser]:
+    """IAM users with one access key each and a managed policy allowing execute-api:Invoke on the API."""
+    iam = session.client("iam", endpoint_url=endpoint_url)
+    account = session.client("sts", endpoint_url=endpoint_url).get_caller_identity()["Account"]
+    policy_document = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "execute-api:Invoke",
+                "Resource": f"arn:aws:execute-api:{session.region_name}:{account}:{rest_api_id}/*",
+            }
+        ],
+    }
+    policy_arn = iam.create_policy(PolicyName=INVOKE_POLICY_NAME, PolicyDocument=json.dumps(policy_document))[
+        "Policy"
+    ]["Arn"]
+    seeded = []
+    for user in users:
+        arn = iam.create_user(UserName=user.profile, Tags=[{"Key": "berth:tenant", "Value": user.tenant}])[
+            "User"
+        ]["Arn"]
+        iam.attach_user_policy(UserName=user.profile, PolicyArn=policy_arn)
+        key = iam.create_access_key(UserName=user.profile)["AccessKey"]
+        seeded.append(
+            SeededUser(
+                profile=user.profile,
+                tenant=user.tenant,
+                role=user.role,
+                arn=arn,
+                access_key_id=key["AccessKeyId"],
+                secret_access_key=key["SecretAccessKey"],
+            )
+        )
+    return seeded
+
+
+PutMember = Callable[[str, str, str], None]
+
+
+def tenant_repository_writer(table_name: str) -> PutMember:
+    """`put_member(principal_arn, tenant, role)` of Berth's tenants repository."""
+    from berth.dal.tenants import DynamoTenantRepository
+
+    return DynamoTenantRepository(table_name).put_member
+
+
+def seed_tenants(
+    users: list[SeededUser],
+    tenants_table: str,
+    endpoint_url: str,
+    region: str,
+    writer: PutMember | None = None,
+) -> None:
+    """Map each user's principal to its tenant and role, through Berth's own tenants repository.
+
+    The repository (pynamodb) reads its endpoint and credentials from the environment, so it runs in a
+    sandboxed environment pointing at moto (needs `lambda_runtime.install()` first).
+    """
+    env = {
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_REGION": region,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_ACCESS_KEY_ID": "seed",
+        "AWS_SECRET_ACCESS_KEY": "seed",
+    }
+    with sandbox_environment(env):
+        put_member = writer or tenant_repository_writer(tenants_table)
+        for user in users:
+            put_member(user.arn, user.tenant, user.role)
