@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from berth.cli.output import (
@@ -61,7 +62,7 @@ def _job_table(job: dict[str, Any]) -> None:
         ("id", job["id"]),
         ("name", job["spec"]["name"]),
         ("status", _status(job["status"])),
-        ("reason", job["reason"]),
+        ("reason", escape(job["reason"])),
         ("tenant", job["tenant"]),
         ("owner", job["owner"]),
         ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),
@@ -170,7 +171,7 @@ def cancel(
     """Cancel a job (queued jobs stop at once; running ones once their executor confirms)."""
     with api_errors(output):
         job = _client(api_url, profile).cancel(job_id)
-    render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({j['reason']})"))
+    render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({escape(j['reason'])})"))
 
 
 def events(
@@ -186,7 +187,7 @@ def events(
     def table(d: dict[str, Any]) -> None:
         t = Table("AT", "FROM", "TO", "REASON")
         for e in d["events"]:
-            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), e["reason"])
+            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), escape(e["reason"]))
         console.print(t)
 
     render(output, data, table)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from berth.client import ClientError
 
@@ -64,11 +65,11 @@ def api_errors(output: OutputFormat) -> Iterator[None]:
         if output is OutputFormat.JSON:
             emit_json({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
         else:
-            err_console.print(f"[bold red]error[/] ({exc.code}): {exc.message}", highlight=False)
+            err_console.print(f"[bold red]error[/] ({exc.code}): {escape(exc.message)}", highlight=False)
             if isinstance(exc.details, list):
                 for d in exc.details:
                     if isinstance(d, dict) and "message" in d:
-                        err_console.print(f"  - {d['message']}", highlight=False)
+                        err_console.print(f"  - {escape(str(d['message']))}", highlight=False)
         raise typer.Exit(int(exit_code(exc.status))) from None
 
 

@@ -5,6 +5,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 """
 
 import json
+import warnings
 from datetime import UTC, datetime
 from functools import cache
 from typing import Annotated, Any
@@ -51,6 +52,8 @@ app.configure_openapi(
 )
 
 IDEMPOTENCY_KEY_MAX = 128
+# Reads publish no business metrics; that is expected, not worth a warning per request.
+warnings.filterwarnings("ignore", "No application metrics to publish", UserWarning)
 
 
 def _now() -> datetime:

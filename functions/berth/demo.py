@@ -1,0 +1,227 @@
+"""`make demo`: bring the local cloud up, drive a scripted scenario through the public API.
+
+Every step is checked; the process exits 0 only when all of them behaved. The scenario uses the
+real CLI (a subprocess, as a user would) and a plain SigV4 client for the checks a CLI hides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from berth.client import BerthClient, ClientConfig, ClientError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "jobs"
+console = Console()
+
+
+@dataclass
+class Scenario:
+    env: dict[str, str]
+    results: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def client(self, profile: str) -> BerthClient:
+        os.environ.update(self.env)
+        return BerthClient(ClientConfig(self.env["BERTH_API_URL"], self.env["AWS_REGION"], profile))
+
+    def cli(self, profile: str, *args: str) -> tuple[int, Any, str]:
+        cmd = [sys.executable, "-m", "berth.cli.main", *args, "--output", "json"]
+        env = {**os.environ, **self.env, "AWS_PROFILE": profile}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        except ValueError:
+            out = proc.stdout
+        shown = f"AWS_PROFILE={profile} berth {shlex.join(args)} -o json"
+        console.print(f"  [dim]$ {shown}  → exit {proc.returncode}[/]")
+        return proc.returncode, out, proc.stderr
+
+    def step(self, title: str, fn: Callable[[], str]) -> None:
+        console.print(f"[bold]▶ {title}[/]")
+        try:
+            detail = fn()
+            ok = True
+        except AssertionError as exc:
+            ok, detail = False, f"unexpected: {exc}"
+        except (ClientError, OSError, ValueError, KeyError, TypeError) as exc:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        mark = "[green]✔[/]" if ok else "[red]✘[/]"
+        console.print(f"  {mark} {escape(detail)}")
+        self.results.append((title, ok, detail))
+
+
+def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    env_file = state_dir / "env"
+    env_file.unlink(missing_ok=True)
+    console.print(f"[bold]Starting the local cloud[/] (berth local up --state-dir {state_dir}) …")
+    t0 = time.monotonic()
+    log = (state_dir.parent / "demo-local-cloud.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli.main", "local", "up", "--state-dir", str(state_dir)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    while not env_file.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"berth local up exited with {proc.returncode}; see {log.name}")
+        if time.monotonic() - t0 > 180:
+            proc.send_signal(signal.SIGINT)
+            raise SystemExit(f"berth local up was not ready after 180 s; see {log.name}")
+        time.sleep(0.2)
+    env: dict[str, str] = {}
+    for line in env_file.read_text().splitlines():
+        if line.startswith("export "):
+            k, _, v = line.removeprefix("export ").partition("=")
+            env[k] = shlex.split(v)[0] if v else ""
+    console.print(f"  local cloud ready in {time.monotonic() - t0:.1f}s at {env['BERTH_API_URL']}")
+    return proc, env
+
+
+def run(s: Scenario) -> None:
+    alice, admin = s.client("alice"), s.client("admin")
+    ids: dict[str, str] = {}
+
+    def alice_submits() -> str:
+        code, job, err = s.cli("alice", "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"))
+        assert code == 0, f"exit {code}: {err}"
+        assert job["status"] == "QUEUED" and job["tenant"] == "vision", job
+        ids["alice"] = job["id"]
+        return f"alice's job {job['id']} is {job['status']} in tenant {job['tenant']}"
+
+    def bob_submits() -> str:
+        code, job, err = s.cli("bob", "submit", "-f", str(EXAMPLES / "bert-nlp.yaml"))
+        assert code == 0, f"exit {code}: {err}"
+        assert job["tenant"] == "nlp", job
+        ids["bob"] = job["id"]
+        return f"bob's job {job['id']} is {job['status']} in tenant {job['tenant']}"
+
+    def each_sees_own() -> str:
+        _, a, _ = s.cli("alice", "ls")
+        _, b, _ = s.cli("bob", "ls")
+        a_ids, b_ids = {j["id"] for j in a["jobs"]}, {j["id"] for j in b["jobs"]}
+        assert ids["alice"] in a_ids and ids["bob"] not in a_ids, a_ids
+        assert ids["bob"] in b_ids and ids["alice"] not in b_ids, b_ids
+        return f"alice sees {len(a_ids)} job(s), bob sees {len(b_ids)}; neither sees the other's"
+
+    def bob_cannot_read_alice() -> str:
+        code, out, _ = s.cli("bob", "status", ids["alice"])
+        assert code == 3 and out["error"]["code"] == "NotFound", (code, out)
+        return f"bob asking for {ids['alice']} gets 404 NotFound (exit 3)"
+
+    def idempotent_retry() -> str:
+        spec = json.loads(json.dumps(_yaml(EXAMPLES / "sweep-vision.yaml")))
+        key = str(uuid.uuid4())
+        first, second = alice.submit(spec, key), alice.submit(spec, key)
+        assert first["id"] == second["id"], (first["id"], second["id"])
+        try:
+            alice.submit({**spec, "name": "another-trial"}, key)
+        except ClientError as exc:
+            assert exc.status == 409, exc
+        else:
+            raise AssertionError("reusing the key with another body was accepted")
+        ids["sweep"] = first["id"]
+        return f"same Idempotency-Key twice → same job {first['id']}; with another body → 409"
+
+    def cancel() -> str:
+        code, job, err = s.cli("alice", "cancel", ids["sweep"])
+        assert code == 0 and job["status"] == "CANCELED", (code, job, err)
+        _, hist, _ = s.cli("alice", "events", ids["sweep"])
+        moves = [f"{e['from'] or '∅'}→{e['to']}" for e in hist["events"]]
+        assert moves == ["∅→QUEUED", "QUEUED→CANCELED"], moves
+        return f"{ids['sweep']} CANCELED; history {' , '.join(moves)}"
+
+    def bad_spec() -> str:
+        before = len(alice.list(limit=100)["jobs"])
+        code, out, _ = s.cli("alice", "submit", "-f", str(EXAMPLES / "bad-shell-command.yaml"))
+        assert code == 2 and out["error"]["code"] == "ValidationError", (code, out)
+        after = len(alice.list(limit=100)["jobs"])
+        assert before == after, (before, after)
+        return f"refused with 422: {out['error']['message']!r}; nothing stored"
+
+    def unsigned() -> str:
+        req = urllib.request.Request(s.env["BERTH_API_URL"] + "/v1/jobs")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 403, exc.code
+            return "an unsigned request gets 403"
+        raise AssertionError("unsigned request was accepted")
+
+    def quotas() -> str:
+        try:
+            alice.put_quota("vision", {"max_active_jobs": 1000})
+        except ClientError as exc:
+            assert exc.status == 403, exc
+        else:
+            raise AssertionError("a member set a quota")
+        q = admin.put_quota("vision", {"gpus": {"V100": {"guaranteed": 64, "borrow_limit": 32}}, "weight": 2})
+        assert alice.get_quota("vision") == q
+        return "alice may not set quotas (403); admin sets vision's V100 guarantee to 64"
+
+    for title, fn in [
+        ("alice submits an 8xV100 training job with the CLI", alice_submits),
+        ("bob submits a 2xA100 fine-tuning job", bob_submits),
+        ("each team sees only its own jobs", each_sees_own),
+        ("bob cannot see alice's job", bob_cannot_read_alice),
+        ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
+        ("alice cancels a queued job", cancel),
+        ("a bad spec is refused with a clear message", bad_spec),
+        ("requests without a SigV4 signature are refused", unsigned),
+        ("quotas are an admin's business", quotas),
+    ]:
+        s.step(title, fn)
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def main() -> int:
+    state_dir = ROOT / ".berth" / "demo"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    proc, env = _start_local_cloud(state_dir)
+    scenario = Scenario(env)
+    try:
+        run(scenario)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            stopped = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stopped = -9
+    scenario.results.append(("the local cloud stops cleanly on Ctrl-C", stopped == 0, f"exit {stopped}"))
+    table = Table("step", "result", "detail", title="Berth demo")
+    for title, ok, detail in scenario.results:
+        table.add_row(title, "[green]ok[/]" if ok else "[red]FAILED[/]", escape(detail))
+    console.print(table)
+    failed = [t for t, ok, _ in scenario.results if not ok]
+    if failed:
+        console.print(f"[bold red]{len(failed)} step(s) failed[/]")
+        return 1
+    console.print(f"[bold green]all {len(scenario.results)} steps behaved[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
