@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from typing import Any
 
 from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from berth_infra.stack import STACK_NAME, BerthStack
+
+CDK_JSON = Path(__file__).resolve().parents[2] / "cdk.json"
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """The context (feature flags, ``berth:*`` defaults) that the CDK CLI would pass from cdk.json."""
+    context: dict[str, Any] = json.loads(CDK_JSON.read_text())["context"]
+    return context
 
 
 def build_app(context: dict[str, object] | None = None, outdir: str | None = None) -> tuple[App, BerthStack]:
