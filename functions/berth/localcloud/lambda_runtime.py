@@ -315,6 +315,7 @@ class InProcessLambdaRuntime:
             handler = self._handler(fn)  # imported inside the sandbox: module-level os.environ reads work
             return handler(event, context)
 
+        _route_std_streams()  # something (a test runner, a REPL) may have replaced sys.stdout since install
         sandbox = contextvars.Context()  # a fresh context: nothing of the caller's leaks in
         future = self._pool(fn).submit(sandbox.run, run)
         payload: Any
@@ -398,6 +399,14 @@ def _patched_invoke_lambda(self: LambdaFunction, event: Any = None) -> tuple[str
     return result.payload.decode(), result.function_error is not None, result.log_tail
 
 
+def _route_std_streams() -> None:
+    """Make sys.stdout/sys.stderr route invocation output to the invocation's log buffer."""
+    if not isinstance(sys.stdout, _RoutingStream):
+        sys.stdout = _RoutingStream(sys.stdout)
+    if not isinstance(sys.stderr, _RoutingStream):
+        sys.stderr = _RoutingStream(sys.stderr)
+
+
 def install(runtime: InProcessLambdaRuntime) -> None:
     """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins)."""
     if not _ORIGINALS:
@@ -405,14 +414,12 @@ def install(runtime: InProcessLambdaRuntime) -> None:
         _ORIGINALS["_invoke_lambda"] = LambdaFunction._invoke_lambda
         _ORIGINALS["simple_invoke"] = LambdaSimpleBackend.invoke
         _ORIGINALS["environ"] = os.environ
-        _ORIGINALS["stdout"], _ORIGINALS["stderr"] = sys.stdout, sys.stderr
         LambdaFunction.invoke = _patched_function_invoke  # type: ignore[method-assign]
         LambdaFunction._invoke_lambda = _patched_invoke_lambda  # type: ignore[method-assign]
         # The docker-less backend answers canned payloads; make it run the function like the real one.
         LambdaSimpleBackend.invoke = LambdaBackend.invoke  # type: ignore[method-assign]
         os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
-        sys.stdout = _RoutingStream(sys.stdout)
-        sys.stderr = _RoutingStream(sys.stderr)
+        _route_std_streams()
     _ACTIVE.append(runtime)
 
 
@@ -426,10 +433,10 @@ def uninstall(runtime: InProcessLambdaRuntime) -> None:
     LambdaFunction.invoke = _ORIGINALS.pop("invoke")  # type: ignore[method-assign]
     LambdaFunction._invoke_lambda = _ORIGINALS.pop("_invoke_lambda")  # type: ignore[method-assign]
     LambdaSimpleBackend.invoke = _ORIGINALS.pop("simple_invoke")  # type: ignore[method-assign]
-    environ, stdout, stderr = _ORIGINALS.pop("environ"), _ORIGINALS.pop("stdout"), _ORIGINALS.pop("stderr")
+    environ = _ORIGINALS.pop("environ")
     if isinstance(os.environ, SandboxEnviron):
         os.environ = environ  # noqa: B003
     if isinstance(sys.stdout, _RoutingStream):
-        sys.stdout = stdout
+        sys.stdout = sys.stdout.real
     if isinstance(sys.stderr, _RoutingStream):
-        sys.stderr = stderr
+        sys.stderr = sys.stderr.real

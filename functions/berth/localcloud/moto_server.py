@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -57,8 +58,16 @@ class MotoServer:
         self._server = server
         self._port = int(server.get_host_and_port()[1])
         os.environ["MOTO_PORT"] = str(self._port)
+        # moto's backends are process-global: start from an empty cloud even if this process ran one before.
+        self.reset()
         self.configure(self._config)
         return self
+
+    def reset(self) -> None:
+        """Drop every resource moto holds in this process (`POST /moto-api/reset`)."""
+        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10):
+            pass
 
     def configure(self, config: dict[str, Any]) -> dict[str, Any]:
         """Apply moto's user config the documented way (`POST /moto-api/config`) and return it."""
@@ -75,4 +84,6 @@ class MotoServer:
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
+            with contextlib.suppress(OSError):  # free the memory; a next local cloud starts empty anyway
+                self.reset()
             server.stop()

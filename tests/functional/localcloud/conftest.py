@@ -1,0 +1,42 @@
+"""Fixtures for the local cloud's functional tests: one LocalCloud per module, on a small CDK template.
+
+`fixtures/berth_mini.template.json` is a real `cdk synth` output of the same shape as the Berth stack
+(tables with GSIs, one Lambda, a REST API with AWS_IAM methods on the Berth routes, stage, access log
+group, bootstrap parameter and rule) whose function runs `localcloud_fake_handler`, an echo handler.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from berth.localcloud.cloud import LocalCloud, load_template
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[2]
+MINI_TEMPLATE = HERE / "fixtures" / "berth_mini.template.json"
+REAL_TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
+
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # makes `localcloud_fake_handler` importable as the Lambda handler
+
+
+@pytest.fixture(scope="module")
+def seeded_members() -> list[tuple[str, str, str]]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def cloud(
+    tmp_path_factory: pytest.TempPathFactory, seeded_members: list[tuple[str, str, str]]
+) -> Iterator[LocalCloud]:
+    state = tmp_path_factory.mktemp("state")
+    with LocalCloud(
+        template=load_template(MINI_TEMPLATE),
+        state_dir=state,
+        seed_writer=lambda arn, tenant, role: seeded_members.append((arn, tenant, role)),
+    ) as local:
+        yield local
