@@ -1,0 +1,234 @@
+"""End-to-end fixture: `berth local up` in a subprocess, and SigV4-signing HTTP clients for its API.
+
+    def test_something(local_cloud):
+        alice = local_cloud.client("alice")
+        r = alice.post("/v1/jobs", json={...})
+        assert r.status == 201, r.text
+        r.json()["id"]
+
+`local_cloud` (session scope) is a `LocalCloudProcess`: `api_url`, `env` (the parsed env file),
+`state_dir`, `profiles` ("alice", "bob", "admin"), `ready_seconds`, `client(profile)`, `unsigned()`,
+`credentials(profile)`, `cli_env(profile)` (the environment a `berth` CLI subprocess needs) and
+`client_with(credentials)` and `log_tail()`. The `start_local_cloud` fixture is the function that starts
+one more (`start_local_cloud(state_dir)`, used by the lifecycle tests; stop it with `.stop()`).
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+PROFILES = ("alice", "bob", "admin")
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass
+class ApiClient:
+    """HTTP client for the Berth API; signs with SigV4 (service execute-api) unless credentials are None."""
+
+    api_url: str
+    region: str
+    credentials: Credentials | None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 60.0,
+    ) -> Response:
+        import json as json_module
+
+        url = self.api_url.rstrip("/") + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        body = data if data is not None else (b"" if json is None else json_module.dumps(json).encode())
+        all_headers = dict(headers or {})
+        if json is not None:
+            all_headers.setdefault("Content-Type", "application/json")
+        if self.credentials is not None:
+            signed = AWSRequest(method=method.upper(), url=url, data=body, headers=all_headers)
+            SigV4Auth(self.credentials, "execute-api", self.region).add_auth(signed)
+            all_headers = dict(signed.headers.items())
+        request = urllib.request.Request(url, data=body or None, headers=all_headers, method=method.upper())
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return Response(answer.status, dict(answer.headers.items()), answer.read())
+        except urllib.error.HTTPError as exc:
+            return Response(exc.code, dict(exc.headers.items()), exc.read())
+
+    def get(self, path: str, **kwargs: Any) -> Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Response:
+        return self.request("POST", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> Response:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> Response:
+        return self.request("DELETE", path, **kwargs)
+
+
+@dataclass
+class LocalCloudProcess:
+    process: subprocess.Popen[bytes]
+    state_dir: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    ready_seconds: float = 0.0
+    profiles: tuple[str, ...] = PROFILES
+
+    @property
+    def api_url(self) -> str:
+        return self.env["BERTH_API_URL"]
+
+    @property
+    def region(self) -> str:
+        return self.env["AWS_REGION"]
+
+    @property
+    def env_file(self) -> Path:
+        return self.state_dir / "env"
+
+    def credentials(self, profile: str) -> Credentials:
+        parser = configparser.ConfigParser()
+        parser.read(self.env["AWS_SHARED_CREDENTIALS_FILE"])
+        section = parser[profile]
+        return Credentials(section["aws_access_key_id"], section["aws_secret_access_key"])
+
+    def client(self, profile: str) -> ApiClient:
+        return ApiClient(self.api_url, self.region, self.credentials(profile))
+
+    def client_with(self, credentials: Credentials | None) -> ApiClient:
+        """A client signing with arbitrary (e.g. wrong) credentials; None sends unsigned requests."""
+        return ApiClient(self.api_url, self.region, credentials)
+
+    def unsigned(self) -> ApiClient:
+        return ApiClient(self.api_url, self.region, None)
+
+    def cli_env(self, profile: str | None = None) -> dict[str, str]:
+        """Environment for a `berth ...` subprocess: the exports of the env file (and AWS_PROFILE)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(self.env)
+        if profile is not None:
+            env["AWS_PROFILE"] = profile
+        return env
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGINT (Ctrl-C), then wait; returns the exit status (killed processes give a negative one)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    import shlex
+
+    values = {}
+    for line in text.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            values[key] = value
+    return values
+
+
+def start_local_cloud(state_dir: Path, *extra_args: str) -> LocalCloudProcess:
+    """Run `berth local up --state-dir state_dir` and wait for its env file (READY_TIMEOUT_S)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = state_dir.parent / f"{state_dir.name}.log"
+    args = [sys.executable, "-m", "berth.cli.main", "local", "up", "--state-dir", str(state_dir)]
+    if TEMPLATE.exists():  # `make test-e2e` synthesises first; otherwise `berth local up` does
+        args += ["--template", str(TEMPLATE)]
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_ENDPOINT_URL")}
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            args + list(extra_args), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+    cloud = LocalCloudProcess(process=process, state_dir=state_dir, log_path=log_path)
+    env_file = state_dir / "env"
+    while time.monotonic() - started < READY_TIMEOUT_S:
+        if env_file.exists():
+            cloud.env = parse_env_file(env_file.read_text())
+            cloud.ready_seconds = time.monotonic() - started
+            return cloud
+        if process.poll() is not None:
+            raise RuntimeError(f"berth local up exited with {process.returncode}:\n{cloud.log_tail()}")
+        time.sleep(0.1)
+    cloud.stop()
+    raise RuntimeError(f"berth local up was not ready after {READY_TIMEOUT_S}s:\n{cloud.log_tail()}")
+
+
+@pytest.fixture(scope="session")
+def local_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudProcess]:
+    cloud = start_local_cloud(tmp_path_factory.mktemp("berth-local") / "state")
+    try:
+        yield cloud
+    finally:
+        status = cloud.stop()
+    assert status == 0, f"berth local up exited with {status} on SIGINT:\n{cloud.log_tail()}"
+
+
+@pytest.fixture(name="start_local_cloud")
+def start_local_cloud_fixture() -> Iterator[Any]:
+    started: list[LocalCloudProcess] = []
+
+    def start(state_dir: Path, *extra_args: str) -> LocalCloudProcess:
+        cloud = start_local_cloud(state_dir, *extra_args)
+        started.append(cloud)
+        return cloud
+
+    yield start
+    for cloud in started:
+        cloud.stop()
