@@ -22,14 +22,18 @@ from aws_cdk import aws_lambda as lambda_
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS_DIR = REPO_ROOT / "functions"
 
-#: What the control plane imports at runtime (boto3/botocore come with the Lambda runtime).
-#: Keep in step with the ``control-plane`` extra and core dependencies in pyproject.toml.
+#: What the control plane imports at runtime. Keep in step with the ``control-plane`` extra and core
+#: dependencies in pyproject.toml. boto3/botocore are pinned too: aws-xray-sdk pulls botocore into the
+#: bundle, where it would shadow the runtime's copy; pinning both keeps the pair consistent and equal
+#: to what the tests run against.
 RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "aws-lambda-powertools[tracer,validation]==3.37.0",
     "pynamodb==6.1.0",
     "pydantic==2.14.3",
     "pydantic-settings==2.16.3",
     "PyYAML==6.0.3",
+    "boto3==1.44.5",
+    "botocore==1.44.5",
 )
 
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_11
@@ -37,7 +41,8 @@ LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
 PIP_PLATFORM = "manylinux2014_x86_64"
 PIP_PYTHON_VERSION = "3.11"
 
-#: Never shipped to Lambda: laptop-only packages (local cloud, CLI, simulator, benchmarks, demo),
+#: Never shipped to Lambda: laptop-only packages (local cloud, CLI, simulator, benchmarks, client-side
+#: load tests, demo),
 #: tests and build litter. Glob patterns relative to ``functions/``.
 ASSET_EXCLUDES: tuple[str, ...] = (
     "**/__pycache__",
@@ -46,6 +51,7 @@ ASSET_EXCLUDES: tuple[str, ...] = (
     "berth/cli",
     "berth/sim",
     "berth/bench",
+    "berth/loadtest",
     "berth/demo*",
     "tests",
     "**/tests",
@@ -53,7 +59,7 @@ ASSET_EXCLUDES: tuple[str, ...] = (
 )
 
 _IGNORE_NAMES = ("__pycache__", "*.pyc", "tests", "*.egg-info")
-_IGNORE_TOP = ("localcloud", "cli", "sim", "bench")
+_IGNORE_TOP = ("localcloud", "cli", "sim", "bench", "loadtest")
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:

@@ -14,7 +14,7 @@ from berth_infra import bundling
 from berth_infra.stack import context_flag
 from tests.infra.conftest import Synthesized
 
-LAPTOP_ONLY = {"localcloud", "cli", "sim", "bench"}
+LAPTOP_ONLY = {"localcloud", "cli", "sim", "bench", "loadtest"}
 
 
 def _laptop_only(name: str) -> bool:
