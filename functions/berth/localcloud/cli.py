@@ -107,7 +107,10 @@ def up(
             f"profiles {', '.join(cloud.profiles)}; env in {state_dir / 'env'}",
             err=True,
         )
-        typer.echo(f"berth local: ready in {time.monotonic() - started:.1f}s (Ctrl-C to stop)", err=True)
+        steps = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in cloud.timings.items())
+        typer.echo(
+            f"berth local: ready in {time.monotonic() - started:.1f}s ({steps}); Ctrl-C to stop", err=True
+        )
         while not stop.wait(0.5):
             pass
         typer.echo("berth local: stopping", err=True)
