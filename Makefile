@@ -35,7 +35,7 @@ synth: cdk.out/Berth.template.json
 lint: install
 	$(BIN)/ruff check functions agent infra tests
 	$(BIN)/ruff format --check functions agent infra tests
-	$(BIN)/mypy functions agent infra
+	$(BIN)/mypy functions infra
 
 test: install synth lint
 	$(BIN)/pytest -q -p no:cacheprovider tests

@@ -1,0 +1,145 @@
+"""The job API end to end: real CLI and SigV4 clients over HTTP against `berth local up`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+SPEC: dict[str, Any] = {
+    "name": "e2e-probe",
+    "image": "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+    "command": ["python", "train.py"],
+    "resources": {"gpu_type": "V100", "gpus": 2},
+}
+
+
+def berth(local_cloud: Any, profile: str, *args: str) -> tuple[int, Any, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "berth.cli.main", *args, "--output", "json"],
+        env=local_cloud.cli_env(profile),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
+
+
+def test_cli_submit_status_ls_cancel_events(local_cloud: Any) -> None:
+    code, job, err = berth(local_cloud, "alice", "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"))
+    assert code == 0, err
+    assert job["status"] == "QUEUED" and job["tenant"] == "vision"
+    code, got, _ = berth(local_cloud, "alice", "status", job["id"])
+    assert code == 0 and got["id"] == job["id"]
+    code, page, _ = berth(local_cloud, "alice", "ls", "--all")
+    assert code == 0 and job["id"] in {j["id"] for j in page["jobs"]}
+    code, canceled, _ = berth(local_cloud, "alice", "cancel", job["id"])
+    assert code == 0 and canceled["status"] == "CANCELED"
+    code, hist, _ = berth(local_cloud, "alice", "events", job["id"])
+    assert [e["to"] for e in hist["events"]] == ["QUEUED", "CANCELED"]
+
+
+def test_cli_exit_codes_and_messages(local_cloud: Any, tmp_path: Path) -> None:
+    code, out, _ = berth(local_cloud, "alice", "submit", "-f", str(EXAMPLES / "bad-shell-command.yaml"))
+    assert code == 2 and out["error"]["code"] == "ValidationError"
+    assert "not a shell string" in out["error"]["message"] and "gpu: unknown field" in out["error"]["message"]
+    code, out, _ = berth(local_cloud, "alice", "status", "j-00000000000000000000000000")
+    assert code == 3 and out["error"]["code"] == "NotFound"
+    missing = tmp_path / "nope.yaml"
+    code, _, err = berth(local_cloud, "alice", "submit", "-f", str(missing))
+    assert code == 2 and "cannot read" in err
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("name: [unclosed\n")
+    code, _, err = berth(local_cloud, "alice", "submit", "-f", str(bad_yaml))
+    assert code == 2 and "not valid YAML" in err
+    code, out, _ = berth(local_cloud, "alice", "quota", "nlp")
+    assert code == 4 and out["error"]["code"] == "Forbidden"
+
+
+def test_other_tenant_gets_404_over_http(local_cloud: Any) -> None:
+    alice, bob = local_cloud.client("alice"), local_cloud.client("bob")
+    r = alice.post("/v1/jobs", json=SPEC)
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    for method, path in [
+        ("get", f"/v1/jobs/{job_id}"),
+        ("post", f"/v1/jobs/{job_id}/cancel"),
+        ("get", f"/v1/jobs/{job_id}/events"),
+    ]:
+        resp = getattr(bob, method)(path)
+        assert resp.status == 404, (method, path, resp.text)
+        assert resp.json()["error"]["code"] == "NotFound"
+    assert job_id not in {j["id"] for j in bob.get("/v1/jobs", params={"limit": "100"}).json()["jobs"]}
+
+
+def test_duplicate_submit_with_idempotency_key(local_cloud: Any) -> None:
+    alice = local_cloud.client("alice")
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    a = alice.post("/v1/jobs", json=SPEC, headers=key)
+    b = alice.post("/v1/jobs", json=SPEC, headers=key)
+    assert a.status == b.status == 201 and a.json()["id"] == b.json()["id"]
+    c = alice.post("/v1/jobs", json={**SPEC, "name": "different"}, headers=key)
+    assert c.status == 409 and c.json()["error"]["code"] == "IdempotencyKeyReused"
+
+
+def test_concurrent_duplicate_submits_make_one_job(local_cloud: Any) -> None:
+    alice = local_cloud.client("alice")
+    key = {"Idempotency-Key": str(uuid.uuid4())}
+    spec = {**SPEC, "name": "racing-submit"}
+    results: list[Any] = []
+
+    def go() -> None:
+        results.append(alice.post("/v1/jobs", json=spec, headers=key))
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    created = {r.json()["id"] for r in results if r.status == 201}
+    assert len(created) == 1, [(r.status, r.text) for r in results]
+    # Requests that overlapped the first are told to retry (409), never given a second job.
+    assert all(r.status in (201, 409) for r in results)
+    jobs = alice.get("/v1/jobs", params={"limit": "100"}).json()["jobs"]
+    assert sum(1 for j in jobs if j["spec"]["name"] == "racing-submit") == 1
+
+
+def test_malformed_and_oversized_specs_store_nothing(local_cloud: Any) -> None:
+    alice = local_cloud.client("alice")
+    before = alice.get("/v1/jobs", params={"limit": "100"}).json()["jobs"]
+    cases = [
+        (b"{not json", 400),
+        (json.dumps({**SPEC, "unknown_field": 1}).encode(), 422),
+        (json.dumps({**SPEC, "resources": {"gpus": 65}}).encode(), 422),
+        (json.dumps({**SPEC, "env": {"BLOB": "x" * 200_000}}).encode(), 400),
+    ]
+    for body, status in cases:
+        r = alice.post("/v1/jobs", data=body, headers={"Content-Type": "application/json"})
+        assert r.status == status, (body[:40], r.text[:300])
+        err = r.json()["error"]
+        assert err["code"] and err["message"]
+    after = alice.get("/v1/jobs", params={"limit": "100"}).json()["jobs"]
+    assert [j["id"] for j in after] == [j["id"] for j in before]
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/tenants/vision/quota"])
+def test_unsigned_requests_are_refused(local_cloud: Any, path: str) -> None:
+    r = local_cloud.unsigned().get(path)
+    assert r.status == 403
+
+
+def test_quota_admin_and_member(local_cloud: Any) -> None:
+    admin, alice = local_cloud.client("admin"), local_cloud.client("alice")
+    r = alice.put("/v1/tenants/vision/quota", json={"max_active_jobs": 5})
+    assert r.status == 403
+    r = admin.put("/v1/tenants/nlp/quota", json={"gpus": {"A100": {"guaranteed": 16, "borrow_limit": 16}}})
+    assert r.status == 200, r.text
+    assert local_cloud.client("bob").get("/v1/tenants/nlp/quota").json()["gpus"]["A100"]["guaranteed"] == 16
