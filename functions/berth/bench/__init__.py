@@ -1,0 +1,1 @@
+"""Scheduler benchmark: a generated snapshot and one timed pass."""

@@ -1,0 +1,135 @@
+"""`berth sim` (replay a trace through the scheduler core) and `berth bench scheduler`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from berth.bench.scheduler_bench import bench_scheduler
+from berth.sim.cluster import load_cluster
+from berth.sim.policies import POLICY_NAMES, resolve_policy
+from berth.sim.runner import simulate
+from berth.sim.trace import load_trace
+
+_SUMMARY_COLUMNS = (
+    ("policy", "policy"),
+    ("completed", "done"),
+    ("avg_wait_s", "avg wait s"),
+    ("p95_wait_s", "p95 wait s"),
+    ("avg_jct_s", "avg JCT s"),
+    ("onprem_gpu_utilization", "on-prem util"),
+    ("cloud_gpu_hours", "cloud GPU-h"),
+    ("total_cost_usd", "cost USD"),
+    ("cost_lower_bound_usd", "cost LB USD"),
+    ("jain_fairness", "Jain"),
+    ("sim_wall_s", "wall s"),
+)
+
+
+def _check_output(output: str) -> str:
+    if output not in ("json", "table"):
+        raise typer.BadParameter("--output must be json or table")
+    return output
+
+
+def _policies(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        for part in n.split(","):
+            part = part.strip()
+            if part == "all":
+                out.extend(p for p in POLICY_NAMES if p not in out)
+            elif part and part not in out:
+                out.append(part)
+    return out or ["berth"]
+
+
+def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="berth sim")
+    for _, title in _SUMMARY_COLUMNS:
+        table.add_column(title, justify="right")
+    for r in results:
+        table.add_row(*(str(r.get(key, "")) for key, _ in _SUMMARY_COLUMNS))
+    console.print(table)
+    for r in results:
+        t = Table(title=f"tenants ({r['policy']})")
+        for col in ("tenant", "jobs", "avg_wait_s", "onprem_gpu_hours", "cloud_gpu_hours", "cost_usd"):
+            t.add_column(col, justify="right")
+        for row in r["tenants"]:
+            t.add_row(
+                *(
+                    str(row[c])
+                    for c in (
+                        "tenant",
+                        "jobs",
+                        "avg_wait_s",
+                        "onprem_gpu_hours",
+                        "cloud_gpu_hours",
+                        "cost_usd",
+                    )
+                )
+            )
+        console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sim")
+    def sim(
+        trace: Path = typer.Option(..., "--trace", exists=True, dir_okay=False, help="Trace CSV"),
+        cluster: Path = typer.Option(..., "--cluster", exists=True, dir_okay=False, help="Cluster YAML"),
+        policy: list[str] = typer.Option(
+            ["berth"], "--policy", help=f"{', '.join(POLICY_NAMES)}, 'all', or a policy file; repeatable"
+        ),
+        output: str = typer.Option("table", "--output", "-o", help="json or table"),
+    ) -> None:
+        """Replay a workload trace through the scheduler core and print the metrics."""
+        _check_output(output)
+        try:
+            jobs = load_trace(trace)
+            spec = load_cluster(cluster)
+            policies = [resolve_policy(p) for p in _policies(policy)]
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        results = []
+        for pol in policies:
+            result = simulate(jobs, spec, pol)
+            results.append(result)
+            if output == "json":
+                typer.echo(json.dumps(result))
+        if output == "table":
+            _render_sim(results, Console())
+
+    bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+    app.add_typer(bench_app, name="bench")
+
+    @bench_app.command("scheduler")
+    def bench(
+        nodes: int = typer.Option(1000, "--nodes", min=1, help="On-prem hosts (8 GPUs each)"),
+        pending: int = typer.Option(10000, "--pending", min=0, help="Pending jobs"),
+        tenants: int = typer.Option(50, "--tenants", min=1, help="Tenants"),
+        policy: str = typer.Option("berth", "--policy", help="Policy name or file"),
+        seed: int = typer.Option(0, "--seed"),
+        repeat: int = typer.Option(1, "--repeat", min=1, help="Passes to time (best is reported)"),
+        output: str = typer.Option("table", "--output", "-o", help="json or table"),
+    ) -> None:
+        """Time one full scheduling pass on a generated snapshot."""
+        _check_output(output)
+        try:
+            pol = resolve_policy(policy)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        result = bench_scheduler(nodes, pending, tenants, pol, seed=seed, repeat=repeat)
+        if output == "json":
+            typer.echo(json.dumps(result))
+            return
+        table = Table(title="berth bench scheduler")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k, v in result.items():
+            table.add_row(k, str(v))
+        Console().print(table)

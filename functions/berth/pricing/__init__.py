@@ -1,0 +1,1 @@
+"""Cloud price catalog shipped with Berth (list prices snapshot; see README.md here)."""

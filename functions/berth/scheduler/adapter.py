@@ -1,0 +1,44 @@
+"""Build scheduler inputs from the domain's job spec."""
+
+from __future__ import annotations
+
+from berth.domain.job_spec import JobSpec
+from berth.scheduler.snapshot import PendingJob
+
+
+def pending_from_spec(
+    job_id: str,
+    tenant: str,
+    spec: JobSpec,
+    submitted_at: float,
+    expected_duration_s: float | None = None,
+    *,
+    checkpointing: bool = False,
+    avoid_hosts: tuple[str, ...] = (),
+    avoid_regions: tuple[str, ...] = (),
+) -> PendingJob:
+    """A PendingJob for a submitted spec. ``cpu`` and ``memory_gib`` of the spec are per node."""
+    r = spec.resources
+    c = spec.constraints
+    return PendingJob(
+        job_id=job_id,
+        tenant=tenant,
+        gpu_type=r.gpu_type,
+        gpus=r.gpus,
+        submitted_at=submitted_at,
+        nodes=r.nodes,
+        cpu=r.cpu,
+        memory_gib=r.memory_gib,
+        placement=c.placement,
+        regions=tuple(c.regions),
+        spot=c.spot,
+        priority=c.priority,
+        max_hourly_usd=c.max_hourly_usd,
+        max_cost_usd=c.max_cost_usd,
+        expected_duration_s=expected_duration_s,
+        timeout_s=spec.timeout_minutes * 60.0,
+        checkpointing=checkpointing,
+        datasets=tuple(d.source for d in spec.data),
+        avoid_hosts=avoid_hosts,
+        avoid_regions=avoid_regions,
+    )

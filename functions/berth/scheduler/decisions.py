@@ -1,0 +1,80 @@
+"""What a scheduling pass returns: placements, preemptions, repatriations and reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, frozen=True)
+class OnPremAssignment:
+    """Run ``job_id`` on these hosts of one pool: ((host_id, gpus), ...)."""
+
+    job_id: str
+    tenant: str
+    pool: str
+    gpu_type: str
+    hosts: tuple[tuple[str, int], ...]
+    cpu: float
+    memory_gib: float
+    borrowed: bool = False
+    site: str = "onprem"
+
+
+@dataclass(slots=True, frozen=True)
+class CloudAssignment:
+    """Run ``job_id`` on ``instances`` instances of one offer."""
+
+    job_id: str
+    tenant: str
+    region: str
+    zone: str
+    queue: str
+    instance_type: str
+    instances: int
+    gpu_type: str
+    spot: bool
+    hourly_usd: float
+    site: str = "cloud"
+
+
+Assignment = OnPremAssignment | CloudAssignment
+
+
+@dataclass(slots=True, frozen=True)
+class Preemption:
+    """Stop ``job_id`` (it goes back to the queue) so that ``for_job`` can run."""
+
+    job_id: str
+    tenant: str
+    for_job: str
+    rule: str
+    lost_progress_s: float
+
+
+@dataclass(slots=True, frozen=True)
+class Repatriation:
+    """Move a checkpointing cloud job back on-prem: stop it in the cloud, restart it at ``to``."""
+
+    job_id: str
+    tenant: str
+    from_region: str
+    to: OnPremAssignment
+    saving_usd: float
+    lost_progress_s: float
+
+
+@dataclass(slots=True)
+class Decisions:
+    placements: list[Assignment] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    repatriations: list[Repatriation] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    """Every job left pending, with a human reason."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each tenant's weighted dominant share at the end of the pass."""
+    wake_at: float | None = None
+    """The earliest time a pending job's eligibility changes by the clock alone (run a pass then)."""
+
+    @property
+    def decided(self) -> int:
+        return len(self.placements) + len(self.reasons)

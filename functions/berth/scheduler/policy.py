@@ -1,0 +1,148 @@
+"""Organisational placement rules as data: validated from YAML/JSON dicts. No file I/O here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BurstRule(_Rule):
+    """Who may burst to the cloud, and when: after waiting max(min_wait_s, wait_fraction x run time)."""
+
+    tenants: list[str] = Field(default_factory=lambda: ["*"])
+    min_wait_s: Annotated[float, Field(ge=0)] = 0.0
+    wait_fraction: Annotated[float, Field(ge=0, le=100)] = 0.0
+    max_wait_s: Annotated[float | None, Field(ge=0)] = None
+    """Cap on the relative wait (a 10-day job need not wait a day)."""
+    reference_usd_per_gpu_hour: Annotated[float | None, Field(gt=0)] = None
+    """When set, the relative wait is scaled by (the job's cheapest cloud USD per GPU-hour /
+    this reference) ** price_exponent: jobs that are dear to run in the cloud wait longer for
+    on-prem, jobs that are cheap there burst sooner."""
+    price_exponent: Annotated[float, Field(ge=0, le=8)] = 1.0
+
+    def allows(self, tenant: str) -> bool:
+        return "*" in self.tenants or tenant in self.tenants
+
+    def wait_s(self, expected_duration_s: float | None, usd_per_gpu_hour: float | None = None) -> float:
+        relative = self.wait_fraction * (expected_duration_s or 0.0)
+        if self.reference_usd_per_gpu_hour is not None and usd_per_gpu_hour is not None:
+            relative *= (usd_per_gpu_hour / self.reference_usd_per_gpu_hour) ** self.price_exponent
+        if self.max_wait_s is not None:
+            relative = min(relative, self.max_wait_s)
+        return max(self.min_wait_s, relative)
+
+
+class ResidencyRule(_Rule):
+    """Where a tenant's jobs, or jobs reading a dataset, may run.
+
+    Match by ``tenant`` and/or ``dataset_prefix`` (a job matches when it is the tenant's, or one
+    of its data sources starts with the prefix). ``onprem_only`` forbids the cloud; ``regions``
+    limits cloud regions; ``pools`` limits on-prem pools.
+    """
+
+    name: str = ""
+    tenant: str | None = None
+    dataset_prefix: str | None = None
+    onprem_only: bool = False
+    regions: list[str] = Field(default_factory=list)
+    pools: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _has_selector(self) -> Self:
+        if self.tenant is None and self.dataset_prefix is None:
+            raise ValueError("a residency rule needs a tenant or a dataset_prefix")
+        if self.onprem_only and self.regions:
+            raise ValueError("onprem_only and regions contradict each other")
+        return self
+
+    def matches(self, tenant: str, datasets: tuple[str, ...]) -> bool:
+        if self.tenant is not None and self.tenant != tenant:
+            return False
+        if self.dataset_prefix is not None:
+            return any(d.startswith(self.dataset_prefix) for d in datasets)
+        return True
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        who = f"tenant {self.tenant}" if self.tenant else f"dataset {self.dataset_prefix}"
+        return f"residency[{who}]"
+
+
+class SpotRule(_Rule):
+    """When a job that allows spot gets spot: ``always``; ``checkpointing`` (checkpointing jobs,
+    or jobs expected to run at most ``short_job_s``); ``never``. spot: required jobs always do."""
+
+    use: Literal["always", "checkpointing", "never"] = "checkpointing"
+    short_job_s: Annotated[float, Field(ge=0)] = 3600.0
+
+
+class PreemptionRule(_Rule):
+    reclaim: bool = True
+    """A tenant below its guarantee may preempt other tenants' borrowed jobs."""
+    priority: bool = True
+    """A tenant's higher-priority job may preempt its own lower-priority jobs."""
+    max_per_pass: Annotated[int, Field(ge=0)] = 8
+    min_runtime_s: Annotated[float, Field(ge=0)] = 300.0
+    """A job that started less than this ago is not a victim (no thrashing)."""
+
+
+class RepatriationRule(_Rule):
+    enabled: bool = True
+    min_saving_usd: Annotated[float, Field(ge=0)] = 1.0
+    max_lost_progress_s: Annotated[float, Field(ge=0)] = 1800.0
+    restart_overhead_s: Annotated[float, Field(ge=0)] = 300.0
+    max_per_pass: Annotated[int, Field(ge=0)] = 16
+
+
+class CircuitRule(_Rule):
+    failure_threshold: Annotated[int, Field(ge=1)] = 3
+    window_s: Annotated[float, Field(gt=0)] = 600.0
+    open_s: Annotated[float, Field(gt=0)] = 900.0
+    half_open_probes: Annotated[int, Field(ge=1)] = 1
+
+
+class FairShareRule(_Rule):
+    ordering: Literal["fair-share", "fifo"] = "fair-share"
+    half_life_s: Annotated[float, Field(gt=0)] = 7 * 86400.0
+    history_weight: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """0: current allocation only (pure DRF); 1: decayed usage only."""
+    within_tenant: Literal["submit", "longest-first"] = "submit"
+    """After priority: earliest submitted first, or longest expected run first (long jobs are the
+    dearest to burst and the longest to keep the cloud busy after a peak; short ones burst sooner)."""
+
+
+class SchedulingPolicy(_Rule):
+    name: Annotated[str, Field(min_length=1, max_length=64)] = "berth"
+    use_onprem: bool = True
+    burst: BurstRule | None = Field(default_factory=BurstRule)
+    """None: never burst to the cloud."""
+    max_usd_per_gpu_hour: Annotated[float | None, Field(gt=0)] = None
+    gpu_equivalents: dict[str, list[str]] = Field(default_factory=dict)
+    """Models a job may run on instead of the one it asked for, in order of preference."""
+    residency: list[ResidencyRule] = Field(default_factory=list)
+    spot: SpotRule = Field(default_factory=SpotRule)
+    preemption: PreemptionRule = Field(default_factory=PreemptionRule)
+    repatriation: RepatriationRule = Field(default_factory=RepatriationRule)
+    circuit: CircuitRule = Field(default_factory=CircuitRule)
+    fair_share: FairShareRule = Field(default_factory=FairShareRule)
+
+    def accepted_gpus(self, gpu_type: str) -> tuple[str, ...]:
+        """The job's own model first, then its equivalents in order of preference."""
+        extra = [g for g in self.gpu_equivalents.get(gpu_type, []) if g != gpu_type]
+        return (gpu_type, *extra)
+
+    def residency_for(self, tenant: str, datasets: tuple[str, ...]) -> list[ResidencyRule]:
+        return [r for r in self.residency if r.matches(tenant, datasets)]
+
+
+def load_policy(data: Mapping[str, Any]) -> SchedulingPolicy:
+    """Validate a policy document (parsed YAML/JSON). Raises pydantic.ValidationError."""
+    return SchedulingPolicy.model_validate(dict(data))

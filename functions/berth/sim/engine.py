@@ -1,0 +1,421 @@
+"""The discrete-event replay: trace arrivals, completions, spot interruptions and burst timers
+drive passes of the real ``schedule()``; decisions are applied to a simulated fleet and cloud.
+
+Model (docs/scheduling.md, "Simulator"):
+- On-prem jobs start at once; cloud jobs run after ``startup_delay_s`` (billed from placement).
+- A job's estimate of its run time is the trace's duration (the "user-supplied estimate").
+- Checkpointing jobs save progress every ``checkpoint_interval_s`` of work; a stop (preemption,
+  spot interruption, repatriation) loses the work since the last checkpoint and requeues it.
+- Spot interruptions are Poisson per instance with a seeded, per-job random stream, so every
+  policy faces the same luck for the same job; each one also counts as a capacity error for the
+  circuit of that (region, instance type).
+- Passes run on events, batched at most once per ``pass_interval_s``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+
+from berth.domain.job_spec import SpotPolicy
+from berth.scheduler.core import schedule
+from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignment
+from berth.scheduler.fairshare import decay_factor
+from berth.scheduler.policy import SchedulingPolicy
+from berth.scheduler.snapshot import CircuitRecord, Host, PendingJob, RunningJob, Snapshot, TenantState
+from berth.sim.cluster import ClusterSpec
+from berth.sim.trace import TraceJob, split_nodes
+
+FINISH, INTERRUPT, ARRIVE, PASS = 0, 1, 2, 3
+
+
+@dataclass(slots=True)
+class SimJob:
+    trace: TraceJob
+    nodes: int
+    cpu: float
+    memory_gib: float
+    progress_s: float = 0.0
+    first_start_s: float | None = None
+    end_s: float | None = None
+    epoch: int = 0
+    site: str | None = None
+    placed_at: float = 0.0
+    work_start: float = 0.0
+    hosts: tuple[tuple[str, int], ...] = ()
+    hourly_usd: float = 0.0
+    cost_usd: float = 0.0
+    onprem_gpu_s: float = 0.0
+    cloud_gpu_s: float = 0.0
+    preemptions: int = 0
+    interruptions: int = 0
+    repatriations: int = 0
+    attempts: int = 0
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self.trace.duration_s - self.progress_s)
+
+
+@dataclass(slots=True)
+class SimState:
+    jobs: dict[str, SimJob]
+    onprem_gpus: int
+    span_end_s: float = 0.0
+    passes: int = 0
+    preemptions: int = 0
+    interruptions: int = 0
+    repatriations: int = 0
+    circuit_failures: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+
+class Simulator:
+    def __init__(self, trace: list[TraceJob], cluster: ClusterSpec, policy: SchedulingPolicy) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.trace = trace
+        self.offers = cluster.offers()
+        self.ckpt = cluster.jobs.checkpoint_interval_s
+        max_host = max((p.gpus_per_host for p in cluster.pools), default=8)
+        self.host_specs: dict[str, Host] = {}
+        for pool in cluster.pools:
+            for i in range(pool.hosts):
+                hid = f"{pool.name}-{i:04d}"
+                self.host_specs[hid] = Host(
+                    hid,
+                    pool.name,
+                    pool.gpu_type,
+                    pool.gpus_per_host,
+                    pool.gpus_per_host,
+                    pool.cpu,
+                    pool.cpu,
+                    pool.memory_gib,
+                    pool.memory_gib,
+                )
+        self.free: dict[str, list[float]] = {
+            hid: [h.gpus, h.cpu, h.memory_gib] for hid, h in self.host_specs.items()
+        }
+        self._hosts_cache: tuple[Host, ...] | None = None
+        jobs: dict[str, SimJob] = {}
+        for t in trace:
+            nodes = split_nodes(t.gpus, max_host)
+            gpn = t.gpus // nodes
+            jobs[t.job_id] = SimJob(
+                t, nodes, cluster.jobs.cpu_per_gpu * gpn, cluster.jobs.memory_gib_per_gpu * gpn
+            )
+        self.state = SimState(jobs=jobs, onprem_gpus=cluster.onprem_gpus)
+        self.pending: dict[str, PendingJob] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.tenant_names = sorted({t.tenant for t in trace})
+        self.alloc: dict[str, dict[str, float]] = {n: {} for n in self.tenant_names}
+        self.usage: dict[str, dict[str, float]] = {n: {} for n in self.tenant_names}
+        self.usage_at = 0.0
+        self.spend_month: dict[tuple[str, int], float] = {}
+        self._pass_at: float | None = None
+        self._last_pass: float | None = None
+        self._wake_at: float | None = None
+        self._interrupt_at: dict[str, tuple[str, str]] = {}
+        self._repatriates = policy.repatriation.enabled and policy.use_onprem
+        self._cloud_jobs = 0
+        self._onprem_freed = False
+
+    # ------------------------------------------------------------------ events
+    def _push(self, at: float, kind: int, job_id: str = "", epoch: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (at, kind, self._seq, job_id, epoch))
+
+    def run(self) -> SimState:
+        for t in self.trace:
+            self._push(t.submit_s, ARRIVE, t.job_id)
+        interval = self.cluster.pass_interval_s
+        while self.events:
+            now = self.events[0][0]
+            dirty = False
+            while self.events and self.events[0][0] == now:
+                _, kind, _, job_id, epoch = heapq.heappop(self.events)
+                if kind == ARRIVE:
+                    self._arrive(job_id, now)
+                    dirty = True
+                elif kind == FINISH:
+                    job = self.state.jobs[job_id]
+                    if job.epoch == epoch:
+                        self._stop(job, now, finished=True)
+                        dirty = True
+                elif kind == INTERRUPT:
+                    job = self.state.jobs[job_id]
+                    if job.epoch == epoch:
+                        self._interrupt(job, now)
+                        dirty = True
+                else:  # PASS (timer or burst wake-up)
+                    if self._pass_at == now:
+                        self._pass_at = None
+                    if self._wake_at == now:
+                        self._wake_at = None
+                    dirty = True
+            if not dirty or not (
+                self.pending or (self._onprem_freed and self._repatriates and self._cloud_running())
+            ):
+                continue
+            if interval > 0 and self._last_pass is not None and now < self._last_pass + interval:
+                due = self._last_pass + interval
+                if self._pass_at is None or self._pass_at > due:
+                    self._pass_at = due
+                    self._push(due, PASS)
+                continue
+            self._pass(now)
+        return self.state
+
+    def _cloud_running(self) -> bool:
+        return self._cloud_jobs > 0
+
+    # ------------------------------------------------------------------ transitions
+    def _pending_job(self, job: SimJob) -> PendingJob:
+        t = job.trace
+        return PendingJob(
+            job_id=t.job_id,
+            tenant=t.tenant,
+            gpu_type=t.gpu_type,
+            gpus=t.gpus,
+            submitted_at=t.submit_s,
+            nodes=job.nodes,
+            cpu=job.cpu,
+            memory_gib=job.memory_gib,
+            spot=SpotPolicy.ALLOWED,
+            expected_duration_s=job.remaining_s,
+            checkpointing=self.ckpt is not None,
+        )
+
+    def _arrive(self, job_id: str, now: float) -> None:
+        job = self.state.jobs[job_id]
+        if job.trace.duration_s <= 0:
+            job.first_start_s = job.end_s = now
+            return
+        self.pending[job_id] = self._pending_job(job)
+
+    def _alloc_delta(self, job: SimJob, sign: float) -> None:
+        a = self.alloc[job.trace.tenant]
+        gk = "gpu:" + job.trace.gpu_type
+        a[gk] = a.get(gk, 0.0) + sign * job.trace.gpus
+        if job.site == "onprem":
+            a["cpu"] = a.get("cpu", 0.0) + sign * job.cpu * job.nodes
+            a["memory"] = a.get("memory", 0.0) + sign * job.memory_gib * job.nodes
+
+    def _start_onprem(self, job: SimJob, a: OnPremAssignment, now: float) -> None:
+        for hid, g in a.hosts:
+            f = self.free[hid]
+            if f[0] < g or f[1] < a.cpu - 1e-9 or f[2] < a.memory_gib - 1e-9:
+                raise AssertionError(f"over-allocation of {hid} for {job.trace.job_id}")
+            f[0] -= g
+            f[1] -= a.cpu
+            f[2] -= a.memory_gib
+        self._hosts_cache = None
+        job.site, job.hosts, job.placed_at, job.work_start, job.hourly_usd = "onprem", a.hosts, now, now, 0.0
+        job.attempts += 1
+        if job.first_start_s is None:
+            job.first_start_s = now
+        end = now + job.remaining_s
+        self.running[job.trace.job_id] = RunningJob(
+            job_id=job.trace.job_id,
+            tenant=job.trace.tenant,
+            gpu_type=a.gpu_type,
+            gpus=job.trace.gpus,
+            started_at=now,
+            site="onprem",
+            hosts=a.hosts,
+            nodes=job.nodes,
+            cpu=a.cpu,
+            memory_gib=a.memory_gib,
+            borrowed=a.borrowed,
+            checkpointing=self.ckpt is not None,
+            checkpoint_interval_s=self.ckpt,
+            expected_end_at=end,
+        )
+        self._alloc_delta(job, 1.0)
+        self._push(end, FINISH, job.trace.job_id, job.epoch)
+
+    def _start_cloud(self, job: SimJob, a: CloudAssignment, now: float) -> None:
+        start = now + self.cluster.cloud.startup_delay_s
+        job.site, job.hosts, job.placed_at, job.work_start, job.hourly_usd = (
+            "cloud",
+            (),
+            now,
+            start,
+            a.hourly_usd,
+        )
+        job.attempts += 1
+        if job.first_start_s is None:
+            job.first_start_s = start
+        end = start + job.remaining_s
+        self.running[job.trace.job_id] = RunningJob(
+            job_id=job.trace.job_id,
+            tenant=job.trace.tenant,
+            gpu_type=a.gpu_type,
+            gpus=job.trace.gpus,
+            started_at=start,
+            site="cloud",
+            nodes=job.nodes,
+            cpu=job.cpu,
+            memory_gib=job.memory_gib,
+            region=a.region,
+            instance_type=a.instance_type,
+            spot=a.spot,
+            hourly_usd=a.hourly_usd,
+            checkpointing=self.ckpt is not None,
+            checkpoint_interval_s=self.ckpt,
+            expected_end_at=end,
+        )
+        self._alloc_delta(job, 1.0)
+        self._cloud_jobs += 1
+        self._push(end, FINISH, job.trace.job_id, job.epoch)
+        rate = self.cluster.cloud.spot.interruptions_per_hour
+        if a.spot and rate > 0:
+            seed = zlib.crc32(
+                f"{self.cluster.cloud.spot.seed}:{job.trace.job_id}:{job.interruptions}".encode()
+            )
+            u = random.Random(seed).random()
+            t_int = start + (-math.log(1.0 - u) / (rate * a.instances)) * 3600.0
+            if t_int < end:
+                self._push(t_int, INTERRUPT, job.trace.job_id, job.epoch)
+                key = (a.region, a.instance_type)
+                # Remember where interruptions happen for the circuit breaker (recorded when they occur).
+                self._interrupt_at[job.trace.job_id] = key
+
+    def _stop(self, job: SimJob, now: float, finished: bool = False) -> None:
+        elapsed = max(0.0, now - job.placed_at)
+        if job.site == "onprem":
+            job.onprem_gpu_s += job.trace.gpus * elapsed
+            self._onprem_freed = True
+            for hid, g in job.hosts:
+                f = self.free[hid]
+                f[0] += g
+                f[1] += job.cpu
+                f[2] += job.memory_gib
+            self._hosts_cache = None
+        else:
+            self._cloud_jobs -= 1
+            job.cloud_gpu_s += job.trace.gpus * elapsed
+            cost = job.hourly_usd * elapsed / 3600.0
+            job.cost_usd += cost
+            month = (job.trace.tenant, int(now // (30 * 86400)))
+            self.spend_month[month] = self.spend_month.get(month, 0.0) + cost
+        done = max(0.0, now - job.work_start)
+        if finished:
+            job.progress_s = job.trace.duration_s
+            job.end_s = now
+            self.state.span_end_s = max(self.state.span_end_s, now)
+        elif self.ckpt is not None:
+            job.progress_s = min(job.trace.duration_s, job.progress_s + (done // self.ckpt) * self.ckpt)
+        self._alloc_delta(job, -1.0)
+        job.epoch += 1
+        job.site = None
+        job.hosts = ()
+        self.running.pop(job.trace.job_id, None)
+
+    def _requeue(self, job: SimJob) -> None:
+        self.pending[job.trace.job_id] = self._pending_job(job)
+
+    def _interrupt(self, job: SimJob, now: float) -> None:
+        key = self._interrupt_at.pop(job.trace.job_id, None)
+        if key is not None:
+            self.state.circuit_failures.setdefault(key, []).append(now)
+        self._stop(job, now)
+        job.interruptions += 1
+        self.state.interruptions += 1
+        self._requeue(job)
+
+    # ------------------------------------------------------------------ the pass
+    def _hosts(self) -> tuple[Host, ...]:
+        if self._hosts_cache is None:
+            self._hosts_cache = tuple(
+                Host(h.host_id, h.pool, h.gpu_type, h.gpus, int(f[0]), h.cpu, f[1], h.memory_gib, f[2])
+                for h, f in ((h, self.free[hid]) for hid, h in self.host_specs.items())
+            )
+        return self._hosts_cache
+
+    def _tenants(self, now: float) -> dict[str, TenantState]:
+        rule = self.policy.fair_share
+        if rule.history_weight > 0 and now > self.usage_at:
+            f = decay_factor(now - self.usage_at, rule.half_life_s)
+            tau = rule.half_life_s / math.log(2)
+            for name in self.tenant_names:
+                u = self.usage[name]
+                for k in u:
+                    u[k] *= f
+                for k, v in self.alloc[name].items():
+                    u[k] = u.get(k, 0.0) + v * tau * (1.0 - f)
+            self.usage_at = now
+        month = int(now // (30 * 86400))
+        out = {}
+        for name in self.tenant_names:
+            base = self.cluster.tenant_state(name)
+            out[name] = TenantState(
+                name=name,
+                weight=base.weight,
+                guaranteed_gpus=base.guaranteed_gpus,
+                borrow_limit_gpus=base.borrow_limit_gpus,
+                default_borrow_limit=base.default_borrow_limit,
+                monthly_budget_usd=base.monthly_budget_usd,
+                cloud_spend_month_usd=self.spend_month.get((name, month), 0.0),
+                usage=dict(self.usage[name]),
+                usage_as_of=now,
+            )
+        return out
+
+    def _circuits(self, now: float) -> tuple[CircuitRecord, ...]:
+        horizon = self.policy.circuit.window_s + self.policy.circuit.open_s
+        records = []
+        for (region, itype), times in self.state.circuit_failures.items():
+            times[:] = [t for t in times if now - t <= horizon]
+            if times:
+                records.append(CircuitRecord(region, itype, tuple(times)))
+        return tuple(records)
+
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(
+            pending=tuple(self.pending.values()),
+            running=tuple(self.running.values()),
+            hosts=self._hosts(),
+            offers=self.offers,
+            tenants=self._tenants(now),
+            circuits=self._circuits(now),
+        )
+
+    def _pass(self, now: float) -> None:
+        self._last_pass = now
+        self._onprem_freed = False
+        self.state.passes += 1
+        decisions = schedule(self.snapshot(now), self.policy, now)
+        self._apply(decisions, now)
+        if decisions.wake_at is not None and decisions.wake_at > now:
+            wake = decisions.wake_at
+            if self._wake_at is None or wake < self._wake_at or self._wake_at <= now:
+                self._wake_at = wake
+                self._push(wake, PASS)
+
+    def _apply(self, d: Decisions, now: float) -> None:
+        jobs = self.state.jobs
+        for p in d.preemptions:
+            job = jobs[p.job_id]
+            self._stop(job, now)
+            job.preemptions += 1
+            self.state.preemptions += 1
+            self._requeue(job)
+        for a in d.placements:
+            job = jobs[a.job_id]
+            del self.pending[a.job_id]
+            if isinstance(a, OnPremAssignment):
+                self._start_onprem(job, a, now)
+            else:
+                self._start_cloud(job, a, now)
+        for r in d.repatriations:
+            job = jobs[r.job_id]
+            self._interrupt_at.pop(r.job_id, None)
+            self._stop(job, now)
+            job.repatriations += 1
+            self.state.repatriations += 1
+            self._start_onprem(job, r.to, now)

@@ -1,0 +1,198 @@
+"""Behaviour of one scheduling pass on small hand-made snapshots."""
+
+from __future__ import annotations
+
+from berth.domain.job_spec import Placement, Priority, SpotPolicy
+from berth.scheduler import schedule
+from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
+from berth.scheduler.explain import explain_job
+from berth.scheduler.policy import load_policy
+from berth.scheduler.snapshot import CircuitRecord, TenantState
+
+from .helpers import NOW, host, job, offer, policy, running, snap
+
+
+def test_places_onprem_best_fit_keeps_whole_host_free() -> None:
+    s = snap([job("j1", gpus=2)], hosts=[host("h1"), host("h2", free=3)])
+    d = schedule(s, policy(), NOW)
+    (a,) = d.placements
+    assert isinstance(a, OnPremAssignment)
+    assert a.hosts == (("h2", 2),)  # the fuller host; h1 stays whole for an 8-GPU job
+
+
+def test_gang_multi_node_only_within_one_pool() -> None:
+    hosts = [host("a1", pool="a"), host("b1", pool="b")]
+    d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
+    assert d.placements == []
+    assert "2 hosts with 8 free V100 GPUs" in d.reasons["big"]
+    hosts.append(host("a2", pool="a"))
+    d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
+    (a,) = d.placements
+    assert isinstance(a, OnPremAssignment) and a.pool == "a" and {h for h, _ in a.hosts} == {"a1", "a2"}
+
+
+def test_cloud_after_burst_wait_with_cheapest_offer_and_spot() -> None:
+    pol = load_policy({"burst": {"min_wait_s": 600, "wait_fraction": 0}})
+    offers = [offer(zone="z1", spot=1.2), offer(zone="z2", spot=0.8), offer(zone="z3", spot=None, od=2.0)]
+    j = job("c1", submitted_at=NOW - 100, checkpointing=True)
+    d = schedule(snap([j], offers=offers), pol, NOW)
+    assert d.placements == [] and "may burst in 8 min" in d.reasons["c1"]
+    assert d.wake_at == NOW + 500
+    d = schedule(snap([j], offers=offers), pol, NOW + 500)
+    (a,) = d.placements
+    assert isinstance(a, CloudAssignment) and a.zone == "z2" and a.spot and a.hourly_usd == 0.8
+
+
+def test_spot_never_and_non_checkpointing_get_on_demand() -> None:
+    offers = [offer(zone="z1", od=3.0, spot=0.5)]
+    for j in (job("n1", spot=SpotPolicy.NEVER, checkpointing=True), job("n2", expected_duration_s=86400.0)):
+        (a,) = schedule(snap([j], offers=offers), policy(), NOW).placements
+        assert isinstance(a, CloudAssignment) and not a.spot and a.hourly_usd == 3.0
+
+
+def test_open_circuit_steers_elsewhere_until_half_open() -> None:
+    offers = [offer(zone="z1", spot=0.5), offer(region="us-west-2", zone="w1", spot=0.9)]
+    fails = (CircuitRecord("us-east-1", "p3.2xlarge", (NOW - 30, NOW - 20, NOW - 10)),)
+    j = job("c", checkpointing=True)
+    (a,) = schedule(snap([j], offers=offers, circuits=fails), policy(), NOW).placements
+    assert isinstance(a, CloudAssignment) and a.region == "us-west-2"
+    later = NOW + 1000  # open_s = 900 after the last failure: half-open, cheapest again
+    (a,) = schedule(snap([j], offers=offers, circuits=fails), policy(), later).placements
+    assert isinstance(a, CloudAssignment) and a.region == "us-east-1"
+    # Only one probe per pass goes to a half-open circuit.
+    d = schedule(snap([j, job("c2", checkpointing=True)], offers=offers, circuits=fails), policy(), later)
+    assert sorted(a.region for a in d.placements if isinstance(a, CloudAssignment)) == [
+        "us-east-1",
+        "us-west-2",
+    ]
+
+
+def test_job_constraints_and_policy_rules_exclude_offers_with_reason() -> None:
+    offers = [offer(zone="z1", od=3.0, spot=None)]
+    d = schedule(snap([job("r", regions=("us-west-2",))], offers=offers), policy(), NOW)
+    assert "job.regions" in d.reasons["r"]
+    d = schedule(snap([job("m", max_hourly_usd=1.0)], offers=offers), policy(), NOW)
+    assert "job.max_hourly_usd" in d.reasons["m"]
+    d = schedule(snap([job("p")], offers=offers), policy(max_usd_per_gpu_hour=2.0), NOW)
+    assert "policy.max_usd_per_gpu_hour" in d.reasons["p"]
+    d = schedule(snap([job("o", placement=Placement.ONPREM)], offers=offers), policy(), NOW)
+    assert d.placements == [] and "cloud" not in d.reasons["o"]
+
+
+def test_residency_and_burst_tenants() -> None:
+    offers = [offer()]
+    pol = policy(
+        residency=[{"dataset_prefix": "s3://secret/", "onprem_only": True}],
+        burst={"tenants": ["a"], "min_wait_s": 0},
+    )
+    d = schedule(snap([job("s", datasets=("s3://secret/x",)), job("b", tenant="b")], offers=offers), pol, NOW)
+    assert d.placements == []
+    assert "residency[dataset s3://secret/] keeps the job on-prem" in d.reasons["s"]
+    assert "tenant b may not burst" in d.reasons["b"]
+
+
+def test_quota_limits_onprem_and_marks_borrowed() -> None:
+    tenants = {"a": TenantState("a", guaranteed_gpus={"V100": 2}, borrow_limit_gpus={"V100": 2})}
+    pend = [job(f"j{i}", submitted_at=NOW - 10 + i) for i in range(5)]
+    d = schedule(snap(pend, hosts=[host("h1")], tenants=tenants), policy(burst=None), NOW)
+    placed = [a for a in d.placements if isinstance(a, OnPremAssignment)]
+    assert len(placed) == 4
+    assert [a.borrowed for a in placed] == [False, False, True, True]
+    assert "quota" in d.reasons["j4"]
+
+
+def test_reclaim_preempts_borrowed_least_loss_first() -> None:
+    tenants = {"own": TenantState("own", guaranteed_gpus={"V100": 8}), "b": TenantState("b")}
+    hosts = [host("h1", free=0)]
+    run = [
+        running("old", "b", (("h1", 4),), started_at=NOW - 7200, borrowed=True),
+        running("young", "b", (("h1", 4),), started_at=NOW - 900, borrowed=True),
+    ]
+    d = schedule(
+        snap([job("mine", tenant="own", gpus=4)], run, hosts, tenants=tenants), policy(burst=None), NOW
+    )
+    assert [p.job_id for p in d.preemptions] == ["young"]
+    assert d.preemptions[0].rule == "policy.preemption.reclaim"
+    (a,) = d.placements
+    assert a.job_id == "mine"
+
+
+def test_no_preemption_without_a_rule_and_budget_bounds_it() -> None:
+    hosts = [host("h1", free=0)]
+    run = [running("x", "b", (("h1", 8),), borrowed=True)]
+    # Tenant without guarantee: may not reclaim; same priority: no priority preemption.
+    d = schedule(snap([job("j", tenant="a", priority=Priority.HIGH)], run, hosts), policy(burst=None), NOW)
+    assert d.preemptions == [] and d.placements == []
+    # Priority preemption within a tenant, bounded per pass.
+    hosts = [host(f"h{i}", free=0) for i in range(4)]
+    run = [running(f"low{i}", "a", ((f"h{i}", 8),), priority=Priority.LOW) for i in range(4)]
+    pend = [job(f"hi{i}", tenant="a", gpus=8, priority=Priority.HIGH) for i in range(4)]
+    pol = policy(burst=None, preemption={"max_per_pass": 2})
+    d = schedule(snap(pend, run, hosts), pol, NOW)
+    assert len(d.preemptions) == 2 and len(d.placements) == 2
+
+
+def test_min_runtime_protects_fresh_jobs() -> None:
+    hosts = [host("h1", free=0)]
+    run = [running("fresh", "a", (("h1", 8),), priority=Priority.LOW, started_at=NOW - 10)]
+    d = schedule(snap([job("hi", gpus=8, priority=Priority.HIGH)], run, hosts), policy(burst=None), NOW)
+    assert d.preemptions == []
+
+
+def test_repatriates_checkpointing_cloud_job_when_onprem_frees() -> None:
+    r = running("cj", "a", (("x", 1),), started_at=NOW - 1000)
+    cloud = type(r)(
+        job_id="cj",
+        tenant="a",
+        gpu_type="V100",
+        gpus=1,
+        started_at=NOW - 1000,
+        site="cloud",
+        region="us-east-1",
+        instance_type="p3.2xlarge",
+        hourly_usd=3.0,
+        checkpointing=True,
+        checkpoint_interval_s=900.0,
+        expected_end_at=NOW + 86400,
+    )
+    d = schedule(snap([], [cloud], [host("h1")]), policy(), NOW)
+    (rep,) = d.repatriations
+    assert rep.job_id == "cj" and rep.to.hosts == (("h1", 1),) and rep.lost_progress_s == 100.0
+    assert rep.saving_usd > 50
+    # Not when it would throw away more than the policy allows, or when it would not save.
+    d = schedule(snap([], [cloud], [host("h1")]), policy(repatriation={"max_lost_progress_s": 50}), NOW)
+    assert d.repatriations == []
+
+
+def test_fair_share_serves_the_tenant_with_lower_share_first() -> None:
+    hosts = [host("h1", free=4)]
+    run = [running("r", "heavy", (("h1", 4),))]
+    pend = [job("h", tenant="heavy", submitted_at=NOW - 100), job("l", tenant="light", submitted_at=NOW - 1)]
+    d = schedule(snap(pend, run, hosts), policy(burst=None), NOW)
+    assert next(a.job_id for a in d.placements) == "l"
+    fifo = schedule(snap(pend, run, hosts), policy(burst=None, fair_share={"ordering": "fifo"}), NOW)
+    assert next(a.job_id for a in fifo.placements) == "h"
+
+
+def test_same_snapshot_same_decisions() -> None:
+    pend = [job(f"j{i}", tenant="ab"[i % 2], gpus=1 + i % 4) for i in range(20)]
+    s = snap(pend, hosts=[host(f"h{i}") for i in range(3)], offers=[offer(), offer(zone="z2", spot=0.7)])
+    assert schedule(s, policy(), NOW) == schedule(s, policy(), NOW)
+
+
+def test_explain_names_candidates_and_causes() -> None:
+    offers = [offer(zone="z1"), offer(region="us-west-2", zone="w1")]
+    s = snap(
+        [job("e", regions=("us-west-2",), submitted_at=NOW - 5)], hosts=[host("h1", free=0)], offers=offers
+    )
+    pol = load_policy({"burst": {"min_wait_s": 600}})
+    ex = explain_job(s, pol, NOW, "e")
+    assert ex.outcome == "pending"
+    by_site = {c.site: c for c in ex.candidates}
+    assert by_site["onprem:p1/V100"].rule == "capacity"
+    assert by_site["cloud:us-east-1/p3.2xlarge/z1"].rule == "job.regions"
+    assert by_site["cloud:us-west-2/p3.2xlarge/w1"].rule == "policy.burst"
+    assert ex.fair_share_rank == 1
+    placed = explain_job(s, pol, NOW + 600, "e")
+    assert placed.outcome == "cloud" and by_site.keys() == {c.site for c in placed.candidates}
+    assert [c.site for c in placed.candidates if c.chosen] == ["cloud:us-west-2/p3.2xlarge/w1"]
