@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from operator import attrgetter
 
 from berth.domain.job_spec import Placement, Priority
 from berth.scheduler.circuit import CircuitBoard, CircuitState
@@ -104,12 +105,16 @@ class SchedulingPass:
         self._probes: dict[tuple[str, str], int] = {}
         self._cloud_possible = policy.burst is not None and bool(snapshot.offers)
         self.outcome: dict[str, OnPremAssignment | CloudAssignment] = {}
+        self._onprem_only_fast = (
+            policy.burst is None and policy.use_onprem and not policy.residency and self.preempt_budget == 0
+        )
+        self._fast_reasons: dict[str, str] = {}
 
     # ------------------------------------------------------------------ ordering
     def _ordered(self) -> Iterator[PendingJob]:
         pending = self.snapshot.pending
         if self.policy.fair_share.ordering == "fifo":
-            yield from sorted(pending, key=lambda j: (j.submitted_at, j.job_id))
+            yield from sorted(pending, key=attrgetter("submitted_at", "job_id"))
             return
         queues: dict[str, list[PendingJob]] = {}
         for job in pending:
@@ -161,9 +166,19 @@ class SchedulingPass:
         return rules
 
     def decide(self, job: PendingJob) -> bool:
+        if self._onprem_only_fast and not job.avoid_hosts and job.placement is not Placement.CLOUD:
+            # Fast path for a queue that can only go on-prem: a shape already known not to fit.
+            why = self._no_fit.get(
+                (self.accepted(job.gpu_type), job.gpus // job.nodes, job.nodes, job.cpu, job.memory_gib, None)
+            )
+            if why is not None:
+                self.decisions.reasons[job.job_id] = self._fast_reasons.get(why) or self._fast_reason(why)
+                return False
         tenant = self.snapshot.tenant(job.tenant)
         residency = self.residency(job)
         why: list[str] = []
+        if self._cloud_first(job, residency) and self._try_cloud(job, tenant, residency) is None:
+            return True
         ex = onprem_job_exclusion(job, self.policy)
         if ex is None:
             onprem_why = self._try_onprem(job, tenant, residency)
@@ -193,6 +208,11 @@ class SchedulingPass:
         return False
 
     # ------------------------------------------------------------------ on-prem
+    def _fast_reason(self, why: str) -> str:
+        reason = f"on-prem: {why}; cloud: policy {self.policy.name} never bursts to the cloud"
+        self._fast_reasons[why] = reason
+        return reason
+
     def quota_models(self, job: PendingJob, tenant: TenantState) -> tuple[tuple[str, ...], str | None]:
         ok: list[str] = []
         why: str | None = None
@@ -450,6 +470,25 @@ class SchedulingPass:
         result = (ok, summary)
         self._cloud_memo[key] = result
         return result
+
+    def _cloud_first(self, job: PendingJob, residency: list[ResidencyRule]) -> bool:
+        """A cheap-in-the-cloud job skips a contended on-prem fleet (policy.burst.cloud_first_*)."""
+        burst = self.policy.burst
+        if (
+            burst is None
+            or burst.cloud_first_below_usd_per_gpu_hour is None
+            or job.placement is not Placement.AUTO
+        ):
+            return False
+        cap = self.index.capacity.get("gpu:" + job.gpu_type, 0.0)
+        if cap and self.index.free_total.get(job.gpu_type, 0) >= burst.contended_below * cap:
+            return False
+        if cloud_job_exclusion(job, self.policy, residency) is not None:
+            return False
+        candidates, _ = self.cloud_candidates(job, residency)
+        if not candidates:
+            return False
+        return candidates[0][0].hourly_usd / job.gpus <= burst.cloud_first_below_usd_per_gpu_hour
 
     def _cheapest_per_gpu_hour(self, job: PendingJob, residency: list[ResidencyRule]) -> float | None:
         burst = self.policy.burst

@@ -25,6 +25,12 @@ class BurstRule(_Rule):
     this reference) ** price_exponent: jobs that are dear to run in the cloud wait longer for
     on-prem, jobs that are cheap there burst sooner."""
     price_exponent: Annotated[float, Field(ge=0, le=8)] = 1.0
+    cloud_first_below_usd_per_gpu_hour: Annotated[float | None, Field(gt=0)] = None
+    """When on-prem is contended (free share of the job's GPU model below ``contended_below``),
+    a job whose cheapest cloud offer costs at most this per GPU-hour goes to the cloud first:
+    on-prem GPU-hours are then spent on jobs that are dear to run in the cloud (e.g. 1-GPU jobs
+    on 1-GPU instances) rather than on jobs cheap there (8-GPU jobs on 8-GPU spot instances)."""
+    contended_below: Annotated[float, Field(ge=0, le=1)] = 0.1
 
     def allows(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants

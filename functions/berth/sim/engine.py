@@ -123,6 +123,7 @@ class Simulator:
         self._repatriates = policy.repatriation.enabled and policy.use_onprem
         self._cloud_jobs = 0
         self._onprem_freed = False
+        self._static_onprem_only = policy.burst is None and policy.preemption.max_per_pass == 0
 
     # ------------------------------------------------------------------ events
     def _push(self, at: float, kind: int, job_id: str = "", epoch: int = 0) -> None:
@@ -161,6 +162,10 @@ class Simulator:
                 self.pending or (self._onprem_freed and self._repatriates and self._cloud_running())
             ):
                 continue
+            if self._static_onprem_only and not self._onprem_freed and self._fleet_full():
+                # Only arrivals since a pass that left every GPU busy, and this policy can neither
+                # burst nor preempt: the pass could place nothing. (Exact, just skipped.)
+                continue
             if interval > 0 and self._last_pass is not None and now < self._last_pass + interval:
                 due = self._last_pass + interval
                 if self._pass_at is None or self._pass_at > due:
@@ -169,6 +174,9 @@ class Simulator:
                 continue
             self._pass(now)
         return self.state
+
+    def _fleet_full(self) -> bool:
+        return all(f[0] <= 0 for f in self.free.values())
 
     def _cloud_running(self) -> bool:
         return self._cloud_jobs > 0
