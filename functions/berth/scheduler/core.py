@@ -168,11 +168,11 @@ class SchedulingPass:
     def decide(self, job: PendingJob) -> bool:
         if self._onprem_only_fast and not job.avoid_hosts and job.placement is not Placement.CLOUD:
             # Fast path for a queue that can only go on-prem: a shape already known not to fit.
-            why = self._no_fit.get(
+            known = self._no_fit.get(
                 (self.accepted(job.gpu_type), job.gpus // job.nodes, job.nodes, job.cpu, job.memory_gib, None)
             )
-            if why is not None:
-                self.decisions.reasons[job.job_id] = self._fast_reasons.get(why) or self._fast_reason(why)
+            if known is not None:
+                self.decisions.reasons[job.job_id] = self._fast_reasons.get(known) or self._fast_reason(known)
                 return False
         tenant = self.snapshot.tenant(job.tenant)
         residency = self.residency(job)
