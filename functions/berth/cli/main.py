@@ -13,21 +13,12 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth.cli import jobs_cmd
+    from berth.cli import jobs_cmd, sim_cmd
+    from berth.localcloud import cli as local_cli
 
     jobs_cmd.register(app)
-    try:
-        from berth.cli import sim_cmd
-    except ImportError:  # pragma: no cover - during bootstrap only
-        pass
-    else:
-        sim_cmd.register(app)
-    try:
-        from berth.localcloud import cli as local_cli
-    except ImportError:  # pragma: no cover - local extra not installed
-        pass
-    else:
-        local_cli.register(app)
+    sim_cmd.register(app)
+    local_cli.register(app)
 
 
 _register()
