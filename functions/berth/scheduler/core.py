@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from itertools import accumulate
 from operator import attrgetter
 
 from berth.domain.job_spec import Placement, Priority
@@ -139,6 +140,50 @@ class SchedulingPass:
 
     # ------------------------------------------------------------------ the pass
     def run(self) -> Decisions:
+        if self._onprem_only_fast and self.policy.fair_share.ordering == "fifo":
+            self._run_fifo_onprem()
+        else:
+            self._run_ordered()
+        self._repatriate()
+        self.decisions.shares = dict(sorted(self.fair.shares.items()))
+        return self.decisions
+
+    def _run_fifo_onprem(self) -> None:
+        """Submit order, on-prem only, no preemption: stop as soon as no remaining job's per-node
+        GPU count fits the largest free block of any host (the rest wait, with that reason)."""
+        ordered = sorted(self.snapshot.pending, key=attrgetter("submitted_at", "job_id"))
+        # suffix_min[i]: the fewest GPUs per node any job from position i on needs.
+        per_node = [j.gpus // j.nodes for j in reversed(ordered)]
+        suffix_min = list(accumulate(per_node, min))[::-1]
+        suffix_min.append(1 << 30)
+        models = list(self.index.pools_by_model)
+        block = max((self.index.largest_block(m) for m in models), default=0)
+        placed = 0
+        reasons = self.decisions.reasons
+        # Capacity only shrinks in this loop, so a (tenant, shape) that failed keeps failing.
+        failed: dict[tuple[object, ...], str] = {}
+        for i, job in enumerate(ordered):
+            key = (job.tenant, job.gpu_type, job.gpus, job.nodes, job.cpu, job.memory_gib, job.placement)
+            known = None if job.avoid_hosts else failed.get(key)
+            if known is not None:
+                reasons[job.job_id] = known
+            else:
+                self.decide(job)
+                if len(self.decisions.placements) != placed:
+                    placed = len(self.decisions.placements)
+                    block = max((self.index.largest_block(m) for m in models), default=0)
+                elif not job.avoid_hosts:
+                    failed[key] = reasons[job.job_id]
+            if block < suffix_min[i + 1]:
+                reason = (
+                    f"on-prem: waiting for capacity: the largest free block is {block} GPUs, "
+                    f"fewer than the job needs per node; "
+                    f"cloud: policy {self.policy.name} never bursts to the cloud"
+                )
+                self.decisions.reasons.update(dict.fromkeys((j.job_id for j in ordered[i + 1 :]), reason))
+                return
+
+    def _run_ordered(self) -> None:
         order = self._ordered()
         for job in order:
             self.decide(job)
@@ -148,9 +193,6 @@ class SchedulingPass:
                     dict.fromkeys(rest, "waiting for on-prem capacity: every GPU in the fleet is in use")
                 )
                 break
-        self._repatriate()
-        self.decisions.shares = dict(sorted(self.fair.shares.items()))
-        return self.decisions
 
     def accepted(self, gpu_type: str) -> tuple[str, ...]:
         models = self._accepted.get(gpu_type)

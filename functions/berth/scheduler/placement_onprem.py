@@ -73,6 +73,10 @@ class OnPremIndex:
             self.capacity["memory"] += h.memory_gib
             self.free_total[h.gpu_type] = self.free_total.get(h.gpu_type, 0) + free
 
+    @property
+    def pools_by_model(self) -> dict[str, list[str]]:
+        return self._pools_by_model
+
     def pools(self, gpu_type: str) -> list[str]:
         return self._pools_by_model.get(gpu_type, [])
 

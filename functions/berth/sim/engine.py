@@ -124,6 +124,7 @@ class Simulator:
         self._cloud_jobs = 0
         self._onprem_freed = False
         self._static_onprem_only = policy.burst is None and policy.preemption.max_per_pass == 0
+        self._arrived_min_gpn = 0
 
     # ------------------------------------------------------------------ events
     def _push(self, at: float, kind: int, job_id: str = "", epoch: int = 0) -> None:
@@ -162,9 +163,14 @@ class Simulator:
                 self.pending or (self._onprem_freed and self._repatriates and self._cloud_running())
             ):
                 continue
-            if self._static_onprem_only and not self._onprem_freed and self._fleet_full():
-                # Only arrivals since a pass that left every GPU busy, and this policy can neither
-                # burst nor preempt: the pass could place nothing. (Exact, just skipped.)
+            if (
+                self._static_onprem_only
+                and not self._onprem_freed
+                and self._arrived_min_gpn > self._largest_free_block()
+            ):
+                # Only arrivals since the last pass, none of which fits any host's free GPUs, and
+                # this policy can neither burst nor preempt: the pass could place nothing (the
+                # queue did not fit this capacity last time). Exact, just skipped.
                 continue
             if interval > 0 and self._last_pass is not None and now < self._last_pass + interval:
                 due = self._last_pass + interval
@@ -175,8 +181,8 @@ class Simulator:
             self._pass(now)
         return self.state
 
-    def _fleet_full(self) -> bool:
-        return all(f[0] <= 0 for f in self.free.values())
+    def _largest_free_block(self) -> float:
+        return max((f[0] for f in self.free.values()), default=0)
 
     def _cloud_running(self) -> bool:
         return self._cloud_jobs > 0
@@ -204,6 +210,7 @@ class Simulator:
             job.first_start_s = job.end_s = now
             return
         self.pending[job_id] = self._pending_job(job)
+        self._arrived_min_gpn = min(self._arrived_min_gpn, job.trace.gpus // job.nodes)
 
     def _alloc_delta(self, job: SimJob, sign: float) -> None:
         a = self.alloc[job.trace.tenant]
@@ -396,6 +403,7 @@ class Simulator:
     def _pass(self, now: float) -> None:
         self._last_pass = now
         self._onprem_freed = False
+        self._arrived_min_gpn = 1 << 30
         self.state.passes += 1
         decisions = schedule(self.snapshot(now), self.policy, now)
         self._apply(decisions, now)

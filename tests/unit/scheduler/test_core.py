@@ -196,3 +196,18 @@ def test_explain_names_candidates_and_causes() -> None:
     placed = explain_job(s, pol, NOW + 600, "e")
     assert placed.outcome == "cloud" and by_site.keys() == {c.site for c in placed.candidates}
     assert [c.site for c in placed.candidates if c.chosen] == ["cloud:us-west-2/p3.2xlarge/w1"]
+
+
+def test_fifo_onprem_backfills_and_gives_every_waiting_job_a_reason() -> None:
+    pol = policy(burst=None, fair_share={"ordering": "fifo"}, preemption={"max_per_pass": 0})
+    pend = [
+        job("big", gpus=8, submitted_at=NOW - 30),
+        job("one", submitted_at=NOW - 20),
+        job("four", gpus=4, submitted_at=NOW - 10),
+        job("two", gpus=2, submitted_at=NOW - 5),
+    ]
+    d = schedule(snap(pend, hosts=[host("h1", free=3), host("h2", free=2)]), pol, NOW)
+    assert sorted(a.job_id for a in d.placements) == ["one", "two"]
+    assert set(d.reasons) == {"big", "four"}
+    assert all("never bursts" in r for r in d.reasons.values())
+    assert "largest free block" in d.reasons["four"]
