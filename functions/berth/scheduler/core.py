@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from itertools import accumulate
-from operator import attrgetter
+from itertools import accumulate, islice
+from operator import attrgetter, floordiv
 
 from berth.domain.job_spec import Placement, Priority
 from berth.scheduler.circuit import CircuitBoard, CircuitState
@@ -44,6 +44,9 @@ def schedule(snapshot: Snapshot, policy: SchedulingPolicy, now: float) -> Decisi
 
 
 RANK = {p: p.rank for p in Priority}
+_GPUS = attrgetter("gpus")
+_NODES = attrgetter("nodes")
+_JOB_ID = attrgetter("job_id")
 
 
 def job_order_key(job: PendingJob) -> tuple[int, float, str]:
@@ -153,7 +156,7 @@ class SchedulingPass:
         GPU count fits the largest free block of any host (the rest wait, with that reason)."""
         ordered = sorted(self.snapshot.pending, key=attrgetter("submitted_at", "job_id"))
         # suffix_min[i]: the fewest GPUs per node any job from position i on needs.
-        per_node = [j.gpus // j.nodes for j in reversed(ordered)]
+        per_node = list(map(floordiv, map(_GPUS, reversed(ordered)), map(_NODES, reversed(ordered))))
         suffix_min = list(accumulate(per_node, min))[::-1]
         suffix_min.append(1 << 30)
         models = list(self.index.pools_by_model)
@@ -180,7 +183,9 @@ class SchedulingPass:
                     f"fewer than the job needs per node; "
                     f"cloud: policy {self.policy.name} never bursts to the cloud"
                 )
-                self.decisions.reasons.update(dict.fromkeys((j.job_id for j in ordered[i + 1 :]), reason))
+                self.decisions.reasons.update(
+                    dict.fromkeys(map(_JOB_ID, islice(ordered, i + 1, None)), reason)
+                )
                 return
 
     def _run_ordered(self) -> None:
