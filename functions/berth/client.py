@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import botocore.session
 from botocore.auth import SigV4Auth
@@ -156,7 +156,7 @@ class BerthClient:
         return self.call("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": key})
 
     def get(self, job_id: str) -> Any:
-        return self.call("GET", f"/v1/jobs/{job_id}")
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}")
 
     def list(self, status: str | None = None, limit: int = 50, next_token: str | None = None) -> Any:
         return self.call(
@@ -164,16 +164,21 @@ class BerthClient:
         )
 
     def cancel(self, job_id: str) -> Any:
-        return self.call("POST", f"/v1/jobs/{job_id}/cancel")
+        return self.call("POST", f"/v1/jobs/{_seg(job_id)}/cancel")
 
     def events(self, job_id: str) -> Any:
-        return self.call("GET", f"/v1/jobs/{job_id}/events")
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}/events")
 
     def get_quota(self, tenant: str) -> Any:
-        return self.call("GET", f"/v1/tenants/{tenant}/quota")
+        return self.call("GET", f"/v1/tenants/{_seg(tenant)}/quota")
 
     def put_quota(self, tenant: str, quota: dict[str, Any]) -> Any:
-        return self.call("PUT", f"/v1/tenants/{tenant}/quota", body=quota)
+        return self.call("PUT", f"/v1/tenants/{_seg(tenant)}/quota", body=quota)
+
+
+def _seg(value: str) -> str:
+    """One URL path segment, percent-encoded (an id can never add path segments)."""
+    return quote(value, safe="")
 
 
 def _error(status: int, payload: Any) -> ClientError:

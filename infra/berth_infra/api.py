@@ -29,6 +29,12 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
+GATEWAY_ERROR_TEMPLATE = (
+    '{"error": {"code": "$context.error.responseType", '
+    '"message": $context.error.messageString, "details": null}}'
+)
+
+
 class ApiFunction(Construct):
     """The API's Lambda with its own log group and a least-privilege role."""
 
@@ -121,6 +127,15 @@ class BerthApi(Construct):
         )
         # The default `Endpoint` output is replaced by the stack's contract output `ApiUrl`.
         self.rest_api.node.try_remove_child("Endpoint")
+
+        # API Gateway's own refusals (bad signature, throttling, integration failure) answer in the
+        # API's error shape too: {"error": {"code", "message", "details"}}.
+        for response_type in (apigw.ResponseType.DEFAULT_4_XX, apigw.ResponseType.DEFAULT_5_XX):
+            self.rest_api.add_gateway_response(
+                f"Gateway{response_type.response_type}",
+                type=response_type,
+                templates={"application/json": GATEWAY_ERROR_TEMPLATE},
+            )
 
         # Rejects requests missing declared parameters before they reach Lambda. Body validation is
         # on for any method that declares a request model; today none does: bodies are validated by

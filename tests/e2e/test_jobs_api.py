@@ -54,14 +54,24 @@ def test_cli_exit_codes_and_messages(local_cloud: Any, tmp_path: Path) -> None:
     code, out, _ = berth(local_cloud, "alice", "status", "j-00000000000000000000000000")
     assert code == 3 and out["error"]["code"] == "NotFound"
     missing = tmp_path / "nope.yaml"
-    code, _, err = berth(local_cloud, "alice", "submit", "-f", str(missing))
-    assert code == 2 and "cannot read" in err
+    code, out, _ = berth(local_cloud, "alice", "submit", "-f", str(missing))
+    assert code == 2 and out["error"]["code"] == "BadSpecFile" and "cannot read" in out["error"]["message"]
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("name: [unclosed\n")
-    code, _, err = berth(local_cloud, "alice", "submit", "-f", str(bad_yaml))
-    assert code == 2 and "not valid YAML" in err
+    code, out, _ = berth(local_cloud, "alice", "submit", "-f", str(bad_yaml))
+    assert code == 2 and "not valid YAML" in out["error"]["message"]
     code, out, _ = berth(local_cloud, "alice", "quota", "nlp")
     assert code == 4 and out["error"]["code"] == "Forbidden"
+    env = {k: v for k, v in local_cloud.cli_env("alice").items() if k != "BERTH_API_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "berth.cli.main", "ls", "--output", "json"],
+        env={**env, "BERTH_CONFIG": str(tmp_path / "none.json")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == "NoApiUrl"
 
 
 def test_other_tenant_gets_404_over_http(local_cloud: Any) -> None:
@@ -106,8 +116,9 @@ def test_concurrent_duplicate_submits_make_one_job(local_cloud: Any) -> None:
         t.join()
     created = {r.json()["id"] for r in results if r.status == 201}
     assert len(created) == 1, [(r.status, r.text) for r in results]
-    # Requests that overlapped the first are told to retry (409), never given a second job.
-    assert all(r.status in (201, 409) for r in results)
+    # Requests that overlapped the first are told to retry (429 RequestInProgress), never given a
+    # second job.
+    assert all(r.status in (201, 429) for r in results)
     jobs = alice.get("/v1/jobs", params={"limit": "100"}).json()["jobs"]
     assert sum(1 for j in jobs if j["spec"]["name"] == "racing-submit") == 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import boto3
@@ -168,3 +169,44 @@ def test_quota_admin_only_and_enforced(api: Invoke, spec: dict[str, Any]) -> Non
     assert api("POST", "/v1/jobs", body=spec)[0] == 201
     status, body = api("POST", "/v1/jobs", body=spec)
     assert status == 429 and body["error"]["code"] == "QuotaExceeded"
+
+
+def test_unparseable_bodies_are_400_not_5xx(api: Invoke) -> None:
+    import base64
+
+    deep = "[" * 5000 + "]" * 5000
+    status, body = api("POST", "/v1/jobs", raw_body=deep)
+    assert status == 400 and "nested" in body["error"]["message"]
+    from berth.handlers import api as api_module
+    from tests.functional.conftest import EVENTS, FakeContext
+
+    event = json.loads((EVENTS / "apigw_submit_job.json").read_text())
+    event["body"] = base64.b64encode(b"\xff\xfe{not utf8").decode()
+    event["isBase64Encoded"] = True
+    resp = api_module.lambda_handler(event, FakeContext())  # type: ignore[arg-type]
+    assert resp["statusCode"] == 400 and "UTF-8" in json.loads(resp["body"])["error"]["message"]
+    assert stored_jobs() == 0
+
+
+def test_forged_next_token_is_400(api: Invoke, spec: dict[str, Any]) -> None:
+    import base64
+
+    forged = {
+        "t": "vision",
+        "s": None,
+        "k": {"job_id": {"S": ""}, "created_key": {"S": ""}, "tenant": {"S": "vision"}},
+    }
+    token = base64.urlsafe_b64encode(json.dumps(forged).encode()).decode().rstrip("=")
+    status, _ = api("GET", "/v1/jobs", query={"next_token": token})
+    assert status == 400
+
+
+def test_active_job_counter_follows_cancel(api: Invoke, spec: dict[str, Any]) -> None:
+    api("PUT", "/v1/tenants/vision/quota", user="admin", body={"max_active_jobs": 2})
+    a = api("POST", "/v1/jobs", body=spec)[1]
+    api("POST", "/v1/jobs", body=spec)
+    assert api("POST", "/v1/jobs", body=spec)[0] == 429
+    api("POST", f"/v1/jobs/{a['id']}/cancel")
+    api("POST", f"/v1/jobs/{a['id']}/cancel")  # repeating the cancel must not release twice
+    assert api("POST", "/v1/jobs", body=spec)[0] == 201
+    assert api("POST", "/v1/jobs", body=spec)[0] == 429

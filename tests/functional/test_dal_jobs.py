@@ -20,12 +20,14 @@ SPEC = JobSpec.model_validate({"name": "r", "image": "busybox", "command": ["tru
 
 @pytest.fixture
 def repo(aws: None) -> DynamoJobRepository:
-    return DynamoJobRepository(TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"])
+    return DynamoJobRepository(
+        TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
+    )
 
 
 def test_racing_updates_one_wins_history_stays_consistent(repo: DynamoJobRepository) -> None:
     job, ev = new_job(new_job_id(T0), "vision", "alice", SPEC, T0)
-    repo.create(job, ev)
+    repo.create(job, ev, max_active=100)
     # Two writers read version 1 and both try to move the job.
     placed, placed_ev = job.transition(JobStatus.STARTING, "placed on host-1", T0 + timedelta(seconds=1))
     canceled, canceled_ev = job.transition(JobStatus.CANCELED, "canceled", T0 + timedelta(seconds=1))
@@ -39,7 +41,7 @@ def test_racing_updates_one_wins_history_stays_consistent(repo: DynamoJobReposit
 
 def test_concurrent_writers_exactly_one_succeeds(repo: DynamoJobRepository) -> None:
     job, ev = new_job(new_job_id(T0), "vision", "alice", SPEC, T0)
-    repo.create(job, ev)
+    repo.create(job, ev, max_active=100)
     wins: list[str] = []
     losses: list[str] = []
     barrier = threading.Barrier(6)
@@ -65,9 +67,9 @@ def test_concurrent_writers_exactly_one_succeeds(repo: DynamoJobRepository) -> N
 
 def test_duplicate_create_is_a_conflict(repo: DynamoJobRepository) -> None:
     job, ev = new_job(new_job_id(T0), "vision", "alice", SPEC, T0)
-    repo.create(job, ev)
+    repo.create(job, ev, max_active=100)
     with pytest.raises(Conflict):
-        repo.create(job, ev)
+        repo.create(job, ev, max_active=100)
 
 
 def test_count_active_and_round_trip(repo: DynamoJobRepository) -> None:
@@ -75,9 +77,39 @@ def test_count_active_and_round_trip(repo: DynamoJobRepository) -> None:
         job, ev = new_job(
             new_job_id(T0 + timedelta(seconds=i)), "vision", "alice", SPEC, T0 + timedelta(seconds=i)
         )
-        repo.create(job, ev)
+        repo.create(job, ev, max_active=100)
     done, done_ev = job.transition(JobStatus.CANCELED, "x", T0)
     repo.save(done, done_ev)
     assert repo.count_active("vision") == 2
     assert repo.count_active("nlp") == 0
     assert repo.get(job.id) == done
+
+
+def test_active_job_quota_holds_under_concurrent_submits(repo: DynamoJobRepository) -> None:
+    from berth.domain.errors import QuotaExceeded
+
+    ok: list[str] = []
+    refused: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def submit(i: int) -> None:
+        now = T0 + timedelta(milliseconds=i)
+        job, ev = new_job(new_job_id(now), "vision", "alice", SPEC, now)
+        barrier.wait()
+        try:
+            repo.create(job, ev, max_active=3)
+            ok.append(job.id)
+        except QuotaExceeded:
+            refused.append(job.id)
+        except Conflict:  # lost a transaction race on the counter: also not stored
+            refused.append(job.id)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ok) <= 3 and len(ok) + len(refused) == 8
+    assert repo.count_active("vision") == len(ok)
+    stored = [j.id for j in repo.list_for_tenant("vision", None, 100, None).jobs]
+    assert sorted(stored) == sorted(ok)

@@ -253,3 +253,12 @@ def test_invoke_permission_is_scoped_to_this_api(synthesized: Synthesized) -> No
 def test_no_custom_resources(synthesized: Synthesized) -> None:
     types = {r["Type"] for r in synthesized.json["Resources"].values()}
     assert not any(t.startswith("Custom::") or t == "AWS::CloudFormation::CustomResource" for t in types)
+
+
+def test_gateway_errors_use_the_api_error_shape(synthesized: Synthesized) -> None:
+    responses = synthesized.resources("AWS::ApiGateway::GatewayResponse")
+    types = {r["Properties"]["ResponseType"]: r["Properties"] for r in responses.values()}
+    assert set(types) == {"DEFAULT_4XX", "DEFAULT_5XX"}
+    for props in types.values():
+        template = props["ResponseTemplates"]["application/json"]
+        assert '"error"' in template and '"code"' in template and '"message"' in template

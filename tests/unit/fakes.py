@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from berth.domain.errors import Conflict
+from berth.domain.errors import Conflict, QuotaExceeded
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import Member, Page
 from berth.domain.status import JobStatus
@@ -20,10 +20,12 @@ class FakeJobs:
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
 
-    def create(self, job: Job, event: JobEvent) -> None:
+    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
         with self._lock:
             if job.id in self.jobs:
                 raise Conflict("exists")
+            if self.count_active(job.tenant) >= max_active:
+                raise QuotaExceeded("at max_active")
             self.jobs[job.id] = job
             self.history[job.id] = [event]
 

@@ -129,6 +129,10 @@ def test_caller_resolution() -> None:
     with pytest.raises(Unauthenticated):
         svc.caller(None)
     assert canonical_principal("arn:aws:iam::1:user/x") == "arn:aws:iam::1:user/x"
+    # IAM Identity Center roles carry a path that session ARNs drop: both sides map to one key.
+    sso = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_ML_0a1b"
+    session = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_ML_0a1b/alice@example.com"
+    assert canonical_principal(sso) == canonical_principal(session)
 
 
 def test_quota_rules() -> None:

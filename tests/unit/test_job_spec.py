@@ -73,6 +73,14 @@ def test_defaults() -> None:
         (spec(constraints={"priority": "urgent"}), "Input should be"),
         (spec(retry={"max_attempts": 0}), "greater than or equal to 1"),
         (spec(timeout_minutes=0), "greater than or equal to 1"),
+        (spec(timeout_minutes=True), "valid integer"),
+        (spec(resources={"gpus": "4"}), "valid integer"),
+        (spec(env={"NVIDIA_VISIBLE_DEVICES": "all"}), "reserved"),
+        (spec(env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}), "reserved"),
+        (spec(env={"LD_PRELOAD": "/tmp/x.so"}), "reserved"),
+        (spec(env={"OK": "a\x00b"}), "NUL"),
+        (spec(command=["python", "a\x00b"]), "NUL"),
+        (spec(data=[{"source": "/datasets/../../etc", "mount": "/d"}]), "'..'"),
     ],
 )
 def test_rejects_bad_specs_with_clear_messages(data: dict[str, Any], needle: str) -> None:

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from berth.cli.output import (
-    Exit,
-    OutputFormat,
-    OutputOpt,
-    api_errors,
-    console,
-    emit_json,
-    err_console,
-    render,
-)
-from berth.client import BerthClient, load_config
+from berth.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth.client import BerthClient, ClientError, load_config
 
 STATUS_STYLE = {
     "QUEUED": "yellow",
@@ -38,7 +29,7 @@ ApiUrlOpt = Annotated[str | None, typer.Option("--api-url", envvar="BERTH_API_UR
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="AWS profile to sign with")]
 
 
-def _client(api_url: str | None, profile: str | None) -> BerthClient:
+def client_for(api_url: str | None, profile: str | None) -> BerthClient:
     return BerthClient(load_config(api_url, profile))
 
 
@@ -76,22 +67,20 @@ def _job_table(job: dict[str, Any]) -> None:
     console.print(t)
 
 
-def _read_spec(path: Path) -> Any:
+def _read_spec(path: Path, output: OutputFormat) -> Any:
+    def bad(message: str) -> NoReturn:
+        fail(output, ClientError(0, "BadSpecFile", message))
+
     try:
         text = path.read_text() if str(path) != "-" else typer.get_text_stream("stdin").read()
     except OSError as exc:
-        err_console.print(f"[bold red]error[/]: cannot read {path}: {exc.strerror}")
-        raise typer.Exit(int(Exit.USAGE)) from None
+        bad(f"cannot read {path}: {exc.strerror}")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        err_console.print(f"[bold red]error[/]: {path} is not valid YAML or JSON: {exc}")
-        raise typer.Exit(int(Exit.USAGE)) from None
+        bad(f"{path} is not valid YAML or JSON: {exc}")
     if not isinstance(data, dict):
-        err_console.print(
-            f"[bold red]error[/]: {path} must hold a mapping (a job spec), not {type(data).__name__}"
-        )
-        raise typer.Exit(int(Exit.USAGE))
+        bad(f"{path} must hold a mapping (a job spec), not {type(data).__name__}")
     return data
 
 
@@ -105,9 +94,9 @@ def submit(
     profile: ProfileOpt = None,
 ) -> None:
     """Submit a training job from a spec file."""
-    spec = _read_spec(file)
+    spec = _read_spec(file, output)
     with api_errors(output):
-        job = _client(api_url, profile).submit(spec, idempotency_key)
+        job = client_for(api_url, profile).submit(spec, idempotency_key)
     render(output, job, lambda j: console.print(f"submitted [bold]{j['id']}[/] ({_status(j['status'])})"))
 
 
@@ -119,7 +108,7 @@ def status(
 ) -> None:
     """Show a job."""
     with api_errors(output):
-        job = _client(api_url, profile).get(job_id)
+        job = client_for(api_url, profile).get(job_id)
     render(output, job, _job_table)
 
 
@@ -134,7 +123,7 @@ def ls(
 ) -> None:
     """List your team's jobs, newest first."""
     with api_errors(output):
-        client = _client(api_url, profile)
+        client = client_for(api_url, profile)
         page = client.list(status_filter.upper() if status_filter else None, limit, next_token)
         jobs = list(page["jobs"])
         while all_pages and page.get("next_token"):
@@ -170,7 +159,7 @@ def cancel(
 ) -> None:
     """Cancel a job (queued jobs stop at once; running ones once their executor confirms)."""
     with api_errors(output):
-        job = _client(api_url, profile).cancel(job_id)
+        job = client_for(api_url, profile).cancel(job_id)
     render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({escape(j['reason'])})"))
 
 
@@ -182,7 +171,7 @@ def events(
 ) -> None:
     """Show a job's state history."""
     with api_errors(output):
-        data = _client(api_url, profile).events(job_id)
+        data = client_for(api_url, profile).events(job_id)
 
     def table(d: dict[str, Any]) -> None:
         t = Table("AT", "FROM", "TO", "REASON")
@@ -204,8 +193,10 @@ def quota(
 ) -> None:
     """Show (or, as an admin, set) a tenant's quota."""
     with api_errors(output):
-        client = _client(api_url, profile)
-        data = client.put_quota(tenant, _read_spec(set_file)) if set_file else client.get_quota(tenant)
+        client = client_for(api_url, profile)
+        data = (
+            client.put_quota(tenant, _read_spec(set_file, output)) if set_file else client.get_quota(tenant)
+        )
     render(output, data, lambda d: console.print_json(json.dumps(d)))
 
 

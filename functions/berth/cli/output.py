@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import IntEnum, StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -40,7 +40,13 @@ class Exit(IntEnum):
     UNAVAILABLE = 5  # API unreachable or failing (5xx) after retries
 
 
-def exit_code(status: int) -> Exit:
+#: Client-side failures (status 0) by their code.
+_LOCAL_EXIT = {"NoApiUrl": 2, "BadConfig": 2, "BadSpecFile": 2, "NoCredentials": 4}
+
+
+def exit_code(status: int, code: str | None = None) -> Exit:
+    if status == 0 and code in _LOCAL_EXIT:
+        return Exit(_LOCAL_EXIT[code])
     if status in (400, 413, 422):
         return Exit.USAGE
     if status == 404:
@@ -62,15 +68,20 @@ def api_errors(output: OutputFormat) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        if output is OutputFormat.JSON:
-            emit_json({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
-        else:
-            err_console.print(f"[bold red]error[/] ({exc.code}): {escape(exc.message)}", highlight=False)
-            if isinstance(exc.details, list):
-                for d in exc.details:
-                    if isinstance(d, dict) and "message" in d:
-                        err_console.print(f"  - {escape(str(d['message']))}", highlight=False)
-        raise typer.Exit(int(exit_code(exc.status))) from None
+        fail(output, exc)
+
+
+def fail(output: OutputFormat, exc: ClientError) -> NoReturn:
+    """Print an error the way the output format asks (JSON: the API's error body) and exit."""
+    if output is OutputFormat.JSON:
+        emit_json({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
+    else:
+        err_console.print(f"[bold red]error[/] ({exc.code}): {escape(exc.message)}", highlight=False)
+        if isinstance(exc.details, list):
+            for d in exc.details:
+                if isinstance(d, dict) and "message" in d:
+                    err_console.print(f"  - {escape(str(d['message']))}", highlight=False)
+    raise typer.Exit(int(exit_code(exc.status, exc.code)))
 
 
 def render(output: OutputFormat, data: Any, table: Callable[[Any], None]) -> None:

@@ -5,20 +5,33 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any
 
 from pynamodb.connection import Connection
 from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
-from berth.dal.models import JobEventRow, JobRow, event_model, job_model
-from berth.domain.errors import InvalidRequest
+from berth.dal.models import JobEventRow, JobRow, event_model, job_model, tenant_model
+from berth.dal.tenants import TENANT
+from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
 from berth.domain.job import Job, JobEvent, Site, iso
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import Page
 from berth.domain.status import JobStatus
 
-ACTIVE = [s for s in JobStatus if s.is_active]
+
+def _failed_item(exc: Exception) -> int | None:
+    """Which item of a canceled transaction failed its condition (index), if known."""
+    cause = exc.__cause__
+    reasons = getattr(cause, "cancellation_reasons", None) or []
+    for i, r in enumerate(reasons):
+        if r is not None and r.code == "ConditionalCheckFailed":
+            return i
+    return None
+
+
+_CREATED_KEY = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z#j-[0-9a-z]{26}")
 
 
 def _tenant_status(tenant: str, status: JobStatus) -> str:
@@ -30,9 +43,10 @@ def _created_key(job: Job) -> str:
 
 
 class DynamoJobRepository:
-    def __init__(self, jobs_table: str, events_table: str) -> None:
+    def __init__(self, jobs_table: str, events_table: str, tenants_table: str) -> None:
         self._Job = job_model(jobs_table)
         self._Event = event_model(events_table)
+        self._Tenant = tenant_model(tenants_table)
         self._conn = Connection()
 
     # -- mapping -------------------------------------------------------------------------------
@@ -84,15 +98,32 @@ class DynamoJobRepository:
         )
 
     # -- writes --------------------------------------------------------------------------------
-    def create(self, job: Job, event: JobEvent) -> None:
-        with translated(f"create job {job.id}"), TransactWrite(connection=self._conn) as tx:
-            tx.save(self._row(job), condition=self._Job.job_id.does_not_exist())
-            tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
+        """The job, its first event and the tenant's active-job counter move together; the counter's
+        condition makes the quota hold under concurrent submits."""
+        counter = self._Tenant.active_jobs
+        try:
+            with translated(f"create job {job.id}"), TransactWrite(connection=self._conn) as tx:
+                tx.save(self._row(job), condition=self._Job.job_id.does_not_exist())
+                tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+                tx.update(
+                    self._Tenant(TENANT + job.tenant),
+                    actions=[counter.add(1)],
+                    condition=counter.does_not_exist() | (counter < max_active),
+                )
+        except Conflict as exc:
+            if _failed_item(exc) == 2:
+                raise QuotaExceeded(
+                    f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})"
+                ) from exc
+            raise
 
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
             tx.save(self._row(job), condition=self._Job.version == job.version - 1)
             tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+            if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
+                tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
@@ -138,10 +169,11 @@ class DynamoJobRepository:
 
     def count_active(self, tenant: str) -> int:
         with translated(f"count active jobs of {tenant}"):
-            return sum(
-                self._Job.by_tenant_status.count(_tenant_status(tenant, s))  # type: ignore[attr-defined]
-                for s in ACTIVE
-            )
+            try:
+                row = self._Tenant.get(TENANT + tenant, consistent_read=True)
+            except self._Tenant.DoesNotExist:
+                return 0
+        return int(row.active_jobs or 0)
 
 
 # Pagination tokens are opaque to clients but bound to the tenant and filter that produced them,
@@ -163,11 +195,15 @@ def _decode_token(token: str, tenant: str, status: JobStatus | None) -> dict[str
         raise bad
     key = data.get("k")
     if not isinstance(key, dict) or not all(
-        isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) for v in key.values()
+        isinstance(v, dict) and set(v) == {"S"} and isinstance(v["S"], str) and v["S"] for v in key.values()
     ):
         raise bad
     expected_hash = "tenant" if status is None else "tenant_status"
     expected_hash_val = tenant if status is None else _tenant_status(tenant, status)
     if set(key) != {"job_id", "created_key", expected_hash} or key[expected_hash]["S"] != expected_hash_val:
+        raise bad
+    if not _CREATED_KEY.fullmatch(key["created_key"]["S"]) or not key["created_key"]["S"].endswith(
+        "#" + key["job_id"]["S"]
+    ):
         raise bad
     return key

@@ -73,6 +73,8 @@ class TenantRow(Model):
     tenant = UnicodeAttribute(null=True)
     role = UnicodeAttribute(null=True)
     quota = JSONAttribute(null=True)
+    #: Jobs of this tenant not yet in a terminal state; kept in the same transactions as the jobs.
+    active_jobs = NumberAttribute(null=True)
 
 
 def _bind(base: type[Model], table_name: str, **attrs: object) -> type[Model]:

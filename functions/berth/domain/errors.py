@@ -60,6 +60,12 @@ class QuotaExceeded(DomainError):
     code = "QuotaExceeded"
 
 
+class RequestInProgress(DomainError):
+    """The same idempotent request is being processed right now; retry shortly."""
+
+    code = "RequestInProgress"
+
+
 class Infeasible(DomainError):
     """No site could ever run the job under the organisation's policy."""
 

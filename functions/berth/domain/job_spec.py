@@ -25,6 +25,9 @@ MOUNT_RE = r"^/[A-Za-z0-9._/-]+$"
 
 GPU_TYPES = ("H100", "A100", "A100-80G", "A10G", "L4", "T4", "V100", "L40S", "H200")
 
+RESERVED_ENV_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
+RESERVED_ENV_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+
 MAX_COMMAND_ARGS = 256
 MAX_ARG_LEN = 4096
 MAX_ENV_VARS = 128
@@ -61,20 +64,20 @@ class DataMount(Strict):
     source: Annotated[str, Field(pattern=DATA_SOURCE_RE, max_length=1024)]
     mount: Annotated[str, Field(pattern=MOUNT_RE, max_length=512)]
 
-    @field_validator("mount")
+    @field_validator("mount", "source")
     @classmethod
     def _no_traversal(cls, v: str) -> str:
         if ".." in v.split("/"):
-            raise ValueError("mount path must not contain '..'")
+            raise ValueError("paths must not contain '..' segments")
         return v
 
 
 class Resources(Strict):
     gpu_type: Annotated[str, Field(min_length=1, max_length=32)] = "A100"
-    gpus: Annotated[int, Field(ge=1, le=64)] = 1
-    cpu: Annotated[float, Field(gt=0, le=1024)] = 4
-    memory_gib: Annotated[float, Field(gt=0, le=8192)] = 16
-    nodes: Annotated[int, Field(ge=1, le=8)] = 1
+    gpus: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    cpu: Annotated[float, Field(strict=True, gt=0, le=1024)] = 4
+    memory_gib: Annotated[float, Field(strict=True, gt=0, le=8192)] = 16
+    nodes: Annotated[int, Field(strict=True, ge=1, le=8)] = 1
 
     @field_validator("gpu_type")
     @classmethod
@@ -99,8 +102,8 @@ class Constraints(Strict):
     regions: Annotated[list[Annotated[str, Field(pattern=REGION_RE)]], Field(max_length=16)] = Field(
         default_factory=list
     )
-    max_cost_usd: Annotated[float | None, Field(gt=0, le=10_000_000)] = None
-    max_hourly_usd: Annotated[float | None, Field(gt=0, le=100_000)] = None
+    max_cost_usd: Annotated[float | None, Field(strict=True, gt=0, le=10_000_000)] = None
+    max_hourly_usd: Annotated[float | None, Field(strict=True, gt=0, le=100_000)] = None
     spot: SpotPolicy = SpotPolicy.ALLOWED
     priority: Priority = Priority.NORMAL
 
@@ -114,7 +117,7 @@ class Constraints(Strict):
 
 
 class RetryPolicy(Strict):
-    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=10)] = 3
 
 
 class JobSpec(Strict):
@@ -131,7 +134,7 @@ class JobSpec(Strict):
     resources: Resources = Field(default_factory=Resources)
     constraints: Constraints = Field(default_factory=Constraints)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    timeout_minutes: Annotated[int, Field(ge=1, le=60 * 24 * 30)] = 24 * 60
+    timeout_minutes: Annotated[int, Field(strict=True, ge=1, le=60 * 24 * 30)] = 24 * 60
 
     @field_validator("command", mode="before")
     @classmethod
@@ -140,6 +143,8 @@ class JobSpec(Strict):
             raise ValueError(
                 "command must be a list of arguments, not a shell string (e.g. [python, train.py])"
             )
+        if isinstance(v, list) and any(isinstance(a, str) and "\x00" in a for a in v):
+            raise ValueError("command arguments must not contain NUL bytes")
         return v
 
     @field_validator("env")
@@ -150,8 +155,13 @@ class JobSpec(Strict):
         for key in v:
             if not re.fullmatch(ENV_KEY_RE, key):
                 raise ValueError(f"env key {key!r} must match {ENV_KEY_RE}")
-            if key.startswith(("AWS_", "BERTH_")):
-                raise ValueError(f"env key {key!r} is reserved (AWS_* and BERTH_* are set by Berth)")
+            if key.startswith(RESERVED_ENV_PREFIXES) or key in RESERVED_ENV_KEYS:
+                raise ValueError(
+                    f"env key {key!r} is reserved: Berth sets AWS_*, BERTH_*, NVIDIA_*, LD_* and "
+                    "CUDA_VISIBLE_DEVICES itself (GPU visibility and credentials are not the job's to choose)"
+                )
+            if "\x00" in v[key]:
+                raise ValueError(f"env value of {key!r} contains a NUL byte")
         return v
 
     @model_validator(mode="after")

@@ -24,14 +24,16 @@ class Member:
 
 
 class JobRepository(Protocol):
-    def create(self, job: Job, event: JobEvent) -> None:
-        """Store a new job and its first event atomically; Conflict if the id exists."""
+    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
+        """Store a new job and its first event atomically, counting it against the tenant's active
+        jobs; Conflict if the id exists, QuotaExceeded if the tenant already has ``max_active``."""
 
     def get(self, job_id: str) -> Job | None: ...
 
     def save(self, job: Job, event: JobEvent) -> None:
         """Store ``job`` (version n) only if the stored one is still version n-1, with its event,
-        atomically; Conflict if another writer got there first."""
+        atomically (releasing its active-job count when it ends); Conflict if another writer got
+        there first."""
 
     def list_for_tenant(
         self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
@@ -39,7 +41,8 @@ class JobRepository(Protocol):
 
     def events(self, job_id: str) -> list[JobEvent]: ...
 
-    def count_active(self, tenant: str) -> int: ...
+    def count_active(self, tenant: str) -> int:
+        """The tenant's jobs not yet in a terminal state."""
 
 
 class TenantRepository(Protocol):

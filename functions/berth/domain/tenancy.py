@@ -13,6 +13,7 @@ from berth.domain.job_spec import GPU_TYPES
 
 TENANT_RE = r"^[a-z][a-z0-9-]{1,31}$"
 _ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
+_ROLE_WITH_PATH = re.compile(r"^arn:(aws[a-z-]*):iam::(\d{12}):role/(?:[^/]+/)+([^/]+)$")
 
 
 class Role(StrEnum):
@@ -38,12 +39,13 @@ class Caller:
 
 
 def canonical_principal(arn: str) -> str:
-    """Map an STS assumed-role session ARN to its role ARN; other ARNs are kept as they are.
+    """Map an STS assumed-role session ARN to its role ARN, without the role's path (a session ARN
+    does not carry it; role names are unique per account). Other ARNs are kept as they are.
 
-    A team's engineers typically assume one role per team; every session of it belongs to the
-    same tenant.
+    A team's engineers typically assume one role per team (IAM Identity Center roles live under
+    ``aws-reserved/sso.amazonaws.com/``); every session of it belongs to the same tenant.
     """
-    m = _ASSUMED_ROLE.match(arn)
+    m = _ASSUMED_ROLE.match(arn) or _ROLE_WITH_PATH.match(arn)
     if m:
         partition, account, role = m.groups()
         return f"arn:{partition}:iam::{account}:role/{role}"

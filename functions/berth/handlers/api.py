@@ -4,6 +4,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 ``docs/openapi.json`` is generated from them (``python -m berth.handlers.openapi``).
 """
 
+import base64
 import json
 import warnings
 from datetime import UTC, datetime
@@ -29,7 +30,13 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.jobs import DynamoJobRepository
 from berth.dal.tenants import DynamoTenantRepository
-from berth.domain.errors import DomainError, IdempotencyMismatch, InvalidRequest, PayloadTooLarge
+from berth.domain.errors import (
+    DomainError,
+    IdempotencyMismatch,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestInProgress,
+)
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role
@@ -65,7 +72,9 @@ def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
     jobs = JobService(
-        jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table), tenants=tenants, clock=_now
+        jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table, cfg.tenants_table),
+        tenants=tenants,
+        clock=_now,
     )
     return jobs, TenantService(tenants)
 
@@ -136,7 +145,9 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
                 "this Idempotency-Key was already used with a different job spec; use a new key"
             ) from exc
         except IdempotencyAlreadyInProgressError as exc:
-            raise IdempotencyMismatch("a request with this Idempotency-Key is still in progress") from exc
+            raise RequestInProgress(
+                "a request with this Idempotency-Key is still in progress; retry shortly"
+            ) from exc
         job = jobs.get(caller, job_id)
     metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
     logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
@@ -257,24 +268,48 @@ def _not_found(_exc: Exception) -> Response[Any]:
 
 
 # -- entry point ----------------------------------------------------------------------------------
-def _body_too_large(event: dict[str, Any]) -> bool:
-    body = event.get("body") or ""
-    return len(body.encode() if isinstance(body, str) else body) > settings().max_body_bytes
+def _body_problem(event: dict[str, Any]) -> DomainError | None:
+    """Refuse bodies the resolver cannot safely parse (too large, not UTF-8, pathologically nested)
+    before routing, so they get a 400 rather than an unhandled error."""
+    raw = event.get("body")
+    if not raw:
+        return None
+    limit = settings().max_body_bytes
+    data: bytes = raw.encode() if isinstance(raw, str) else raw
+    if len(data) > (limit * 4 // 3 + 4 if event.get("isBase64Encoded") else limit):
+        return PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
+    try:
+        if event.get("isBase64Encoded"):
+            data = base64.b64decode(data, validate=True)
+        text = data.decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return InvalidRequest("request body is not UTF-8 encoded JSON")
+    if len(data) > limit:
+        return PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
+    try:
+        json.loads(text)
+    except RecursionError:
+        return InvalidRequest("request body is nested too deeply")
+    except ValueError:
+        return None  # the resolver answers malformed JSON itself, with its usual 400
+    return None
+
+
+def _plain(resp: Response[Any]) -> dict[str, Any]:
+    return {
+        "statusCode": resp.status_code,
+        "headers": {"Content-Type": "application/json"},
+        "body": json.dumps(resp.body),
+        "isBase64Encoded": False,
+    }
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    if _body_too_large(event):
-        limit = settings().max_body_bytes
-        exc = PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
-        resp = from_domain(exc)
-        return {
-            "statusCode": resp.status_code,
-            "headers": {"Content-Type": "application/json"},
-            "body": json.dumps(resp.body),
-            "isBase64Encoded": False,
-        }
+    problem = _body_problem(event)
+    if problem is not None:
+        return _plain(from_domain(problem))
     _idempotent_submit()[1].register_lambda_context(context)
     return app.resolve(event, context)

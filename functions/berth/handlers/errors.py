@@ -18,6 +18,7 @@ STATUS: list[tuple[type[e.DomainError], int]] = [
     (e.ValidationFailed, 422),
     (e.Infeasible, 422),
     (e.QuotaExceeded, 429),
+    (e.RequestInProgress, 429),
     (e.StoreUnavailable, 503),
 ]
 

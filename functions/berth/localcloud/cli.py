@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from types import FrameType
 
 import typer
 
+from berth.cli.output import OutputFormat
 from berth.localcloud.state_dir import DEFAULT_STATE_DIR, render_exports
 
 TEMPLATE_RELATIVE = Path("cdk.out/Berth.template.json")
@@ -66,6 +68,9 @@ def up(
         None, "--template", help="CloudFormation template to deploy (default: cdk.out/Berth.template.json)."
     ),
     quiet: bool = typer.Option(False, "--quiet", help="No access log or handler logs on the console."),
+    output: OutputFormat = typer.Option(
+        OutputFormat.TABLE, "--output", "-o", help="table: shell exports; json: one JSON object when ready"
+    ),
 ) -> None:
     """Start the embedded local cloud in the foreground (Ctrl-C stops it)."""
     started = time.monotonic()
@@ -100,7 +105,19 @@ def up(
         except LocalCloudError as exc:
             typer.echo(f"berth local: {exc}", err=True)
             raise typer.Exit(code=1) from None
-        typer.echo(render_exports(cloud.exports), nl=False)
+        if output is OutputFormat.JSON:
+            ready = {
+                "api_url": cloud.api_url,
+                "endpoint_url": cloud.endpoint_url,
+                "profiles": list(cloud.profiles),
+                "state_dir": str(state_dir),
+                "env_file": str(state_dir / "env"),
+                "env": dict(cloud.exports),
+                "ready_s": round(time.monotonic() - started, 2),
+            }
+            typer.echo(json.dumps(ready, sort_keys=True))
+        else:
+            typer.echo(render_exports(cloud.exports), nl=False)
         sys.stdout.flush()
         typer.echo(
             f"berth local: API {cloud.api_url}, AWS endpoint {cloud.endpoint_url}; "

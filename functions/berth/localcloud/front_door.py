@@ -129,7 +129,7 @@ class RouteTable:
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps({"error": {"code": code, "message": message}})
+    body = json.dumps({"error": {"code": code, "message": message, "details": None}})
     response = Response(body, status=status, content_type="application/json")
     for key, value in (headers or {}).items():
         response.headers[key] = value
@@ -352,6 +352,11 @@ class FrontDoor:
                 404, "NotFound", f"No stage at {request.path}; the API is served under {prefix}"
             ), None
         path = request.path[len(prefix) :] or "/"
+        # The signature is checked over the normalised path; refuse paths that normalise to
+        # something else, so what is verified is exactly what is routed.
+        segments = path.split("/")[1:]
+        if any(seg in ("", ".", "..") for seg in segments[:-1]) or segments[-1:] in ([".."], ["."]):
+            return _error(400, "BadRequest", f"Path {path!r} has empty, '.' or '..' segments"), None
         resolved = self.routes.resolve(path)
         if resolved is None:
             return _error(404, "NotFound", f"No route for {request.method} {path}"), None

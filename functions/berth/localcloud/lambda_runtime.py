@@ -179,7 +179,9 @@ class InProcessLambdaRuntime:
     """Runs Lambda handlers in this process against the moto server at `endpoint_url`."""
 
     endpoint_url: str
-    max_concurrency_per_function: int = 8
+    # One event at a time per function, as in one Lambda sandbox: handler frameworks (Powertools'
+    # resolver among them) keep the current request in module or class state.
+    max_concurrency_per_function: int = 1
     echo_logs: TextIO | None = None  # also copy handler logs here (e.g. the console of `berth local up`)
     _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = field(default_factory=dict)
     _streams: dict[str, str] = field(default_factory=dict)

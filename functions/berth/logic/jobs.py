@@ -30,18 +30,19 @@ class JobService:
 
     def submit(self, caller: Caller, spec: JobSpec) -> Job:
         quota = self.tenants.quota(caller.tenant) or Quota()
-        active = self.jobs.count_active(caller.tenant)
-        if active >= quota.max_active_jobs:
-            raise QuotaExceeded(
-                f"tenant {caller.tenant!r} already has {active} active jobs "
-                f"(quota max_active_jobs={quota.max_active_jobs}); wait for some to finish or cancel them",
-                details={"active": active, "max_active_jobs": quota.max_active_jobs},
-            )
         if self.feasibility is not None:
             self.feasibility(spec, caller.tenant)
         now = self.clock()
         job, event = new_job(new_job_id(now), caller.tenant, caller.principal, spec, now)
-        self.jobs.create(job, event)
+        try:
+            # The store enforces the limit atomically with the write, so racing submits cannot pass it.
+            self.jobs.create(job, event, max_active=quota.max_active_jobs)
+        except QuotaExceeded as exc:
+            raise QuotaExceeded(
+                f"tenant {caller.tenant!r} already has {quota.max_active_jobs} active jobs "
+                f"(quota max_active_jobs={quota.max_active_jobs}); wait for some to finish or cancel them",
+                details={"max_active_jobs": quota.max_active_jobs},
+            ) from exc
         return job
 
     def get(self, caller: Caller, job_id: str) -> Job:
