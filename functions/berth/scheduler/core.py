@@ -98,7 +98,6 @@ class SchedulingPass:
         self._running_on_host: dict[str, list[RunningJob]] | None = None
         self._offers_by_model: dict[str, list[CloudOffer]] | None = None
         self._accepted: dict[str, tuple[str, ...]] = {}
-        self._running_by_id = {r.job_id: r for r in snapshot.running}
         self.preempted: set[str] = set()
         self.preempt_budget = policy.preemption.max_per_pass
         self._committed_usd: dict[str, float] = {}
@@ -107,6 +106,7 @@ class SchedulingPass:
         }
         self._offer_pos = {id(o): i for i, o in enumerate(snapshot.offers)}
         self._probes: dict[tuple[str, str], int] = {}
+        self._repatriated: set[str] = set()
         self._cloud_possible = policy.burst is not None and bool(snapshot.offers)
         self.outcome: dict[str, OnPremAssignment | CloudAssignment] = {}
         self._onprem_only_fast = (
@@ -143,6 +143,8 @@ class SchedulingPass:
 
     # ------------------------------------------------------------------ the pass
     def run(self) -> Decisions:
+        if self.policy.repatriation.before_queue:
+            self._repatriate()
         if self._onprem_only_fast and self.policy.fair_share.ordering == "fifo":
             self._run_fifo_onprem()
         else:
@@ -609,6 +611,7 @@ class SchedulingPass:
                 or r.expected_end_at is None
                 or r.placement is Placement.CLOUD
                 or r.job_id in self.preempted
+                or r.job_id in self._repatriated
             ):
                 continue
             lost = r.lost_progress_s(now)
@@ -619,7 +622,7 @@ class SchedulingPass:
             if saving >= rule.min_saving_usd:
                 scored.append((-saving, r.job_id, r, lost))
         scored.sort(key=lambda s: (s[0], s[1]))
-        moved = 0
+        moved = len(self._repatriated)
         for neg_saving, _, r, lost in scored:
             if moved >= rule.max_per_pass or not any(self.index.free_total.values()):
                 break
@@ -661,4 +664,5 @@ class SchedulingPass:
                     lost_progress_s=lost,
                 )
             )
+            self._repatriated.add(r.job_id)
             moved += 1

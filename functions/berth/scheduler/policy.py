@@ -106,6 +106,9 @@ class RepatriationRule(_Rule):
     max_lost_progress_s: Annotated[float, Field(ge=0)] = 1800.0
     restart_overhead_s: Annotated[float, Field(ge=0)] = 300.0
     max_per_pass: Annotated[int, Field(ge=0)] = 16
+    before_queue: bool = False
+    """Offer freed on-prem capacity to long-running cloud jobs before the queue: a slot holding a
+    job with days left saves more cloud hours than one holding a fresh short job (which may burst)."""
 
 
 class CircuitRule(_Rule):

@@ -7,7 +7,7 @@ from berth.scheduler import schedule
 from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
 from berth.scheduler.explain import explain_job
 from berth.scheduler.policy import load_policy
-from berth.scheduler.snapshot import CircuitRecord, TenantState
+from berth.scheduler.snapshot import CircuitRecord, RunningJob, TenantState
 
 from .helpers import NOW, host, job, offer, policy, running, snap
 
@@ -211,3 +211,26 @@ def test_fifo_onprem_backfills_and_gives_every_waiting_job_a_reason() -> None:
     assert set(d.reasons) == {"big", "four"}
     assert all("never bursts" in r for r in d.reasons.values())
     assert "largest free block" in d.reasons["four"]
+
+
+def test_repatriation_before_queue_gives_the_slot_to_the_long_cloud_job() -> None:
+    cloud = RunningJob(
+        job_id="cj",
+        tenant="a",
+        gpu_type="V100",
+        gpus=1,
+        started_at=NOW - 1000,
+        site="cloud",
+        region="us-east-1",
+        instance_type="p3.2xlarge",
+        hourly_usd=3.0,
+        checkpointing=True,
+        checkpoint_interval_s=900.0,
+        expected_end_at=NOW + 10 * 86400,
+    )
+    s = snap([job("short", expected_duration_s=3600.0)], [cloud], [host("h1", free=1)])
+    d = schedule(s, policy(), NOW)
+    assert [a.job_id for a in d.placements] == ["short"] and d.repatriations == []
+    d = schedule(s, policy(repatriation={"before_queue": True}), NOW)
+    assert [r.job_id for r in d.repatriations] == ["cj"]
+    assert "short" in d.reasons or any(isinstance(a, CloudAssignment) for a in d.placements)
