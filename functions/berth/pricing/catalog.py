@@ -11,6 +11,9 @@ from berth.scheduler.snapshot import CloudOffer
 
 CATALOG_FILE = "aws-gpu-instances.csv"
 
+# The catalog's GPU names where they differ from the job spec's (berth.domain.job_spec.GPU_TYPES).
+GPU_NAME_ALIASES = {"A100-80GB": "A100-80G"}
+
 
 def catalog_text() -> str:
     return resources.files("berth.pricing").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
@@ -25,7 +28,7 @@ def parse_catalog(text: str) -> list[CloudOffer]:
                 region=row["region"],
                 zone=row["zone"],
                 instance_type=row["instance_type"],
-                gpu_type=row["gpu"],
+                gpu_type=GPU_NAME_ALIASES.get(row["gpu"], row["gpu"]),
                 gpus=int(row["gpus"]),
                 vcpus=float(row["vcpus"]),
                 memory_gib=float(row["memory_gib"]),
