@@ -77,7 +77,7 @@ def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
         console.print(t)
 
 
-def register(app: typer.Typer) -> None:
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     @app.command("sim")
     def sim(
         trace: Path = typer.Option(..., "--trace", exists=True, dir_okay=False, help="Trace CSV"),
@@ -103,9 +103,6 @@ def register(app: typer.Typer) -> None:
                 typer.echo(json.dumps(result))
         if output == "table":
             _render_sim(results, Console())
-
-    bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
-    app.add_typer(bench_app, name="bench")
 
     @bench_app.command("scheduler")
     def bench(

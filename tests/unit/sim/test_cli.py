@@ -20,7 +20,9 @@ def _app() -> typer.Typer:
     def _root() -> None:
         pass
 
-    sim_cmd.register(app)
+    bench = typer.Typer()
+    app.add_typer(bench, name="bench")
+    sim_cmd.register(app, bench)
     return app
 
 
