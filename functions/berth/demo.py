@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from berth.client import BerthClient, ClientConfig, ClientError
+from berth.localcloud.state_dir import parse_exports
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -86,11 +87,7 @@ def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[s
             proc.send_signal(signal.SIGINT)
             raise SystemExit(f"berth local up was not ready after 180 s; see {log.name}")
         time.sleep(0.2)
-    env: dict[str, str] = {}
-    for line in env_file.read_text().splitlines():
-        if line.startswith("export "):
-            k, _, v = line.removeprefix("export ").partition("=")
-            env[k] = shlex.split(v)[0] if v else ""
+    env = parse_exports(env_file.read_text())
     console.print(f"  local cloud ready in {time.monotonic() - t0:.1f}s at {env['BERTH_API_URL']}")
     return proc, env
 

@@ -35,6 +35,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from berth.localcloud.state_dir import parse_exports
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
 READY_TIMEOUT_S = 60.0
@@ -171,16 +173,7 @@ class LocalCloudProcess:
         return self.process.returncode
 
 
-def parse_env_file(text: str) -> dict[str, str]:
-    import shlex
-
-    values = {}
-    for line in text.splitlines():
-        words = shlex.split(line)
-        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
-            key, _, value = words[1].partition("=")
-            values[key] = value
-    return values
+parse_env_file = parse_exports
 
 
 def start_local_cloud(state_dir: Path, *extra_args: str) -> LocalCloudProcess:
