@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from itertools import accumulate, islice
+from itertools import compress, islice
 from operator import attrgetter, floordiv
 
 from berth.domain.job_spec import Placement, Priority
@@ -47,6 +47,7 @@ RANK = {p: p.rank for p in Priority}
 _GPUS = attrgetter("gpus")
 _NODES = attrgetter("nodes")
 _JOB_ID = attrgetter("job_id")
+_SUBMITTED = attrgetter("submitted_at")
 
 
 def job_order_key(job: PendingJob) -> tuple[int, float, str]:
@@ -57,6 +58,14 @@ def job_order_key(job: PendingJob) -> tuple[int, float, str]:
 def longest_first_key(job: PendingJob) -> tuple[int, float, float, str]:
     """Within a tenant: higher priority first, then longest expected run, then earlier submission."""
     return (-RANK[job.priority], -(job.expected_duration_s or 0.0), job.submitted_at, job.job_id)
+
+
+def _submit_order(pending: tuple[PendingJob, ...]) -> list[PendingJob]:
+    """``pending`` by (submit time, job id): two stable single-key sorts (no key tuples to build;
+    each is linear on a queue that is already nearly in order, the usual case)."""
+    ordered = sorted(pending, key=_JOB_ID)
+    ordered.sort(key=_SUBMITTED)
+    return ordered
 
 
 def _fmt_wait(seconds: float) -> str:
@@ -154,41 +163,54 @@ class SchedulingPass:
         return self.decisions
 
     def _run_fifo_onprem(self) -> None:
-        """Submit order, on-prem only, no preemption: stop as soon as no remaining job's per-node
-        GPU count fits the largest free block of any host (the rest wait, with that reason)."""
-        ordered = sorted(self.snapshot.pending, key=attrgetter("submitted_at", "job_id"))
-        # suffix_min[i]: the fewest GPUs per node any job from position i on needs.
-        per_node = list(map(floordiv, map(_GPUS, reversed(ordered)), map(_NODES, reversed(ordered))))
-        suffix_min = list(accumulate(per_node, min))[::-1]
-        suffix_min.append(1 << 30)
+        """Submit order, on-prem only, no preemption. Capacity only shrinks in this loop, so a job
+        needing more GPUs per node than the largest free block of any host cannot be placed: such
+        jobs are skipped at C speed (``compress``) and share one reason naming the final block;
+        the scan ends when no GPU is left. Placements are exactly those of a full scan."""
+        ordered = _submit_order(self.snapshot.pending)
+        n = len(ordered)
+        per_node = list(map(floordiv, map(_GPUS, ordered), map(_NODES, ordered)))
         models = list(self.index.pools_by_model)
         block = max((self.index.largest_block(m) for m in models), default=0)
-        placed = 0
+        before = len(self.decisions.placements)
+        placed = before
         reasons = self.decisions.reasons
-        # Capacity only shrinks in this loop, so a (tenant, shape) that failed keeps failing.
+        # A (tenant, shape) that failed keeps failing (capacity only shrinks).
         failed: dict[tuple[object, ...], str] = {}
-        for i, job in enumerate(ordered):
-            key = (job.tenant, job.gpu_type, job.gpus, job.nodes, job.cpu, job.memory_gib, job.placement)
-            known = None if job.avoid_hosts else failed.get(key)
-            if known is not None:
-                reasons[job.job_id] = known
-            else:
+        i = 0
+        while i < n and block > 0:
+            # Lazily: the indices from i on whose per-node need fits the largest free block.
+            candidates = compress(range(i, n), map(block.__ge__, per_node[i:]))
+            i = n
+            for k in candidates:
+                job = ordered[k]
+                key = (job.tenant, job.gpu_type, job.gpus, job.nodes, job.cpu, job.memory_gib, job.placement)
+                known = None if job.avoid_hosts else failed.get(key)
+                if known is not None:
+                    reasons[job.job_id] = known
+                    continue
                 self.decide(job)
                 if len(self.decisions.placements) != placed:
                     placed = len(self.decisions.placements)
-                    block = max((self.index.largest_block(m) for m in models), default=0)
+                    new_block = max((self.index.largest_block(m) for m in models), default=0)
+                    if new_block < block:
+                        block = new_block
+                        i = k + 1
+                        break
                 elif not job.avoid_hosts:
                     failed[key] = reasons[job.job_id]
-            if block < suffix_min[i + 1]:
-                reason = (
-                    f"on-prem: waiting for capacity: the largest free block is {block} GPUs, "
-                    f"fewer than the job needs per node; "
-                    f"cloud: policy {self.policy.name} never bursts to the cloud"
-                )
-                self.decisions.reasons.update(
-                    dict.fromkeys(map(_JOB_ID, islice(ordered, i + 1, None)), reason)
-                )
-                return
+        # Every job neither placed nor given its own reason needed more GPUs per node than the
+        # largest free block when it was passed over (and the block never grows in a pass).
+        shared = (
+            f"on-prem: waiting for capacity: the largest free block is {block} GPUs, "
+            f"fewer than the job needs per node; "
+            f"cloud: policy {self.policy.name} never bursts to the cloud"
+        )
+        everyone = dict.fromkeys(map(_JOB_ID, ordered), shared)
+        everyone.update(reasons)
+        for a in islice(self.decisions.placements, before, None):
+            everyone.pop(a.job_id, None)
+        self.decisions.reasons = everyone
 
     def _run_ordered(self) -> None:
         order = self._ordered()
