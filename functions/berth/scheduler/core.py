@@ -60,12 +60,12 @@ def longest_first_key(job: PendingJob) -> tuple[int, float, float, str]:
     return (-RANK[job.priority], -(job.expected_duration_s or 0.0), job.submitted_at, job.job_id)
 
 
-def _submit_order(pending: tuple[PendingJob, ...]) -> list[PendingJob]:
-    """``pending`` by (submit time, job id): two stable single-key sorts (no key tuples to build;
-    each is linear on a queue that is already nearly in order, the usual case)."""
+def _submit_order(pending: tuple[PendingJob, ...]) -> tuple[list[PendingJob], list[str]]:
+    """``pending`` by (submit time, job id), and their ids: two stable single-key sorts (no key
+    tuples to build; each is linear on a queue already nearly in order, the usual case)."""
     ordered = sorted(pending, key=_JOB_ID)
     ordered.sort(key=_SUBMITTED)
-    return ordered
+    return ordered, list(map(_JOB_ID, ordered))
 
 
 def _fmt_wait(seconds: float) -> str:
@@ -167,9 +167,8 @@ class SchedulingPass:
         needing more GPUs per node than the largest free block of any host cannot be placed: such
         jobs are skipped at C speed (``compress``) and share one reason naming the final block;
         the scan ends when no GPU is left. Placements are exactly those of a full scan."""
-        ordered = _submit_order(self.snapshot.pending)
+        ordered, ids = _submit_order(self.snapshot.pending)
         n = len(ordered)
-        per_node = list(map(floordiv, map(_GPUS, ordered), map(_NODES, ordered)))
         models = list(self.index.pools_by_model)
         block = max((self.index.largest_block(m) for m in models), default=0)
         before = len(self.decisions.placements)
@@ -179,8 +178,11 @@ class SchedulingPass:
         failed: dict[tuple[object, ...], str] = {}
         i = 0
         while i < n and block > 0:
-            # Lazily: the indices from i on whose per-node need fits the largest free block.
-            candidates = compress(range(i, n), map(block.__ge__, per_node[i:]))
+            # Lazily (the scan usually ends early, when the fleet is full): the indices from i
+            # on whose per-node GPU need fits the largest free block.
+            rest = islice(ordered, i, None), islice(ordered, i, None)
+            per_node = map(floordiv, map(_GPUS, rest[0]), map(_NODES, rest[1]))
+            candidates = compress(range(i, n), map(block.__ge__, per_node))
             i = n
             for k in candidates:
                 job = ordered[k]
@@ -206,7 +208,7 @@ class SchedulingPass:
             f"fewer than the job needs per node; "
             f"cloud: policy {self.policy.name} never bursts to the cloud"
         )
-        everyone = dict.fromkeys(map(_JOB_ID, ordered), shared)
+        everyone = dict.fromkeys(ids, shared)
         everyone.update(reasons)
         for a in islice(self.decisions.placements, before, None):
             everyone.pop(a.job_id, None)
