@@ -234,3 +234,37 @@ def test_repatriation_before_queue_gives_the_slot_to_the_long_cloud_job() -> Non
     d = schedule(s, policy(repatriation={"before_queue": True}), NOW)
     assert [r.job_id for r in d.repatriations] == ["cj"]
     assert "short" in d.reasons or any(isinstance(a, CloudAssignment) for a in d.placements)
+
+
+def test_fifo_onprem_fast_path_places_exactly_like_the_general_pass() -> None:
+    # The fast FIFO on-prem scan skips jobs larger than the largest free block; a residency rule
+    # for an absent tenant turns the fast path off without changing any decision.
+    import random
+
+    rng = random.Random(7)
+    fast = policy(burst=None, fair_share={"ordering": "fifo"}, preemption={"max_per_pass": 0})
+    slow = policy(
+        burst=None,
+        fair_share={"ordering": "fifo"},
+        preemption={"max_per_pass": 0},
+        residency=[{"tenant": "nobody", "pools": ["p1"]}],
+    )
+    for _ in range(30):
+        hosts = [host(f"h{i}", free=rng.choice([0, 1, 2, 3, 4, 8])) for i in range(6)]
+        pend = []
+        for i in range(40):
+            gpus = rng.choice([1, 1, 2, 4, 8, 16])
+            pend.append(
+                job(
+                    f"j{i:02d}",
+                    tenant=rng.choice("abc"),
+                    gpus=gpus,
+                    nodes=2 if gpus == 16 else 1,
+                    submitted_at=NOW - rng.randrange(1000),
+                )
+            )
+        s = snap(pend, hosts=hosts)
+        a, b = schedule(s, fast, NOW), schedule(s, slow, NOW)
+        assert [(p.job_id, p.hosts) for p in a.placements] == [(p.job_id, p.hosts) for p in b.placements]
+        placed = {p.job_id for p in a.placements}
+        assert set(a.reasons) == {j.job_id for j in pend} - placed
