@@ -13,8 +13,9 @@ Order of work (docs/scheduling.md has the full story):
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import compress, islice
+from itertools import accumulate, compress, islice
 from operator import attrgetter, floordiv
 
 from berth.domain.job_spec import Placement, Priority
@@ -122,6 +123,12 @@ class SchedulingPass:
             policy.burst is None and policy.use_onprem and not policy.residency and self.preempt_budget == 0
         )
         self._fast_reasons: dict[str, str] = {}
+        # policy.burst.estimate_wait: the running on-prem jobs' expected ends per model (times,
+        # cumulative GPUs freed) and the GPUs of jobs left waiting so far in this pass.
+        self._ends: dict[str, tuple[list[float], list[int]]] | None = None
+        self._ahead: dict[str, int] | None = (
+            {} if policy.burst is not None and policy.burst.estimate_wait else None
+        )
 
     # ------------------------------------------------------------------ ordering
     def _ordered(self) -> Iterator[PendingJob]:
@@ -263,6 +270,8 @@ class SchedulingPass:
         cex = cloud_job_exclusion(job, self.policy, residency)
         if cex is None:
             eligible_at = burst_eligible_at(job, self.policy, self._cheapest_per_gpu_hour(job, residency))
+            if self.now < eligible_at and self._onprem_out_of_reach(job, eligible_at):
+                eligible_at = self.now
             if self.now < eligible_at:
                 wake = self.decisions.wake_at
                 self.decisions.wake_at = eligible_at if wake is None else min(wake, eligible_at)
@@ -278,7 +287,33 @@ class SchedulingPass:
         elif job.placement is not Placement.ONPREM:
             why.append("cloud: " + cex.message)
         self.decisions.reasons[job.job_id] = "; ".join(why)
+        if ex is None and self._ahead is not None:
+            self._ahead[job.gpu_type] = self._ahead.get(job.gpu_type, 0) + job.gpus
         return False
+
+    def _onprem_out_of_reach(self, job: PendingJob, eligible_at: float) -> bool:
+        """policy.burst.estimate_wait: on-prem is not expected to take the job before it may burst
+        anyway (and it has waited ``min_wait_s``), so waiting longer only adds to its JCT."""
+        burst = self.policy.burst
+        if burst is None or not burst.estimate_wait or job.placement is not Placement.AUTO:
+            return False
+        if self.now < job.submitted_at + burst.min_wait_s:
+            return False
+        if self._ends is None:
+            by_model: dict[str, list[tuple[float, int]]] = {}
+            for r in self.snapshot.running:
+                if r.site == "onprem" and r.expected_end_at is not None:
+                    by_model.setdefault(r.gpu_type, []).append((r.expected_end_at, r.gpus))
+            self._ends = {}
+            for model, ends in by_model.items():
+                ends.sort()
+                self._ends[model] = ([t for t, _ in ends], list(accumulate(g for _, g in ends)))
+        assert self._ahead is not None
+        model = job.gpu_type
+        need = self._ahead.get(model, 0) + job.gpus - self.index.free_total.get(model, 0)
+        times, freed = self._ends.get(model, ([], []))
+        i = bisect_left(freed, max(1, need))
+        return i >= len(times) or times[i] >= eligible_at
 
     # ------------------------------------------------------------------ on-prem
     def _fast_reason(self, why: str) -> str:

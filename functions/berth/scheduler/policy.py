@@ -31,6 +31,11 @@ class BurstRule(_Rule):
     on-prem GPU-hours are then spent on jobs that are dear to run in the cloud (e.g. 1-GPU jobs
     on 1-GPU instances) rather than on jobs cheap there (8-GPU jobs on 8-GPU spot instances)."""
     contended_below: Annotated[float, Field(ge=0, le=1)] = 0.1
+    estimate_wait: bool = False
+    """Burst as soon as ``min_wait_s`` has passed when on-prem is not expected to take the job
+    within the rest of its wait: the estimate is when enough GPUs of its model free up, from the
+    running on-prem jobs' expected ends, for the jobs left waiting ahead of it in this pass plus
+    itself (fragmentation ignored). A job on-prem would take soon keeps waiting."""
 
     def allows(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants

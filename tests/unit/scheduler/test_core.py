@@ -268,3 +268,34 @@ def test_fifo_onprem_fast_path_places_exactly_like_the_general_pass() -> None:
         assert [(p.job_id, p.hosts) for p in a.placements] == [(p.job_id, p.hosts) for p in b.placements]
         placed = {p.job_id for p in a.placements}
         assert set(a.reasons) == {j.job_id for j in pend} - placed
+
+
+def test_estimate_wait_bursts_at_once_only_when_onprem_is_out_of_reach() -> None:
+    burst = {"min_wait_s": 600, "wait_fraction": 0.1, "max_wait_s": 86400}
+    est = policy(burst={**burst, "estimate_wait": True})
+    plain = policy(burst=burst)
+    offers = [offer()]
+    hosts = [host("h1", free=0)]
+    # Waited 700 s of a 10,000 s budget (10 % of 100,000 s).
+    j1 = job("j1", submitted_at=NOW - 700, expected_duration_s=100_000.0, checkpointing=True)
+    j2 = job("j2", submitted_at=NOW - 650, expected_duration_s=100_000.0, checkpointing=True)
+
+    def fleet(first_end: float) -> list[RunningJob]:
+        return [
+            running("r1", "b", (("h1", 1),), expected_end_at=NOW + first_end),
+            running("r2", "b", (("h1", 7),), expected_end_at=NOW + 1_000_000),
+        ]
+
+    # On-prem frees nothing before the job may burst anyway: burst now (the plain rule waits).
+    d = schedule(snap([j1], fleet(50_000), hosts, offers), est, NOW)
+    assert [a.job_id for a in d.placements] == ["j1"] and isinstance(d.placements[0], CloudAssignment)
+    assert schedule(snap([j1], fleet(50_000), hosts, offers), plain, NOW).placements == []
+    # A GPU frees within the wait: keep waiting for it.
+    d = schedule(snap([j1], fleet(1_000), hosts, offers), est, NOW)
+    assert d.placements == [] and "may burst in" in d.reasons["j1"]
+    # ... but only one: the job behind j1 (which is waiting for it) is out of reach and bursts.
+    d = schedule(snap([j1, j2], fleet(1_000), hosts, offers), est, NOW)
+    assert [a.job_id for a in d.placements] == ["j2"]
+    # Not before min_wait_s.
+    early = job("e", submitted_at=NOW - 100, expected_duration_s=100_000.0, checkpointing=True)
+    assert schedule(snap([early], fleet(50_000), hosts, offers), est, NOW).placements == []
