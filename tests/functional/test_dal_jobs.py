@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,20 +20,15 @@ SPEC = JobSpec.model_validate({"name": "r", "image": "busybox", "command": ["tru
 
 
 @pytest.fixture
-def serializable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DynamoDB executes each transaction atomically and in isolation; moto does not (its backend
-    runs concurrent TransactWriteItems interleaved). Restore the service's guarantee, so the racing
-    tests check our conditions, not moto's missing lock: reads still interleave freely."""
-    from moto.dynamodb.models import DynamoDBBackend
+def serializable() -> Iterator[None]:
+    """DynamoDB applies each transaction atomically and in isolation; moto does not (concurrent
+    TransactWriteItems interleave). The local cloud restores that guarantee; so do these racing
+    tests, so that they check our conditions rather than moto's missing lock."""
+    from berth.localcloud import dynamodb_isolation
 
-    lock = threading.Lock()
-    original = DynamoDBBackend.transact_write_items
-
-    def isolated(self: DynamoDBBackend, transact_items: list[dict[str, object]]) -> None:
-        with lock:
-            original(self, transact_items)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DynamoDBBackend, "transact_write_items", isolated)
+    undo = dynamodb_isolation.install()
+    yield
+    undo()
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from typing import Any
 
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
+from berth.localcloud import dynamodb_isolation
+
 LOCAL_HOST = "127.0.0.1"
 
 #: moto's user config (what `POST /moto-api/config` sets). Step Functions executions only run with
@@ -53,6 +55,7 @@ class MotoServer:
             os.environ.setdefault(key, value)
         # Werkzeug logs every request at INFO; the local cloud prints its own concise lines instead.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        dynamodb_isolation.install()
         server = ThreadedMotoServer(ip_address=LOCAL_HOST, port=self._requested_port, verbose=False)
         server.start()  # a daemon thread: it never keeps the process alive on its own
         self._server = server
