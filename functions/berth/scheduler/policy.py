@@ -36,6 +36,14 @@ class BurstRule(_Rule):
     within the rest of its wait: the estimate is when enough GPUs of its model free up, from the
     running on-prem jobs' expected ends, for the jobs left waiting ahead of it in this pass plus
     itself (fragmentation ignored). A job on-prem would take soon keeps waiting."""
+    pack_instances: bool = False
+    """Cloud instances are shared hosts (several containers per instance, as AWS Batch places
+    them). Every policy fills free GPU slots of running instances first; without this a new
+    instance is the cheapest offer for the job alone. With it, the single-node jobs bursting in
+    one pass are packed onto larger instances, cheaper per GPU-hour, when the jobs packed onto
+    one (plus the waiting jobs it would take at once) cost more per hour alone than the
+    instance, and a waiting job goes at once into a free slot that the instance's other jobs
+    keep paid for at least as long as it needs. Modelled by the simulator (``berth.sim``)."""
 
     def allows(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants

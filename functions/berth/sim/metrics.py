@@ -135,6 +135,9 @@ def summarise(
         "spot_interruptions": state.interruptions,
         "repatriations": state.repatriations,
         "passes": state.passes,
+        "cloud_instances": state.instances_launched,
+        "cloud_idle_slot_usd": round(state.idle_instance_usd, 2),
+        "free_slot_starts": state.free_rides,
         "makespan_s": round(makespan, 1),
         "tenants": rows,
     }

@@ -21,7 +21,13 @@ BUILTIN: dict[str, dict[str, Any]] = {
     # preempts borrowed capacity for owners below their guarantee, repatriates.
     "berth": {
         "name": "berth",
-        "burst": {"tenants": ["*"], "min_wait_s": 600.0, "wait_fraction": 0.1, "max_wait_s": 86400.0},
+        "burst": {
+            "tenants": ["*"],
+            "min_wait_s": 600.0,
+            "wait_fraction": 0.1,
+            "max_wait_s": 86400.0,
+            "pack_instances": True,
+        },
         "spot": _SPOT,
         "fair_share": {"ordering": "fair-share", "half_life_s": 7 * 86400.0, "history_weight": 0.5},
         "preemption": {"reclaim": True, "priority": True, "max_per_pass": 8, "min_runtime_s": 600.0},

@@ -135,3 +135,58 @@ def test_cost_lower_bound_counts_overflow_at_cheapest_gpu_hour() -> None:
     result = simulate(trace, cluster, resolve_policy("berth"))
     # Cheapest V100 GPU-hour in us-east-1 in the catalog: p3.16xlarge spot 2.7531 / 8.
     assert result["cost_lower_bound_usd"] == pytest.approx(80 * 2.7531 / 8, rel=1e-3)
+
+
+def _cloud_only() -> Any:
+    return parse_cluster(
+        {
+            "pools": [],
+            "cloud": {
+                "regions": ["us-east-1"],
+                "gpu_types": ["V100"],
+                "startup_delay_s": 0,
+                "spot": {"interruptions_per_hour": 0.0, "seed": 1},
+            },
+            "jobs": {"checkpoint_interval_s": 600},
+        }
+    )
+
+
+def test_shared_cloud_instances_stay_within_capacity_and_are_paid_until_the_last_job_leaves() -> None:
+    from berth.scheduler.policy import load_policy
+    from berth.sim.engine import Simulator
+    from berth.sim.metrics import summarise
+    from berth.sim.policies import BUILTIN
+
+    cluster = _cloud_only()
+    # Eight 1-GPU jobs at once (one runs 2 h), then one more while the instance still runs.
+    trace = [TraceJob(f"j{i}", 0.0, "t", 1, "V100", 7200.0 if i == 0 else 3600.0) for i in range(8)]
+    trace.append(TraceJob("late", 4000.0, "t", 1, "V100", 1000.0))
+    packing = load_policy({**BUILTIN["cloud-cheapest"], "burst": {"tenants": ["*"], "pack_instances": True}})
+    sim = Simulator(trace, cluster, packing)
+    seen: list[int] = []
+    join = sim._join
+
+    def checked_join(job: Any, a: Any, inst: Any, now: float) -> None:
+        join(job, a, inst, now)
+        assert 0 <= inst.free_gpus <= inst.gpus and inst.free_cpu >= -1e-9 and inst.free_memory_gib >= -1e-9
+        seen.append(inst.gpus - inst.free_gpus)
+
+    sim._join = checked_join  # type: ignore[method-assign]
+    state = sim.run()
+    result = summarise(trace, cluster, packing, state)
+    _check(result, 9)
+    # One p3.16xlarge (spot 2.7531 USD/h in use1-az5) holds all nine jobs, never more than 8 GPUs,
+    # and is paid from launch until its last job leaves (2 h), idle slots included.
+    assert state.instances_launched == 1 and max(seen) == 8 and state.max_instance_gpus_used <= 8
+    assert not sim.instances
+    assert result["total_cost_usd"] == pytest.approx(2 * 2.7531, rel=1e-3)
+    # The late job used a free slot of the running instance: no start-up, no new instance.
+    assert state.jobs["late"].first_start_s == 4000.0
+
+    # The baseline launches the cheapest instance for each job alone (p3.2xlarge spot, 0.5197 USD/h)
+    # and pays it until that job leaves.
+    base = simulate(trace, cluster, resolve_policy("cloud-cheapest"))
+    _check(base, 9)
+    gpu_h = 2 + 7 * 1 + 1000 / 3600
+    assert base["total_cost_usd"] == pytest.approx(gpu_h * 0.5197, rel=1e-3)
