@@ -27,6 +27,7 @@ import math
 import random
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from berth.domain.job_spec import SpotPolicy
 from berth.scheduler.core import schedule
@@ -270,6 +271,28 @@ class Simulator:
             a["cpu"] = a.get("cpu", 0.0) + sign * job.cpu * job.nodes
             a["memory"] = a.get("memory", 0.0) + sign * job.memory_gib * job.nodes
 
+    def _begin(self, job: SimJob, start: float, **placement: Any) -> float:
+        """Record a started attempt (on either site): the running job, its usage and its finish,
+        whose time it returns."""
+        job.attempts += 1
+        if job.first_start_s is None:
+            job.first_start_s = start
+        end = start + job.remaining_s
+        self.running[job.trace.job_id] = RunningJob(
+            job_id=job.trace.job_id,
+            tenant=job.trace.tenant,
+            gpus=job.trace.gpus,
+            started_at=start,
+            nodes=job.nodes,
+            checkpointing=self.ckpt is not None,
+            checkpoint_interval_s=self.ckpt,
+            expected_end_at=end,
+            **placement,
+        )
+        self._alloc_delta(job, 1.0)
+        self._push(end, FINISH, job.trace.job_id, job.epoch)
+        return end
+
     def _start_onprem(self, job: SimJob, a: OnPremAssignment, now: float) -> None:
         for hid, g in a.hosts:
             f = self.free[hid]
@@ -280,28 +303,16 @@ class Simulator:
             f[2] -= a.memory_gib
         self._hosts_cache = None
         job.site, job.hosts, job.placed_at, job.work_start, job.hourly_usd = "onprem", a.hosts, now, now, 0.0
-        job.attempts += 1
-        if job.first_start_s is None:
-            job.first_start_s = now
-        end = now + job.remaining_s
-        self.running[job.trace.job_id] = RunningJob(
-            job_id=job.trace.job_id,
-            tenant=job.trace.tenant,
+        self._begin(
+            job,
+            now,
             gpu_type=a.gpu_type,
-            gpus=job.trace.gpus,
-            started_at=now,
             site="onprem",
             hosts=a.hosts,
-            nodes=job.nodes,
             cpu=a.cpu,
             memory_gib=a.memory_gib,
             borrowed=a.borrowed,
-            checkpointing=self.ckpt is not None,
-            checkpoint_interval_s=self.ckpt,
-            expected_end_at=end,
         )
-        self._alloc_delta(job, 1.0)
-        self._push(end, FINISH, job.trace.job_id, job.epoch)
 
     # ------------------------------------------------------------------ cloud instances
     @staticmethod
@@ -624,31 +635,19 @@ class Simulator:
             start,
             a.hourly_usd,
         )
-        job.attempts += 1
-        if job.first_start_s is None:
-            job.first_start_s = start
-        end = start + job.remaining_s
-        self.running[job.trace.job_id] = RunningJob(
-            job_id=job.trace.job_id,
-            tenant=job.trace.tenant,
+        end = self._begin(
+            job,
+            start,
             gpu_type=a.gpu_type,
-            gpus=job.trace.gpus,
-            started_at=start,
             site="cloud",
-            nodes=job.nodes,
             cpu=job.cpu,
             memory_gib=job.memory_gib,
             region=a.region,
             instance_type=a.instance_type,
             spot=a.spot,
             hourly_usd=a.hourly_usd,
-            checkpointing=self.ckpt is not None,
-            checkpoint_interval_s=self.ckpt,
-            expected_end_at=end,
         )
-        self._alloc_delta(job, 1.0)
         self._cloud_jobs += 1
-        self._push(end, FINISH, job.trace.job_id, job.epoch)
         rate = self.cluster.cloud.spot.interruptions_per_hour
         if a.spot and rate > 0:
             seed = zlib.crc32(
