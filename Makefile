@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip==26.3
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[control-plane,agent,infra,local,dev]'
+	$(BIN)/pip install -q -e '.[control-plane,cli,agent,infra,local,dev]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -33,9 +33,10 @@ cdk.out/Berth.template.json: install $(shell find infra functions -name '*.py' -
 synth: cdk.out/Berth.template.json
 
 lint: install
-	$(BIN)/ruff check functions agent infra tests
-	$(BIN)/ruff format --check functions agent infra tests
-	$(BIN)/mypy functions infra
+	$(BIN)/ruff check functions tools agent infra tests
+	$(BIN)/ruff format --check functions tools agent infra tests
+	$(BIN)/mypy functions tools infra
+	$(BIN)/lint-imports
 
 test: install synth lint
 	$(BIN)/pytest -q -p no:cacheprovider tests
@@ -53,7 +54,7 @@ test-e2e: install synth
 	$(BIN)/pytest -q tests/e2e
 
 demo: install synth
-	$(BIN)/python -m berth.demo
+	$(BIN)/python -m berth_tools.demo
 
 up: install synth
 	$(BIN)/berth local up

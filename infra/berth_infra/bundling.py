@@ -1,4 +1,9 @@
-"""The Lambda code asset: ``functions/`` minus what only runs on a laptop, plus its dependencies.
+"""The Lambda code asset: the deployable package ``berth`` (``functions/``) taken whole, plus its pins.
+
+``functions/`` holds only what is deployed (domain, use cases, store adapters, handlers, scheduler
+core, pricing); everything that runs on a laptop lives in ``tools/berth_tools`` and never reaches this
+asset. The pins are read from ``pyproject.toml`` (the core dependencies and the ``control-plane``
+extra), so there is one list of what the Lambda runs.
 
 By default (context ``berth:bundle`` false) the asset is the plain source tree: synth is offline and
 fast, and the local cloud runs the handlers in-process with the virtualenv's packages. With
@@ -12,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -21,57 +27,37 @@ from aws_cdk import aws_lambda as lambda_
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS_DIR = REPO_ROOT / "functions"
+PYPROJECT = REPO_ROOT / "pyproject.toml"
 
-#: What the control plane imports at runtime. Keep in step with the ``control-plane`` extra and core
-#: dependencies in pyproject.toml. boto3/botocore are pinned too: aws-xray-sdk pulls botocore into the
-#: bundle, where it would shadow the runtime's copy; pinning both keeps the pair consistent and equal
-#: to what the tests run against.
-RUNTIME_REQUIREMENTS: tuple[str, ...] = (
-    "aws-lambda-powertools[tracer,validation]==3.37.0",
-    "pynamodb==6.1.0",
-    "pydantic==2.14.3",
-    "pydantic-settings==2.16.3",
-    "PyYAML==6.0.3",
-    "boto3==1.44.5",
-    "botocore==1.44.5",
-)
+#: The extra that names the control plane's runtime dependencies beside the core ones.
+RUNTIME_EXTRA = "control-plane"
+
+
+def runtime_requirements(pyproject: Path = PYPROJECT) -> tuple[str, ...]:
+    """The Lambda's pins: ``[project] dependencies`` plus the ``control-plane`` extra, deduplicated."""
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    reqs = [*project["dependencies"], *project["optional-dependencies"][RUNTIME_EXTRA]]
+    return tuple(dict.fromkeys(reqs))
+
+
+RUNTIME_REQUIREMENTS: tuple[str, ...] = runtime_requirements()
 
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_11
 LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
 PIP_PLATFORM = "manylinux2014_x86_64"
 PIP_PYTHON_VERSION = "3.11"
 
-#: Never shipped to Lambda: laptop-only packages (local cloud, CLI, simulator, benchmarks, client-side
-#: load tests, demo),
-#: tests and build litter. Glob patterns relative to ``functions/``.
-ASSET_EXCLUDES: tuple[str, ...] = (
-    "**/__pycache__",
-    "**/*.pyc",
-    "berth/localcloud",
-    "berth/cli",
-    "berth/sim",
-    "berth/bench",
-    "berth/loadtest",
-    "berth/demo*",
-    "tests",
-    "**/tests",
-    "*.egg-info",
-)
+#: Build litter only: the package itself is taken whole.
+ASSET_EXCLUDES: tuple[str, ...] = ("**/__pycache__", "**/*.pyc", "*.egg-info")
 
-_IGNORE_NAMES = ("__pycache__", "*.pyc", "tests", "*.egg-info")
-_IGNORE_TOP = ("localcloud", "cli", "sim", "bench", "loadtest")
-
-
-def _ignore(directory: str, names: list[str]) -> set[str]:
-    ignored = set(shutil.ignore_patterns(*_IGNORE_NAMES)(directory, names))
-    if Path(directory).resolve() == (FUNCTIONS_DIR / "berth").resolve():
-        ignored |= {n for n in names if n in _IGNORE_TOP or n.startswith("demo")}
-    return ignored
+_IGNORE_NAMES = ("__pycache__", "*.pyc", "*.egg-info")
 
 
 def copy_sources(output_dir: Path) -> None:
     """Copy ``functions/`` into ``output_dir`` with the same exclusions as the unbundled asset."""
-    shutil.copytree(FUNCTIONS_DIR, output_dir, ignore=_ignore, dirs_exist_ok=True)
+    shutil.copytree(
+        FUNCTIONS_DIR, output_dir, ignore=shutil.ignore_patterns(*_IGNORE_NAMES), dirs_exist_ok=True
+    )
 
 
 @jsii.implements(ILocalBundling)

@@ -35,7 +35,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from berth.localcloud.state_dir import parse_exports
+from berth_tools.localcloud.state_dir import parse_exports
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
@@ -180,7 +180,7 @@ def start_local_cloud(state_dir: Path, *extra_args: str) -> LocalCloudProcess:
     """Run `berth local up --state-dir state_dir` and wait for its env file (READY_TIMEOUT_S)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir.parent / f"{state_dir.name}.log"
-    args = [sys.executable, "-m", "berth.cli.main", "local", "up", "--state-dir", str(state_dir)]
+    args = [sys.executable, "-m", "berth_tools.cli.main", "local", "up", "--state-dir", str(state_dir)]
     if TEMPLATE.exists():  # `make test-e2e` synthesises first; otherwise `berth local up` does
         args += ["--template", str(TEMPLATE)]
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_ENDPOINT_URL")}

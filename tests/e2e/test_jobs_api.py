@@ -23,7 +23,7 @@ SPEC: dict[str, Any] = {
 
 def berth(local_cloud: Any, profile: str, *args: str) -> tuple[int, Any, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "berth.cli.main", *args, "--output", "json"],
+        [sys.executable, "-m", "berth_tools.cli.main", *args, "--output", "json"],
         env=local_cloud.cli_env(profile),
         capture_output=True,
         text=True,
@@ -64,7 +64,7 @@ def test_cli_exit_codes_and_messages(local_cloud: Any, tmp_path: Path) -> None:
     assert code == 4 and out["error"]["code"] == "Forbidden"
     env = {k: v for k, v in local_cloud.cli_env("alice").items() if k != "BERTH_API_URL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "berth.cli.main", "ls", "--output", "json"],
+        [sys.executable, "-m", "berth_tools.cli.main", "ls", "--output", "json"],
         env={**env, "BERTH_CONFIG": str(tmp_path / "none.json")},
         capture_output=True,
         text=True,

@@ -24,7 +24,7 @@ def serializable() -> Iterator[None]:
     """DynamoDB applies each transaction atomically and in isolation; moto does not (concurrent
     TransactWriteItems interleave). The local cloud restores that guarantee; so do these racing
     tests, so that they check our conditions rather than moto's missing lock."""
-    from berth.localcloud import dynamodb_isolation
+    from berth_tools.localcloud import dynamodb_isolation
 
     undo = dynamodb_isolation.install()
     yield

@@ -14,11 +14,8 @@ from berth_infra import bundling
 from berth_infra.stack import context_flag
 from tests.infra.conftest import Synthesized
 
-LAPTOP_ONLY = {"localcloud", "cli", "sim", "bench", "loadtest"}
-
-
-def _laptop_only(name: str) -> bool:
-    return name in LAPTOP_ONLY or name.startswith("demo")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOOL_MODULES = ("localcloud", "cli", "sim", "bench", "loadtest", "demo", "client", "berth_tools")
 
 
 def _asset_dir(outdir: Path) -> Path:
@@ -26,12 +23,33 @@ def _asset_dir(outdir: Path) -> Path:
     return asset
 
 
-def test_default_asset_is_source_without_laptop_only_packages(synthesized: Synthesized) -> None:
-    berth = _asset_dir(synthesized.outdir) / "berth"
+def _modules(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.suffix in {".py", ".yaml", ".csv"}}
+
+
+def _assert_is_deployable_package(asset: Path) -> None:
+    """The asset holds ``berth`` exactly as ``functions/berth`` is, and not one module of the tools."""
+    assert sorted(p.name for p in asset.iterdir() if p.name == "berth_tools") == []
+    berth = asset / "berth"
     assert (berth / "__init__.py").is_file()
-    names = {p.name for p in berth.iterdir()}
-    assert not any(_laptop_only(n) for n in names), names
+    assert _modules(berth) == _modules(REPO_ROOT / "functions" / "berth")
+    parts = {part.removesuffix(".py") for p in berth.rglob("*") for part in p.relative_to(berth).parts}
+    assert not parts & set(TOOL_MODULES), parts & set(TOOL_MODULES)
+    for module in ("domain/job_spec.py", "handlers/api.py", "dal/jobs.py", "scheduler/core.py"):
+        assert (berth / module).is_file(), module
     assert not list(berth.rglob("__pycache__"))
+
+
+def test_default_asset_is_the_deployable_package_whole(synthesized: Synthesized) -> None:
+    _assert_is_deployable_package(_asset_dir(synthesized.outdir))
+
+
+def test_runtime_pins_come_from_pyproject() -> None:
+    reqs = bundling.runtime_requirements()
+    assert reqs == bundling.RUNTIME_REQUIREMENTS
+    names = {r.split("[")[0].split("==")[0].lower() for r in reqs}
+    assert {"pydantic", "pyyaml", "aws-lambda-powertools", "pynamodb", "pydantic-settings"} <= names
+    assert not names & {"typer", "rich", "moto", "tenacity", "werkzeug", "aws-cdk-lib"}
 
 
 def test_bundled_asset_pip_installs_pins_then_copies_sources(
@@ -58,9 +76,7 @@ def test_bundled_asset_pip_installs_pins_then_copies_sources(
     assert "--only-binary=:all:" in cmd
     assert set(bundling.RUNTIME_REQUIREMENTS) <= set(cmd)
     assert all("==" in req for req in bundling.RUNTIME_REQUIREMENTS)
-    berth = _asset_dir(tmp_path) / "berth"
-    assert (berth / "__init__.py").is_file()
-    assert not any(_laptop_only(p.name) for p in berth.iterdir())
+    _assert_is_deployable_package(_asset_dir(tmp_path))
 
 
 @pytest.mark.parametrize(

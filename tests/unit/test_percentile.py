@@ -1,6 +1,6 @@
 import pytest
 
-from berth.loadtest.submit_latency import percentile
+from berth_tools.loadtest.submit_latency import percentile
 
 
 def test_nearest_rank_percentiles() -> None:

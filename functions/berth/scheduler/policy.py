@@ -43,7 +43,7 @@ class BurstRule(_Rule):
     one pass are packed onto larger instances, cheaper per GPU-hour, when the jobs packed onto
     one (plus the waiting jobs it would take at once) cost more per hour alone than the
     instance, and a waiting job goes at once into a free slot that the instance's other jobs
-    keep paid for at least as long as it needs. Modelled by the simulator (``berth.sim``)."""
+    keep paid for at least as long as it needs. Modelled by the simulator (``berth_tools.sim``)."""
 
     def allows(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants

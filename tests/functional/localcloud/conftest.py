@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from berth.localcloud.cloud import LocalCloud, load_template
+from berth_tools.localcloud.cloud import LocalCloud, load_template
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]

@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from berth.localcloud import cloudformation_deploy
-from berth.localcloud.cloud import LocalCloud
-from berth.localcloud.state_dir import parse_exports
+from berth_tools.localcloud import cloudformation_deploy
+from berth_tools.localcloud.cloud import LocalCloud
+from berth_tools.localcloud.state_dir import parse_exports
 
 from .conftest import MINI_TEMPLATE
 

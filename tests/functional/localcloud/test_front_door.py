@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import boto3
 
-from berth.localcloud.cloud import LocalCloud
+from berth_tools.localcloud.cloud import LocalCloud
 
 from .helpers import call, sign
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import boto3
 
-from berth.localcloud.cloud import LocalCloud
+from berth_tools.localcloud.cloud import LocalCloud
 
 
 def _lambda(cloud: LocalCloud) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from berth.localcloud.cloud import LocalCloud, load_template
+from berth_tools.localcloud.cloud import LocalCloud, load_template
 
 from .conftest import MINI_TEMPLATE
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from berth.localcloud.cloud import LocalCloud, load_template
+from berth_tools.localcloud.cloud import LocalCloud, load_template
 
 from .conftest import REAL_TEMPLATE
 

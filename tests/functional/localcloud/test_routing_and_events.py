@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from berth.localcloud.front_door import Method, Route, RouteTable, proxy_response
+from berth_tools.localcloud.front_door import Method, Route, RouteTable, proxy_response
 
 M = {"GET": Method("GET", "AWS_IAM", "AWS_PROXY", None)}
 

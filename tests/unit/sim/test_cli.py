@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from berth.cli import sim_cmd
+from berth_tools.cli import sim_cmd
 
 ROOT = Path(__file__).resolve().parents[3]
 

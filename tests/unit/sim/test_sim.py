@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from berth.sim.cluster import load_cluster, parse_cluster
-from berth.sim.policies import POLICY_NAMES, resolve_policy
-from berth.sim.runner import simulate
-from berth.sim.trace import TraceJob, load_trace, parse_trace, split_nodes
+from berth_tools.sim.cluster import load_cluster, parse_cluster
+from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
+from berth_tools.sim.runner import simulate
+from berth_tools.sim.trace import TraceJob, load_trace, parse_trace, split_nodes
 
 ROOT = Path(__file__).resolve().parents[3]
 TIRESIAS = ROOT / "examples" / "traces" / "tiresias-60.csv"
@@ -154,9 +154,9 @@ def _cloud_only() -> Any:
 
 def test_shared_cloud_instances_stay_within_capacity_and_are_paid_until_the_last_job_leaves() -> None:
     from berth.scheduler.policy import load_policy
-    from berth.sim.engine import Simulator
-    from berth.sim.metrics import summarise
-    from berth.sim.policies import BUILTIN
+    from berth_tools.sim.engine import Simulator
+    from berth_tools.sim.metrics import summarise
+    from berth_tools.sim.policies import BUILTIN
 
     cluster = _cloud_only()
     # Eight 1-GPU jobs at once (one runs 2 h), then one more while the instance still runs.

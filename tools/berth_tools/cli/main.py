@@ -13,8 +13,8 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth.cli import jobs_cmd, loadtest_cmd, sim_cmd
-    from berth.localcloud import cli as local_cli
+    from berth_tools.cli import jobs_cmd, loadtest_cmd, sim_cmd
+    from berth_tools.localcloud import cli as local_cli
 
     bench = typer.Typer(help="Benchmarks: the scheduler core, the API over HTTP.", no_args_is_help=True)
     app.add_typer(bench, name="bench")

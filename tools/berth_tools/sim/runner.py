@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from berth.scheduler.policy import SchedulingPolicy
-from berth.sim.cluster import ClusterSpec, load_cluster
-from berth.sim.engine import Simulator
-from berth.sim.metrics import summarise
-from berth.sim.policies import resolve_policy
-from berth.sim.trace import TraceJob, load_trace
+from berth_tools.sim.cluster import ClusterSpec, load_cluster
+from berth_tools.sim.engine import Simulator
+from berth_tools.sim.metrics import summarise
+from berth_tools.sim.policies import resolve_policy
+from berth_tools.sim.trace import TraceJob, load_trace
 
 
 def simulate(trace: list[TraceJob], cluster: ClusterSpec, policy: SchedulingPolicy) -> dict[str, Any]:

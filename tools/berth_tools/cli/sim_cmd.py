@@ -10,11 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from berth.bench.scheduler_bench import bench_scheduler
-from berth.sim.cluster import load_cluster
-from berth.sim.policies import POLICY_NAMES, resolve_policy
-from berth.sim.runner import simulate
-from berth.sim.trace import load_trace
+from berth_tools.bench.scheduler_bench import bench_scheduler
+from berth_tools.sim.cluster import load_cluster
+from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
+from berth_tools.sim.runner import simulate
+from berth_tools.sim.trace import load_trace
 
 _SUMMARY_COLUMNS = (
     ("policy", "policy"),

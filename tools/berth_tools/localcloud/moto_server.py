@@ -11,13 +11,13 @@ from typing import Any
 
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
-from berth.localcloud import dynamodb_isolation
+from berth_tools.localcloud import dynamodb_isolation
 
 LOCAL_HOST = "127.0.0.1"
 
 #: moto's user config (what `POST /moto-api/config` sets). Step Functions executions only run with
 #: `execute_state_machine`; Batch and Lambda never use docker here (there is no docker engine): Lambda
-#: invocations are served in-process by `berth.localcloud.lambda_runtime`.
+#: invocations are served in-process by `berth_tools.localcloud.lambda_runtime`.
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "batch": {"use_docker": False},

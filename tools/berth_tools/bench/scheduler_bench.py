@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from berth.bench.snapshot_gen import NOW, generate_snapshot
 from berth.scheduler.core import schedule
 from berth.scheduler.policy import SchedulingPolicy
+from berth_tools.bench.snapshot_gen import NOW, generate_snapshot
 
 
 def bench_scheduler(

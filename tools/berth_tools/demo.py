@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from berth.client import BerthClient, ClientConfig, ClientError
-from berth.localcloud.state_dir import parse_exports
+from berth_tools.client import BerthClient, ClientConfig, ClientError
+from berth_tools.localcloud.state_dir import parse_exports
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -43,7 +43,7 @@ class Scenario:
         return BerthClient(ClientConfig(self.env["BERTH_API_URL"], self.env["AWS_REGION"], profile))
 
     def cli(self, profile: str, *args: str) -> tuple[int, Any, str]:
-        cmd = [sys.executable, "-m", "berth.cli.main", *args, "--output", "json"]
+        cmd = [sys.executable, "-m", "berth_tools.cli.main", *args, "--output", "json"]
         env = {**os.environ, **self.env, "AWS_PROFILE": profile}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
         try:
@@ -75,7 +75,7 @@ def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[s
     t0 = time.monotonic()
     log = (state_dir.parent / "demo-local-cloud.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "berth.cli.main", "local", "up", "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "berth_tools.cli.main", "local", "up", "--state-dir", str(state_dir)],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,

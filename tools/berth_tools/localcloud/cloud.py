@@ -14,12 +14,12 @@ from typing import Any, TextIO
 
 import boto3
 
-from berth.localcloud import cloudformation_deploy, lambda_runtime, seed
-from berth.localcloud.cloudformation_deploy import DeployedStack
-from berth.localcloud.front_door import FrontDoor
-from berth.localcloud.moto_server import MotoServer
-from berth.localcloud.sigv4 import signed_headers
-from berth.localcloud.state_dir import Profile, StateDir
+from berth_tools.localcloud import cloudformation_deploy, lambda_runtime, seed
+from berth_tools.localcloud.cloudformation_deploy import DeployedStack
+from berth_tools.localcloud.front_door import FrontDoor
+from berth_tools.localcloud.moto_server import MotoServer
+from berth_tools.localcloud.sigv4 import signed_headers
+from berth_tools.localcloud.state_dir import Profile, StateDir
 
 DEFAULT_REGION = "us-east-1"
 #: Where the readiness probe sends its signed request (any answer but 403 means routing, SigV4 and the

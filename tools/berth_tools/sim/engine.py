@@ -44,8 +44,8 @@ from berth.scheduler.snapshot import (
     Snapshot,
     TenantState,
 )
-from berth.sim.cluster import ClusterSpec
-from berth.sim.trace import TraceJob, split_nodes
+from berth_tools.sim.cluster import ClusterSpec
+from berth_tools.sim.trace import TraceJob, split_nodes
 
 FINISH, INTERRUPT, ARRIVE, PASS = 0, 1, 2, 3
 

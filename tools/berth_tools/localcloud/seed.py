@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import boto3
 
-from berth.localcloud.lambda_runtime import sandbox_environment
+from berth_tools.localcloud.lambda_runtime import sandbox_environment
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from berth.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
-from berth.cli.output import OutputFormat, OutputOpt, api_errors, console, render
-from berth.loadtest.submit_latency import as_dict, measure
+from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
+from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+from berth_tools.loadtest.submit_latency import as_dict, measure
 
 
 def api(

@@ -14,8 +14,8 @@ from types import FrameType
 
 import typer
 
-from berth.cli.output import OutputFormat
-from berth.localcloud.state_dir import DEFAULT_STATE_DIR, render_exports
+from berth_tools.cli.output import OutputFormat
+from berth_tools.localcloud.state_dir import DEFAULT_STATE_DIR, render_exports
 
 TEMPLATE_RELATIVE = Path("cdk.out/Berth.template.json")
 #: What the template is synthesised from: a newer file here means the template is stale.
@@ -82,7 +82,7 @@ def up(
         template = root / TEMPLATE_RELATIVE
         if template_is_stale(template, root):
             synthesise(root)
-    from berth.localcloud.cloud import LocalCloud, LocalCloudError, load_template
+    from berth_tools.localcloud.cloud import LocalCloud, LocalCloudError, load_template
 
     stop = threading.Event()
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from berth.client import ClientError
+from berth_tools.client import ClientError
 
 console = Console()
 err_console = Console(stderr=True)

@@ -6,9 +6,9 @@ from typing import Any
 
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.snapshot import CloudOffer
-from berth.sim.cluster import ClusterSpec
-from berth.sim.engine import SimState
-from berth.sim.trace import TraceJob
+from berth_tools.sim.cluster import ClusterSpec
+from berth_tools.sim.engine import SimState
+from berth_tools.sim.trace import TraceJob
 
 MIN_DURATION_FOR_SLOWDOWN_S = 60.0
 

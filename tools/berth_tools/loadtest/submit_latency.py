@@ -9,7 +9,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from berth.client import BerthClient
+from berth_tools.client import BerthClient
 
 SPEC: dict[str, Any] = {
     "name": "latency-probe",

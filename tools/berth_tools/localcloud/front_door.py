@@ -5,7 +5,7 @@ threaded HTTP server on 127.0.0.1 that serves one deployed stage at `http://127.
 
 1. routes by the deployed REST API (its resources and methods as moto's API Gateway returns them;
    literal path parts beat `{param}`, which beats `{proxy+}`, like API Gateway);
-2. for `AWS_IAM` methods verifies SigV4 (`berth.localcloud.sigv4`) and answers 403 otherwise;
+2. for `AWS_IAM` methods verifies SigV4 (`berth_tools.localcloud.sigv4`) and answers 403 otherwise;
 3. builds the REST API Lambda proxy event (`build_proxy_event`) and invokes the integration's function
    through moto's Lambda Invoke API (which `lambda_runtime` serves in-process);
 4. maps the proxy response back to HTTP; a function error or a malformed response is a
@@ -34,8 +34,8 @@ import boto3
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
-from berth.localcloud.moto_server import LOCAL_HOST
-from berth.localcloud.sigv4 import Principal, SignatureError, verify_request
+from berth_tools.localcloud.moto_server import LOCAL_HOST
+from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_request
 
 #: API Gateway's payload limit for REST APIs.
 MAX_BODY_BYTES = 10 * 1024 * 1024

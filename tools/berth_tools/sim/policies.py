@@ -12,33 +12,14 @@ from typing import Any
 
 import yaml
 
+from berth.scheduler.defaults import default_policy_document
 from berth.scheduler.policy import SchedulingPolicy, load_policy
 
 _SPOT = {"use": "checkpointing", "short_job_s": 3600.0}
 
 BUILTIN: dict[str, dict[str, Any]] = {
-    # Fair share, waits for on-prem before bursting (relative to the job's expected run time),
-    # preempts borrowed capacity for owners below their guarantee, repatriates.
-    "berth": {
-        "name": "berth",
-        "burst": {
-            "tenants": ["*"],
-            "min_wait_s": 600.0,
-            "wait_fraction": 0.1,
-            "max_wait_s": 86400.0,
-            "pack_instances": True,
-        },
-        "spot": _SPOT,
-        "fair_share": {"ordering": "fair-share", "half_life_s": 7 * 86400.0, "history_weight": 0.5},
-        "preemption": {"reclaim": True, "priority": True, "max_per_pass": 8, "min_runtime_s": 600.0},
-        "repatriation": {
-            "enabled": True,
-            "min_saving_usd": 5.0,
-            "max_lost_progress_s": 1800.0,
-            "restart_overhead_s": 300.0,
-            "max_per_pass": 16,
-        },
-    },
+    # The service's default policy, as shipped in the deployable core.
+    "berth": default_policy_document(),
     # Never bursts: submit order, first fit on-prem.
     "fifo-onprem": {
         "name": "fifo-onprem",

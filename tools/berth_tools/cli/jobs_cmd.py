@@ -11,8 +11,8 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from berth.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
-from berth.client import BerthClient, ClientError, load_config
+from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.client import BerthClient, ClientError, load_config
 
 STATUS_STYLE = {
     "QUEUED": "yellow",
