@@ -15,8 +15,9 @@ from berth.dal.errors import translated
 from berth.dal.models import JobEventRow, JobRow, event_model, job_model, tenant_model
 from berth.dal.tenants import TENANT
 from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
-from berth.domain.job import Job, JobEvent, Site, iso
+from berth.domain.job import Job, JobEvent, iso
 from berth.domain.job_spec import JobSpec
+from berth.domain.placement import Site
 from berth.domain.ports import Page
 from berth.domain.status import JobStatus
 
@@ -63,7 +64,7 @@ class DynamoJobRepository:
             created_at=job.created_at,
             updated_at=job.updated_at,
             site=None if job.site is None else str(job.site),
-            placement=job.placement,
+            placement=None if job.placement is None else job.placement.model_dump(mode="json"),
             attempts=job.attempts,
             cost_usd=job.cost_usd,
             version=job.version,
@@ -81,7 +82,7 @@ class DynamoJobRepository:
             created_at=row.created_at,
             updated_at=row.updated_at,
             site=None if row.site is None else Site(row.site),
-            placement=row.placement,
+            placement=row.placement,  # validated into the typed record by Job
             attempts=int(row.attempts),
             cost_usd=float(row.cost_usd),
             version=int(row.version),

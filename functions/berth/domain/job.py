@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from berth.domain.job_spec import JobSpec
+from berth.domain.placement import JobPlacement, Site
 from berth.domain.status import JobStatus, check_transition
 
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -26,11 +26,6 @@ def new_job_id(now: datetime, entropy: bytes | None = None) -> str:
 
 def iso(ts: datetime) -> str:
     return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class Site(StrEnum):
-    ONPREM = "onprem"
-    CLOUD = "cloud"
 
 
 class JobEvent(BaseModel):
@@ -66,10 +61,16 @@ class Job(BaseModel):
     created_at: datetime
     updated_at: datetime
     site: Site | None = None
-    placement: dict[str, Any] | None = None
+    placement: JobPlacement | None = None
     attempts: int = 0
     cost_usd: float = 0.0
     version: int = 1
+
+    @model_validator(mode="after")
+    def _site_matches_placement(self) -> Job:
+        if self.placement is not None and self.site is not self.placement.site:
+            raise ValueError(f"site {self.site} does not match the placement's site {self.placement.site}")
+        return self
 
     def public(self) -> dict[str, Any]:
         return {
@@ -82,7 +83,7 @@ class Job(BaseModel):
             "created_at": iso(self.created_at),
             "updated_at": iso(self.updated_at),
             "site": None if self.site is None else str(self.site),
-            "placement": self.placement,
+            "placement": None if self.placement is None else self.placement.model_dump(mode="json"),
             "attempts": self.attempts,
             "cost_usd": round(self.cost_usd, 4),
         }

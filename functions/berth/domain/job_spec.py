@@ -38,7 +38,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
 
-class Placement(StrEnum):
+class PlacementConstraint(StrEnum):
     AUTO = "auto"
     ONPREM = "onprem"
     CLOUD = "cloud"
@@ -98,7 +98,7 @@ class Resources(Strict):
 
 
 class Constraints(Strict):
-    placement: Placement = Placement.AUTO
+    placement: PlacementConstraint = PlacementConstraint.AUTO
     regions: Annotated[list[Annotated[str, Field(pattern=REGION_RE)]], Field(max_length=16)] = Field(
         default_factory=list
     )
@@ -109,7 +109,7 @@ class Constraints(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.placement is Placement.ONPREM and self.spot is SpotPolicy.REQUIRED:
+        if self.placement is PlacementConstraint.ONPREM and self.spot is SpotPolicy.REQUIRED:
             raise ValueError("spot: required cannot be combined with placement: onprem")
         if len(set(self.regions)) != len(self.regions):
             raise ValueError("regions must not repeat")

@@ -8,6 +8,7 @@ from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, Field
 
 from berth.domain.job_spec import JobSpec
+from berth.domain.placement import JobPlacement, Site
 from berth.domain.status import JobStatus
 
 
@@ -20,8 +21,8 @@ class JobOut(BaseModel):
     spec: JobSpec
     created_at: str
     updated_at: str
-    site: str | None = None
-    placement: dict[str, Any] | None = None
+    site: Site | None = None
+    placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from itertools import accumulate, compress, islice
 from operator import attrgetter, floordiv
 
-from berth.domain.job_spec import Placement, Priority
+from berth.domain.job_spec import PlacementConstraint, Priority
 from berth.scheduler.circuit import CircuitBoard, CircuitState
 from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignment, Preemption, Repatriation
 from berth.scheduler.eligibility import (
@@ -246,7 +246,7 @@ class SchedulingPass:
         return rules
 
     def decide(self, job: PendingJob) -> bool:
-        if self._onprem_only_fast and not job.avoid_hosts and job.placement is not Placement.CLOUD:
+        if self._onprem_only_fast and not job.avoid_hosts and job.placement is not PlacementConstraint.CLOUD:
             # Fast path for a queue that can only go on-prem: a shape already known not to fit.
             known = self._no_fit.get(
                 (self.accepted(job.gpu_type), job.gpus // job.nodes, job.nodes, job.cpu, job.memory_gib, None)
@@ -265,7 +265,7 @@ class SchedulingPass:
             if onprem_why is None:
                 return True
             why.append("on-prem: " + onprem_why)
-        elif job.placement is not Placement.CLOUD:
+        elif job.placement is not PlacementConstraint.CLOUD:
             why.append("on-prem: " + ex.message)
         cex = cloud_job_exclusion(job, self.policy, residency)
         if cex is None:
@@ -284,7 +284,7 @@ class SchedulingPass:
                 if cloud_why is None:
                     return True
                 why.append("cloud: " + cloud_why)
-        elif job.placement is not Placement.ONPREM:
+        elif job.placement is not PlacementConstraint.ONPREM:
             why.append("cloud: " + cex.message)
         self.decisions.reasons[job.job_id] = "; ".join(why)
         if ex is None and self._ahead is not None:
@@ -295,7 +295,7 @@ class SchedulingPass:
         """policy.burst.estimate_wait: on-prem is not expected to take the job before it may burst
         anyway (and it has waited ``min_wait_s``), so waiting longer only adds to its JCT."""
         burst = self.policy.burst
-        if burst is None or not burst.estimate_wait or job.placement is not Placement.AUTO:
+        if burst is None or not burst.estimate_wait or job.placement is not PlacementConstraint.AUTO:
             return False
         if self.now < job.submitted_at + burst.min_wait_s:
             return False
@@ -585,7 +585,7 @@ class SchedulingPass:
         if (
             burst is None
             or burst.cloud_first_below_usd_per_gpu_hour is None
-            or job.placement is not Placement.AUTO
+            or job.placement is not PlacementConstraint.AUTO
         ):
             return False
         cap = self.index.capacity.get("gpu:" + job.gpu_type, 0.0)
@@ -668,7 +668,7 @@ class SchedulingPass:
                 r.site != "cloud"
                 or not r.checkpointing
                 or r.expected_end_at is None
-                or r.placement is Placement.CLOUD
+                or r.placement is PlacementConstraint.CLOUD
                 or r.job_id in self.preempted
                 or r.job_id in self._repatriated
             ):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
+
 
 @dataclass(slots=True, frozen=True)
 class OnPremAssignment:
@@ -17,7 +19,15 @@ class OnPremAssignment:
     cpu: float
     memory_gib: float
     borrowed: bool = False
-    site: str = "onprem"
+    site: Site = Site.ONPREM
+
+    def record(self) -> OnPremPlacement:
+        """The placement as the job stores it and the API returns it."""
+        return OnPremPlacement(
+            pool=self.pool,
+            gpu_type=self.gpu_type,
+            hosts=tuple(HostGpus(host_id=h, gpus=g) for h, g in self.hosts),
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,7 +44,20 @@ class CloudAssignment:
     gpu_type: str
     spot: bool
     hourly_usd: float
-    site: str = "cloud"
+    site: Site = Site.CLOUD
+
+    def record(self) -> CloudPlacement:
+        """The placement as the job stores it and the API returns it."""
+        return CloudPlacement(
+            region=self.region,
+            zone=self.zone,
+            queue=self.queue,
+            instance_type=self.instance_type,
+            instances=self.instances,
+            gpu_type=self.gpu_type,
+            spot=self.spot,
+            hourly_usd=self.hourly_usd,
+        )
 
 
 Assignment = OnPremAssignment | CloudAssignment

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from berth.domain.job_spec import Placement, SpotPolicy
+from berth.domain.job_spec import PlacementConstraint, SpotPolicy
 from berth.scheduler.policy import ResidencyRule, SchedulingPolicy
 from berth.scheduler.snapshot import CloudOffer, PendingJob, TenantState
 
@@ -19,7 +19,7 @@ class Exclusion:
 
 
 def onprem_job_exclusion(job: PendingJob, policy: SchedulingPolicy) -> Exclusion | None:
-    if job.placement is Placement.CLOUD:
+    if job.placement is PlacementConstraint.CLOUD:
         return Exclusion("job.placement", "the job asks for placement: cloud")
     if not policy.use_onprem:
         return Exclusion("policy.use_onprem", f"policy {policy.name} does not use on-prem hosts")
@@ -37,7 +37,7 @@ def cloud_job_exclusion(
     job: PendingJob, policy: SchedulingPolicy, residency: list[ResidencyRule]
 ) -> Exclusion | None:
     """Rules that forbid the cloud for this job whatever the offer."""
-    if job.placement is Placement.ONPREM:
+    if job.placement is PlacementConstraint.ONPREM:
         return Exclusion("job.placement", "the job asks for placement: onprem")
     if policy.burst is None:
         return Exclusion("policy.burst", f"policy {policy.name} never bursts to the cloud")
@@ -54,7 +54,7 @@ def burst_eligible_at(
 ) -> float:
     """When an auto-placed job may burst (it waits for on-prem first); cloud jobs at once.
     ``usd_per_gpu_hour``: its cheapest eligible cloud price, for a price-weighted wait."""
-    if policy.burst is None or job.placement is Placement.CLOUD or not policy.use_onprem:
+    if policy.burst is None or job.placement is PlacementConstraint.CLOUD or not policy.use_onprem:
         return job.submitted_at
     return job.submitted_at + policy.burst.wait_s(job.expected_duration_s, usd_per_gpu_hour)
 

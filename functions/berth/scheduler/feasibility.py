@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from berth.domain.job_spec import JobSpec, Placement
+from berth.domain.job_spec import JobSpec, PlacementConstraint
 from berth.scheduler.adapter import pending_from_spec
 from berth.scheduler.eligibility import (
     Exclusion,
@@ -127,9 +127,9 @@ def check_feasible(
         return None
     details = (onprem, cloud)
     # The deciding rule: the one the job chose (placement) or a policy/constraint rule over a shortage.
-    if pj.placement is Placement.CLOUD:
+    if pj.placement is PlacementConstraint.CLOUD:
         decisive = cloud
-    elif pj.placement is Placement.ONPREM:
+    elif pj.placement is PlacementConstraint.ONPREM:
         decisive = onprem
     elif onprem.rule in _SHORTAGE_RULES and cloud.rule not in _SHORTAGE_RULES:
         decisive = cloud

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
-from berth.domain.job_spec import Placement, Priority, SpotPolicy
-
-Site = Literal["onprem", "cloud"]
+from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
+from berth.domain.placement import Site
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,7 +25,7 @@ class PendingJob:
     nodes: int = 1
     cpu: float = 4.0
     memory_gib: float = 16.0
-    placement: Placement = Placement.AUTO
+    placement: PlacementConstraint = PlacementConstraint.AUTO
     regions: tuple[str, ...] = ()
     spot: SpotPolicy = SpotPolicy.ALLOWED
     priority: Priority = Priority.NORMAL
@@ -78,7 +76,7 @@ class RunningJob:
     checkpoint_interval_s: float | None = None
     last_checkpoint_at: float | None = None
     expected_end_at: float | None = None
-    placement: Placement = Placement.AUTO
+    placement: PlacementConstraint = PlacementConstraint.AUTO
     datasets: tuple[str, ...] = ()
 
     def last_checkpoint(self, now: float) -> float:

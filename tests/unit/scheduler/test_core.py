@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from berth.domain.job_spec import Placement, Priority, SpotPolicy
+from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.scheduler import schedule
 from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
 from berth.scheduler.explain import explain_job
@@ -75,7 +75,7 @@ def test_job_constraints_and_policy_rules_exclude_offers_with_reason() -> None:
     assert "job.max_hourly_usd" in d.reasons["m"]
     d = schedule(snap([job("p")], offers=offers), policy(max_usd_per_gpu_hour=2.0), NOW)
     assert "policy.max_usd_per_gpu_hour" in d.reasons["p"]
-    d = schedule(snap([job("o", placement=Placement.ONPREM)], offers=offers), policy(), NOW)
+    d = schedule(snap([job("o", placement=PlacementConstraint.ONPREM)], offers=offers), policy(), NOW)
     assert d.placements == [] and "cloud" not in d.reasons["o"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from berth.domain.job_spec import Placement, Priority, SpotPolicy
+from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.scheduler import schedule
 from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
 from berth.scheduler.eligibility import instances_for
@@ -69,9 +69,9 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, SchedulingPolicy]:
     for i in range(draw(st.integers(0, 12))):
         nodes = draw(st.sampled_from((1, 1, 1, 2)))
         gpn = draw(st.sampled_from((1, 2, 4, 8)))
-        placement = draw(st.sampled_from(list(Placement)))
+        placement = draw(st.sampled_from(list(PlacementConstraint)))
         spot = draw(st.sampled_from(list(SpotPolicy)))
-        if placement is Placement.ONPREM and spot is SpotPolicy.REQUIRED:
+        if placement is PlacementConstraint.ONPREM and spot is SpotPolicy.REQUIRED:
             spot = SpotPolicy.ALLOWED
         pending.append(
             PendingJob(
@@ -155,7 +155,7 @@ def test_pass_invariants(case: tuple[Snapshot, SchedulingPolicy]) -> None:
         job = pending[a.job_id]
         assert a.tenant == job.tenant
         if isinstance(a, OnPremAssignment):
-            assert job.placement is not Placement.CLOUD
+            assert job.placement is not PlacementConstraint.CLOUD
             # Gang: all GPUs at once, one pool, nodes distinct healthy hosts of the right model.
             assert len(a.hosts) == job.nodes == len({h for h, _ in a.hosts})
             assert sum(g for _, g in a.hosts) == job.gpus
@@ -172,7 +172,7 @@ def test_pass_invariants(case: tuple[Snapshot, SchedulingPolicy]) -> None:
             assert limit is None or onprem_use[key] <= limit
         else:
             assert isinstance(a, CloudAssignment)
-            assert job.placement is not Placement.ONPREM and job.tenant != "c"
+            assert job.placement is not PlacementConstraint.ONPREM and job.tenant != "c"
             assert policy.burst is not None and policy.burst.allows(job.tenant)
             assert not job.regions or a.region in job.regions
             assert a.gpu_type == job.gpu_type
@@ -202,14 +202,14 @@ def test_reasons_name_the_real_cause(case: tuple[Snapshot, SchedulingPolicy]) ->
         reason = d.reasons.get(job.job_id)
         if reason is None:
             continue
-        if job.placement is Placement.ONPREM:
+        if job.placement is PlacementConstraint.ONPREM:
             assert "cloud:" not in reason
-        if job.placement is Placement.CLOUD:
+        if job.placement is PlacementConstraint.CLOUD:
             assert "on-prem:" not in reason
-        if job.tenant == "c" and job.placement is not Placement.ONPREM:
+        if job.tenant == "c" and job.placement is not PlacementConstraint.ONPREM:
             assert "residency[tenant c]" in reason or "may not burst" in reason
         elif (
-            job.placement is not Placement.ONPREM
+            job.placement is not PlacementConstraint.ONPREM
             and policy.burst is not None
             and not policy.burst.allows(job.tenant)
         ):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from berth.domain.job_spec import Placement, Priority, SpotPolicy
+from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
+from berth.domain.placement import Site
 from berth.pricing.catalog import load_offers
 from berth.scheduler.snapshot import Host, PendingJob, RunningJob, Snapshot, TenantState
 
@@ -41,7 +42,7 @@ def generate_snapshot(
                     gpu_type=model,
                     gpus=g,
                     started_at=started,
-                    site="onprem",
+                    site=Site.ONPREM,
                     hosts=((hid, g),),
                     cpu=4.0 * g,
                     memory_gib=32.0 * g,
@@ -75,7 +76,13 @@ def generate_snapshot(
         gpus, nodes_n = rng.choice(SHAPES)
         tenant = names[min(len(names) - 1, int(rng.paretovariate(1.2)) - 1)]
         r = rng.random()
-        placement = Placement.ONPREM if r < 0.1 else Placement.CLOUD if r < 0.15 else Placement.AUTO
+        placement = (
+            PlacementConstraint.ONPREM
+            if r < 0.1
+            else PlacementConstraint.CLOUD
+            if r < 0.15
+            else PlacementConstraint.AUTO
+        )
         regions: tuple[str, ...] = ("us-east-1",) if rng.random() < 0.1 else ()
         expected = rng.choice((1800.0, 4 * 3600.0, 86400.0, 5 * 86400.0))
         jobs.append(
@@ -93,7 +100,7 @@ def generate_snapshot(
                 spot=rng.choice(
                     (SpotPolicy.ALLOWED, SpotPolicy.ALLOWED, SpotPolicy.NEVER, SpotPolicy.REQUIRED)
                 )
-                if placement is not Placement.ONPREM
+                if placement is not PlacementConstraint.ONPREM
                 else SpotPolicy.NEVER,
                 priority=rng.choice((Priority.LOW, Priority.NORMAL, Priority.NORMAL, Priority.HIGH)),
                 max_hourly_usd=rng.choice((None, None, 50.0, 200.0)),

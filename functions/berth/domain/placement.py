@@ -1,0 +1,51 @@
+"""Where a job runs: one ``Site`` type and the typed placement record stored on the job.
+
+The scheduler core decides a placement (``berth.scheduler.decisions``); the job keeps this record of
+it, the API returns it, and the workflow branches on ``site``. Pure.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Site(StrEnum):
+    ONPREM = "onprem"
+    CLOUD = "cloud"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HostGpus(_Record):
+    """The GPUs of one host that an attempt holds (``gpu_ids``: device UUIDs once the host reports them)."""
+
+    host_id: str = Field(min_length=1)
+    gpus: int = Field(ge=1)
+    gpu_ids: tuple[str, ...] = ()
+
+
+class OnPremPlacement(_Record):
+    site: Literal[Site.ONPREM] = Site.ONPREM
+    pool: str = Field(min_length=1)
+    gpu_type: str = Field(min_length=1)
+    hosts: tuple[HostGpus, ...] = Field(min_length=1)
+
+
+class CloudPlacement(_Record):
+    site: Literal[Site.CLOUD] = Site.CLOUD
+    region: str = Field(min_length=1)
+    zone: str = ""
+    queue: str = Field(min_length=1)
+    instance_type: str = Field(min_length=1)
+    instances: int = Field(default=1, ge=1)
+    gpu_type: str = Field(min_length=1)
+    spot: bool = False
+    hourly_usd: float = Field(default=0.0, ge=0.0)
+
+
+JobPlacement = Annotated[OnPremPlacement | CloudPlacement, Field(discriminator="site")]
