@@ -1,31 +1,53 @@
-"""In-memory fakes of the repository ports, with the same conditional-write semantics."""
+"""In-memory fakes of the repository ports, with the same item layout and write semantics as DynamoDB.
+
+Both fakes share one ``FakeTenantTable`` as the DynamoDB repositories share the Tenants table: the
+tenant record holds the quota (written by admins) and the ``active_jobs`` counter (moved by job
+create and finish), so a writer that replaces the whole record drops the other writer's attribute
+here too. ``tests/functional/contracts`` runs the same suites against these and the DynamoDB ones.
+"""
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
+from typing import Any
 
-from berth.domain.errors import Conflict, QuotaExceeded
+from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import Member, Page
 from berth.domain.status import JobStatus
-from berth.domain.tenancy import Quota, Role
+from berth.domain.tenancy import Quota, Role, canonical_principal
+
+
+class FakeTenantTable:
+    """The Tenants table: ``PRINCIPAL#<arn>`` and ``TENANT#<name>`` items, each a dict of attributes."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.lock = threading.RLock()
+
+    def tenant_item(self, tenant: str) -> dict[str, Any]:
+        """The tenant's item, created empty as an UpdateItem would."""
+        return self.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
 
 
 class FakeJobs:
-    def __init__(self) -> None:
+    def __init__(self, table: FakeTenantTable | None = None) -> None:
+        self.table = table if table is not None else FakeTenantTable()
         self.jobs: dict[str, Job] = {}
         self.history: dict[str, list[JobEvent]] = {}
-        self._lock = threading.Lock()
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
 
     def create(self, job: Job, event: JobEvent, max_active: int) -> None:
-        with self._lock:
+        with self.table.lock:
             if job.id in self.jobs:
                 raise Conflict("exists")
-            if self.count_active(job.tenant) >= max_active:
-                raise QuotaExceeded("at max_active")
+            item = self.table.tenant_item(job.tenant)
+            if item.get("active_jobs", 0) >= max_active:
+                raise QuotaExceeded(f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})")
+            item["active_jobs"] = item.get("active_jobs", 0) + 1
             self.jobs[job.id] = job
             self.history[job.id] = [event]
 
@@ -33,11 +55,15 @@ class FakeJobs:
         if self.before_save is not None:
             hook, self.before_save = self.before_save, None
             hook(job)
-        with self._lock:
-            if self.jobs[job.id].version != job.version - 1:
+        with self.table.lock:
+            stored = self.jobs.get(job.id)
+            if stored is None or stored.version != job.version - 1:
                 raise Conflict("version moved")
             self.jobs[job.id] = job
             self.history[job.id].append(event)
+            if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
+                item = self.table.tenant_item(job.tenant)
+                item["active_jobs"] = item.get("active_jobs", 0) - 1
 
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
@@ -50,35 +76,58 @@ class FakeJobs:
             key=lambda j: (j.created_at, j.id),
             reverse=True,
         )
-        start = int(next_token or 0)
+        start = 0
+        if next_token:
+            # Tokens carry the query they belong to, as the DynamoDB repository's do.
+            t, s, _, pos = [*next_token.split("|"), "", "", ""][:4]
+            if t != tenant or s != str(status) or not pos.isdigit():
+                raise InvalidRequest("next_token is not valid for this query; start again without it")
+            start = int(pos)
         page = rows[start : start + limit]
         more = start + limit < len(rows)
-        return Page(jobs=page, next_token=str(start + limit) if more else None)
+        return Page(jobs=page, next_token=f"{tenant}|{status}||{start + limit}" if more else None)
 
     def events(self, job_id: str) -> list[JobEvent]:
         return list(self.history.get(job_id, []))
 
     def count_active(self, tenant: str) -> int:
-        return sum(1 for j in self.jobs.values() if j.tenant == tenant and j.status.is_active)
+        with self.table.lock:
+            item = self.table.items.get("TENANT#" + tenant, {})
+            return int(item.get("active_jobs", 0))
 
 
 class FakeTenants:
-    def __init__(self) -> None:
-        self.members: dict[str, Member] = {}
-        self.quotas: dict[str, Quota | None] = {}
+    def __init__(self, table: FakeTenantTable | None = None) -> None:
+        self.table = table if table is not None else FakeTenantTable()
 
     def member(self, principal: str) -> Member | None:
-        return self.members.get(principal)
+        item = self.table.items.get("PRINCIPAL#" + principal)
+        if item is None:
+            return None
+        return Member(principal=principal, tenant=item["tenant"], role=Role(item["role"]))
 
     def put_member(self, principal: str, tenant: str, role: str) -> None:
-        self.members[principal] = Member(principal, tenant, Role(role))
-        self.quotas.setdefault(tenant, None)
+        principal = canonical_principal(principal)
+        with self.table.lock:
+            self.table.items["PRINCIPAL#" + principal] = {"tenant": tenant, "role": str(Role(role))}
+            self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
 
     def quota(self, tenant: str) -> Quota | None:
-        return self.quotas.get(tenant)
+        item = self.table.items.get("TENANT#" + tenant)
+        if item is None or item.get("quota") is None:
+            return None
+        return Quota.model_validate(copy.deepcopy(item["quota"]))
 
     def put_quota(self, tenant: str, quota: Quota) -> None:
-        self.quotas[tenant] = quota
+        with self.table.lock:
+            item = self.table.tenant_item(tenant)
+            item["quota"] = quota.model_dump(mode="json")
 
     def tenant_exists(self, tenant: str) -> bool:
-        return tenant in self.quotas
+        return "TENANT#" + tenant in self.table.items
+
+
+def fake_store() -> tuple[FakeJobs, FakeTenants]:
+    """A job and a tenant repository over one tenant table, as the DynamoDB pair shares one."""
+    table = FakeTenantTable()
+    return FakeJobs(table), FakeTenants(table)

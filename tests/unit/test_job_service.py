@@ -9,7 +9,7 @@ from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role, canonical_principal
 from berth.logic.jobs import JobService
 from berth.logic.tenants import TenantService
-from tests.unit.fakes import FakeJobs, FakeTenants
+from tests.unit.fakes import FakeJobs, fake_store
 
 ALICE = Caller("arn:aws:iam::1:user/alice", "vision", Role.MEMBER)
 BOB = Caller("arn:aws:iam::1:user/bob", "nlp", Role.MEMBER)
@@ -20,9 +20,9 @@ SPEC = JobSpec.model_validate({"name": "r", "image": "busybox", "command": ["tru
 def svc() -> JobService:
     ticks = count()
     t0 = datetime(2026, 11, 29, tzinfo=UTC)
-    tenants = FakeTenants()
+    jobs, tenants = fake_store()
     tenants.put_member(ALICE.principal, "vision", "member")
-    return JobService(FakeJobs(), tenants, clock=lambda: t0 + timedelta(seconds=next(ticks)))
+    return JobService(jobs, tenants, clock=lambda: t0 + timedelta(seconds=next(ticks)))
 
 
 def test_submit_records_queued_job_and_event(svc: JobService) -> None:
@@ -119,7 +119,7 @@ def test_list_newest_first_and_paginates(svc: JobService) -> None:
 
 
 def test_caller_resolution() -> None:
-    tenants = FakeTenants()
+    _, tenants = fake_store()
     tenants.put_member("arn:aws:iam::123456789012:role/vision-engineers", "vision", "member")
     svc = TenantService(tenants)
     c = svc.caller("arn:aws:sts::123456789012:assumed-role/vision-engineers/alice-session")
@@ -136,7 +136,7 @@ def test_caller_resolution() -> None:
 
 
 def test_quota_rules() -> None:
-    tenants = FakeTenants()
+    _, tenants = fake_store()
     tenants.put_member("arn:a", "vision", "member")
     tenants.put_member("arn:b", "nlp", "member")
     svc = TenantService(tenants)

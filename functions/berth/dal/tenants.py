@@ -54,5 +54,10 @@ class DynamoTenantRepository:
         return None if row.quota is None else Quota.model_validate(row.quota)
 
     def put_quota(self, tenant: str, quota: Quota) -> None:
+        # Only the quota attributes: the record also holds ``active_jobs``, which job create and
+        # finish move in their own transactions; replacing the whole item would drop it.
+        row = self._Row
         with translated("write quota"):
-            self._Row(TENANT + tenant, tenant=tenant, quota=quota.model_dump(mode="json")).save()
+            row(TENANT + tenant).update(
+                actions=[row.tenant.set(tenant), row.quota.set(quota.model_dump(mode="json"))]
+            )

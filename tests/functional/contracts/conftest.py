@@ -1,0 +1,41 @@
+"""The repository ports' contract suites run unchanged against the in-memory fakes and DynamoDB (moto).
+
+A test here takes ``store``: a job and a tenant repository sharing one tenant table, parametrised
+over both implementations, so a fake cannot pass a rule that the real store breaks, or hide a bug
+the real store has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from berth.domain.ports import JobRepository, TenantRepository
+from tests.functional.conftest import TABLES
+from tests.unit.fakes import fake_store
+
+
+@dataclass(frozen=True)
+class Store:
+    jobs: JobRepository
+    tenants: TenantRepository
+
+
+@pytest.fixture(params=["fake", "dynamodb"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "fake":
+        jobs, tenants = fake_store()
+        yield Store(jobs, tenants)
+        return
+    request.getfixturevalue("aws")
+    from berth.dal.jobs import DynamoJobRepository
+    from berth.dal.tenants import DynamoTenantRepository
+
+    yield Store(
+        DynamoJobRepository(
+            TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
+        ),
+        DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
+    )
