@@ -154,3 +154,36 @@ def test_quota_admin_and_member(local_cloud: Any) -> None:
     r = admin.put("/v1/tenants/nlp/quota", json={"gpus": {"A100": {"guaranteed": 16, "borrow_limit": 16}}})
     assert r.status == 200, r.text
     assert local_cloud.client("bob").get("/v1/tenants/nlp/quota").json()["gpus"]["A100"]["guaranteed"] == 16
+
+
+def _cancel_active(client: Any) -> None:
+    for status in ("QUEUED", "STARTING", "RUNNING", "RETRYING"):
+        while True:
+            jobs = client.get("/v1/jobs", params={"status": status, "limit": "100"}).json()["jobs"]
+            if not jobs:
+                break
+            for job in jobs:
+                client.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_quota_update_keeps_the_active_job_counter_over_http(local_cloud: Any) -> None:
+    """Issue 6: the same quota PUT again used to reset the counter and let a fourth job in."""
+    admin, bob = local_cloud.client("admin"), local_cloud.client("bob")
+    _cancel_active(bob)
+    quota = {"max_active_jobs": 3}
+    try:
+        assert admin.put("/v1/tenants/nlp/quota", json=quota).status == 200
+        for i in range(2):
+            r = bob.post("/v1/jobs", json={**SPEC, "name": f"quota-{i}"})
+            assert r.status == 201, r.text
+        assert admin.put("/v1/tenants/nlp/quota", json=quota).status == 200
+        r = bob.post("/v1/jobs", json={**SPEC, "name": "quota-2"})
+        assert r.status == 201, r.text
+        r = bob.post("/v1/jobs", json={**SPEC, "name": "quota-3"})
+        assert r.status == 429, r.text
+        assert r.json()["error"]["code"] == "QuotaExceeded"
+        queued = bob.get("/v1/jobs", params={"status": "QUEUED", "limit": "100"}).json()["jobs"]
+        assert sorted(j["spec"]["name"] for j in queued) == ["quota-0", "quota-1", "quota-2"]
+    finally:
+        _cancel_active(bob)
+        admin.put("/v1/tenants/nlp/quota", json={})

@@ -24,6 +24,12 @@ class PayloadTooLarge(InvalidRequest):
     code = "PayloadTooLarge"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """A request body in a content type the API does not take (it takes JSON only)."""
+
+    code = "UnsupportedMediaType"
+
+
 class ValidationFailed(DomainError):
     """Well-formed input that breaks the schema or a rule."""
 

@@ -17,7 +17,7 @@ REGION_RE = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
 # Container image reference: [registry/]repo[:tag][@digest]
 IMAGE_RE = (
     r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
 )
 CODE_RE = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S+|sha256:[a-f0-9]{64})$"
 DATA_SOURCE_RE = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|/[^\x00]+|dataset://[a-z0-9][a-z0-9._/-]*)$"
@@ -60,6 +60,22 @@ class Priority(StrEnum):
         return {"low": 0, "normal": 1, "high": 2}[self.value]
 
 
+_ENCODED_SEPARATORS = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
+
+
+def check_safe_path(v: str) -> str:
+    """Refuse what could step out of a prefix or root once some layer decodes or normalises it:
+    ``.`` or ``..`` segments, percent-encoded dots, slashes, backslashes or NUL, backslashes."""
+    path = v.split("://", 1)[-1]
+    if "\\" in path:
+        raise ValueError("paths must not contain backslashes")
+    if _ENCODED_SEPARATORS.search(path):
+        raise ValueError("paths must not contain percent-encoded '.', '/', '\\' or NUL")
+    if any(seg in (".", "..") for seg in path.split("/")):
+        raise ValueError("paths must not contain '.' or '..' segments")
+    return v
+
+
 class DataMount(Strict):
     source: Annotated[str, Field(pattern=DATA_SOURCE_RE, max_length=1024)]
     mount: Annotated[str, Field(pattern=MOUNT_RE, max_length=512)]
@@ -67,9 +83,7 @@ class DataMount(Strict):
     @field_validator("mount", "source")
     @classmethod
     def _no_traversal(cls, v: str) -> str:
-        if ".." in v.split("/"):
-            raise ValueError("paths must not contain '..' segments")
-        return v
+        return check_safe_path(v)
 
 
 class Resources(Strict):
@@ -135,6 +149,11 @@ class JobSpec(Strict):
     constraints: Constraints = Field(default_factory=Constraints)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout_minutes: Annotated[int, Field(strict=True, ge=1, le=60 * 24 * 30)] = 24 * 60
+
+    @field_validator("code")
+    @classmethod
+    def _code_inside_its_prefix(cls, v: str | None) -> str | None:
+        return None if v is None else check_safe_path(v)
 
     @field_validator("command", mode="before")
     @classmethod

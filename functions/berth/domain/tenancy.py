@@ -53,7 +53,8 @@ def canonical_principal(arn: str) -> str:
 
 
 class GpuQuota(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict like the job spec: ``false`` or ``"5"`` are refused, not coerced (an int for a float is fine).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     guaranteed: Annotated[int, Field(ge=0, le=100_000)] = 0
     borrow_limit: Annotated[int, Field(ge=0, le=100_000)] = 0
@@ -62,7 +63,7 @@ class GpuQuota(BaseModel):
 class Quota(BaseModel):
     """A tenant's share of the fleet. ``gpus`` is keyed by GPU model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     gpus: dict[str, GpuQuota] = Field(default_factory=dict)
     weight: Annotated[float, Field(gt=0, le=1000)] = 1.0

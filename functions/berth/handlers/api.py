@@ -4,7 +4,6 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 ``docs/openapi.json`` is generated from them (``python -m berth.handlers.openapi``).
 """
 
-import base64
 import json
 import warnings
 from datetime import UTC, datetime
@@ -34,7 +33,6 @@ from berth.domain.errors import (
     DomainError,
     IdempotencyMismatch,
     InvalidRequest,
-    PayloadTooLarge,
     RequestInProgress,
 )
 from berth.domain.job_spec import JobSpec
@@ -42,6 +40,7 @@ from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role
 from berth.handlers import schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
+from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.jobs import JobService
 from berth.logic.tenants import TenantService
@@ -268,33 +267,6 @@ def _not_found(_exc: Exception) -> Response[Any]:
 
 
 # -- entry point ----------------------------------------------------------------------------------
-def _body_problem(event: dict[str, Any]) -> DomainError | None:
-    """Refuse bodies the resolver cannot safely parse (too large, not UTF-8, pathologically nested)
-    before routing, so they get a 400 rather than an unhandled error."""
-    raw = event.get("body")
-    if not raw:
-        return None
-    limit = settings().max_body_bytes
-    data: bytes = raw.encode() if isinstance(raw, str) else raw
-    if len(data) > (limit * 4 // 3 + 4 if event.get("isBase64Encoded") else limit):
-        return PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
-    try:
-        if event.get("isBase64Encoded"):
-            data = base64.b64decode(data, validate=True)
-        text = data.decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return InvalidRequest("request body is not UTF-8 encoded JSON")
-    if len(data) > limit:
-        return PayloadTooLarge(f"request body is larger than {limit} bytes; a job spec must be smaller")
-    try:
-        json.loads(text)
-    except RecursionError:
-        return InvalidRequest("request body is nested too deeply")
-    except ValueError:
-        return None  # the resolver answers malformed JSON itself, with its usual 400
-    return None
-
-
 def _plain(resp: Response[Any]) -> dict[str, Any]:
     return {
         "statusCode": resp.status_code,
@@ -308,8 +280,8 @@ def _plain(resp: Response[Any]) -> dict[str, Any]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    problem = _body_problem(event)
+    problem = body_problem(event, settings().max_body_bytes)
     if problem is not None:
         return _plain(from_domain(problem))
     _idempotent_submit()[1].register_lambda_context(context)
-    return app.resolve(event, context)
+    return app.resolve(with_canonical_content_type(event), context)

@@ -9,7 +9,9 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 
 from berth.domain import errors as e
 
+#: First match wins: subclasses before their bases.
 STATUS: list[tuple[type[e.DomainError], int]] = [
+    (e.UnsupportedMediaType, 415),
     (e.InvalidRequest, 400),
     (e.Unauthenticated, 401),
     (e.Forbidden, 403),
