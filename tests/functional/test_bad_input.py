@@ -111,7 +111,9 @@ def test_quota_accepts_an_integer_for_a_float(api: Invoke) -> None:
         {"image": "busybox:\u0661\u0662"},
     ],
 )
-def test_traversal_and_non_ascii_references(api: Invoke, spec: dict[str, Any], change: dict[str, Any]) -> None:
+def test_traversal_and_non_ascii_references(
+    api: Invoke, spec: dict[str, Any], change: dict[str, Any]
+) -> None:
     body = {k: v for k, v in {**spec, **change}.items() if v is not None}
     status, resp = api("POST", "/v1/jobs", body=body)
     _assert_error(status, resp, 422)
