@@ -7,7 +7,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e demo up openapi clean
+.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi clean
 
 all: install
 
@@ -52,6 +52,10 @@ test-infra: install synth
 
 test-e2e: install synth
 	$(BIN)/pytest -q tests/e2e
+
+# The long form of the OpenAPI fuzz run that `make test` runs short (tests/functional/test_openapi_fuzz.py).
+fuzz: install
+	BERTH_FUZZ_EXAMPLES=$${BERTH_FUZZ_EXAMPLES:-300} $(BIN)/pytest -q -p no:cacheprovider tests/functional/test_openapi_fuzz.py
 
 demo: install synth
 	$(BIN)/python -m berth_tools.demo

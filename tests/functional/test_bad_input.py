@@ -79,7 +79,7 @@ def test_malformed_json_bodies(api: Invoke, raw: str) -> None:
         {"monthly_cloud_budget_usd": "100"},
         {"gpus": {"V100": {"guaranteed": "4"}}},
         {"gpus": {"V100": {"guaranteed": True}}},
-        {"gpus": {"V100": {"guaranteed": 4.0}}},
+        {"gpus": {"V100": {"guaranteed": 4.5}}},
     ],
 )
 def test_quota_body_is_strict(api: Invoke, quota: dict[str, Any]) -> None:

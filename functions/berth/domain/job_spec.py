@@ -9,11 +9,12 @@ import re
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import JsonDict, JsonValue, SkipJsonSchema
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 ENV_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-REGION_RE = r"^[a-z]{2}(-gov)?-[a-z]+-\d$"
+REGION_RE = r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$"
 # Container image reference: [registry/]repo[:tag][@digest]
 IMAGE_RE = (
     r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
@@ -28,10 +29,38 @@ GPU_TYPES = ("H100", "A100", "A100-80G", "A10G", "L4", "T4", "V100", "L40S", "H2
 RESERVED_ENV_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_ENV_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
 
+# The published schema (docs/openapi.json) states every rule the validators below enforce, so a client
+# generated from it never sends what the server refuses; tests/functional/test_openapi_fuzz.py checks it.
+SAFE_PATH_SCHEMA: JsonDict = {"not": {"pattern": r"(^|/|://)\.{1,2}(/|$)|%(2[eEfF]|5[cC]|00)|\\"}}
+# In the schema only: the validators refuse NUL with a clearer message than a pattern would.
+NO_NUL: JsonDict = {"pattern": r"^[^\x00]*$"}
+ENV_KEYS_SCHEMA: JsonDict = {
+    "pattern": ENV_KEY_RE,
+    "not": {
+        "anyOf": [
+            {"pattern": "^(AWS_|BERTH_|NVIDIA_|LD_)"},
+            {"enum": ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]},
+        ]
+    },
+}
+
 MAX_COMMAND_ARGS = 256
 MAX_ARG_LEN = 4096
 MAX_ENV_VARS = 128
 MAX_ENV_VALUE_LEN = 4096
+
+
+def _integral_number(v: object) -> object:
+    """JSON has one number type: ``4.0`` is the integer 4 (as JSON Schema's ``integer`` says); ``4.5``,
+    ``true`` and ``"4"`` stay refused by the strict int that follows."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+#: Marks an integer field of a request body (``Annotated[int, Field(strict=True, ...), INTEGRAL]``):
+#: strict (no bools, no strings) but integral floats are taken as ints.
+INTEGRAL = BeforeValidator(_integral_number)
 
 
 class Strict(BaseModel):
@@ -77,8 +106,8 @@ def check_safe_path(v: str) -> str:
 
 
 class DataMount(Strict):
-    source: Annotated[str, Field(pattern=DATA_SOURCE_RE, max_length=1024)]
-    mount: Annotated[str, Field(pattern=MOUNT_RE, max_length=512)]
+    source: Annotated[str, Field(pattern=DATA_SOURCE_RE, max_length=1024, json_schema_extra=SAFE_PATH_SCHEMA)]
+    mount: Annotated[str, Field(pattern=MOUNT_RE, max_length=512, json_schema_extra=SAFE_PATH_SCHEMA)]
 
     @field_validator("mount", "source")
     @classmethod
@@ -86,12 +115,29 @@ class DataMount(Strict):
         return check_safe_path(v)
 
 
+def _gpus_multiple_of_nodes() -> JsonDict:
+    """JSON Schema for ``gpus % nodes == 0``: one branch per possible ``nodes``."""
+    branches: list[JsonValue] = [{"not": {"required": ["nodes"]}}]
+    branches += [
+        {"required": ["nodes"], "properties": {"nodes": {"const": n}, "gpus": {"multipleOf": n}}}
+        for n in range(1, MAX_NODES + 1)
+    ]
+    return {"anyOf": branches, "description": "gpus must be a multiple of nodes"}
+
+
+MAX_NODES = 8
+
+
 class Resources(Strict):
-    gpu_type: Annotated[str, Field(min_length=1, max_length=32)] = "A100"
-    gpus: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    model_config = ConfigDict(json_schema_extra=_gpus_multiple_of_nodes())
+
+    gpu_type: Annotated[
+        str, Field(min_length=1, max_length=32, json_schema_extra={"enum": list(GPU_TYPES)})
+    ] = "A100"
+    gpus: Annotated[int, Field(strict=True, ge=1, le=64), INTEGRAL] = 1
     cpu: Annotated[float, Field(strict=True, gt=0, le=1024)] = 4
     memory_gib: Annotated[float, Field(strict=True, gt=0, le=8192)] = 16
-    nodes: Annotated[int, Field(strict=True, ge=1, le=8)] = 1
+    nodes: Annotated[int, Field(strict=True, ge=1, le=MAX_NODES), INTEGRAL] = 1
 
     @field_validator("gpu_type")
     @classmethod
@@ -112,12 +158,23 @@ class Resources(Strict):
 
 
 class Constraints(Strict):
-    placement: PlacementConstraint = PlacementConstraint.AUTO
-    regions: Annotated[list[Annotated[str, Field(pattern=REGION_RE)]], Field(max_length=16)] = Field(
-        default_factory=list
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["placement", "spot"],
+                "properties": {"placement": {"const": "onprem"}, "spot": {"const": "required"}},
+            },
+            "description": "spot: required cannot be combined with placement: onprem",
+        }
     )
-    max_cost_usd: Annotated[float | None, Field(strict=True, gt=0, le=10_000_000)] = None
-    max_hourly_usd: Annotated[float | None, Field(strict=True, gt=0, le=100_000)] = None
+
+    placement: PlacementConstraint = PlacementConstraint.AUTO
+    regions: Annotated[
+        list[Annotated[str, Field(pattern=REGION_RE)]],
+        Field(max_length=16, json_schema_extra={"uniqueItems": True}),
+    ] = Field(default_factory=list)
+    max_cost_usd: Annotated[float, Field(strict=True, gt=0, le=10_000_000)] | SkipJsonSchema[None] = None
+    max_hourly_usd: Annotated[float, Field(strict=True, gt=0, le=100_000)] | SkipJsonSchema[None] = None
     spot: SpotPolicy = SpotPolicy.ALLOWED
     priority: Priority = Priority.NORMAL
 
@@ -131,24 +188,45 @@ class Constraints(Strict):
 
 
 class RetryPolicy(Strict):
-    max_attempts: Annotated[int, Field(strict=True, ge=1, le=10)] = 3
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=10), INTEGRAL] = 3
 
 
 class JobSpec(Strict):
-    """A training job as submitted. Exactly one of ``image`` or ``code``."""
+    """A training job as submitted. Exactly one of ``image`` or ``code``; a code bundle needs a
+    command; data mounts are distinct."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["image"], "not": {"required": ["code"]}},
+                {
+                    "required": ["code", "command"],
+                    "not": {"required": ["image"]},
+                    "properties": {"command": {"minItems": 1}},
+                },
+            ]
+        }
+    )
 
     name: Annotated[str, Field(pattern=NAME_RE)]
-    image: Annotated[str | None, Field(max_length=512, pattern=IMAGE_RE)] = None
-    code: Annotated[str | None, Field(max_length=1024, pattern=CODE_RE)] = None
+    image: Annotated[str, Field(max_length=512, pattern=IMAGE_RE)] | SkipJsonSchema[None] = None
+    code: (
+        Annotated[str, Field(max_length=1024, pattern=CODE_RE, json_schema_extra=SAFE_PATH_SCHEMA)]
+        | SkipJsonSchema[None]
+    ) = None
     command: Annotated[
-        list[Annotated[str, Field(max_length=MAX_ARG_LEN)]], Field(max_length=MAX_COMMAND_ARGS)
+        list[Annotated[str, Field(max_length=MAX_ARG_LEN, json_schema_extra=NO_NUL)]],
+        Field(max_length=MAX_COMMAND_ARGS),
     ] = Field(default_factory=list)
-    env: dict[str, Annotated[str, Field(max_length=MAX_ENV_VALUE_LEN)]] = Field(default_factory=dict)
+    env: Annotated[
+        dict[str, Annotated[str, Field(max_length=MAX_ENV_VALUE_LEN, json_schema_extra=NO_NUL)]],
+        Field(json_schema_extra={"propertyNames": ENV_KEYS_SCHEMA, "maxProperties": MAX_ENV_VARS}),
+    ] = Field(default_factory=dict)
     data: Annotated[list[DataMount], Field(max_length=32)] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
     constraints: Constraints = Field(default_factory=Constraints)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    timeout_minutes: Annotated[int, Field(strict=True, ge=1, le=60 * 24 * 30)] = 24 * 60
+    timeout_minutes: Annotated[int, Field(strict=True, ge=1, le=60 * 24 * 30), INTEGRAL] = 24 * 60
 
     @field_validator("code")
     @classmethod

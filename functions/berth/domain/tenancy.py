@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from berth.domain.job_spec import GPU_TYPES
+from berth.domain.job_spec import GPU_TYPES, INTEGRAL
 
 TENANT_RE = r"^[a-z][a-z0-9-]{1,31}$"
 _ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
@@ -56,8 +56,8 @@ class GpuQuota(BaseModel):
     # Strict like the job spec: ``false`` or ``"5"`` are refused, not coerced (an int for a float is fine).
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    guaranteed: Annotated[int, Field(ge=0, le=100_000)] = 0
-    borrow_limit: Annotated[int, Field(ge=0, le=100_000)] = 0
+    guaranteed: Annotated[int, Field(strict=True, ge=0, le=100_000), INTEGRAL] = 0
+    borrow_limit: Annotated[int, Field(strict=True, ge=0, le=100_000), INTEGRAL] = 0
 
 
 class Quota(BaseModel):
@@ -65,10 +65,12 @@ class Quota(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    gpus: dict[str, GpuQuota] = Field(default_factory=dict)
+    gpus: dict[str, GpuQuota] = Field(
+        default_factory=dict, json_schema_extra={"propertyNames": {"enum": list(GPU_TYPES)}}
+    )
     weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
     monthly_cloud_budget_usd: Annotated[float | None, Field(ge=0, le=100_000_000)] = None
-    max_active_jobs: Annotated[int, Field(ge=0, le=1_000_000)] = 1000
+    max_active_jobs: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 1000
 
     @field_validator("gpus")
     @classmethod

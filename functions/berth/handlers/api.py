@@ -37,7 +37,7 @@ from berth.domain.errors import (
 )
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
-from berth.domain.tenancy import Caller, Quota, Role
+from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
@@ -115,7 +115,7 @@ def _json(status: int, body: Any) -> Response[Any]:
     "the same key with another body answers 409.",
     responses={
         201: {"description": "Job accepted", "content": {"application/json": {"model": schemas.JobOut}}},
-        **schemas.error_responses(400, 403, 409, 422, 429),
+        **schemas.error_responses(400, 403, 409, 415, 422, 429),
     },
     tags=["jobs"],
 )
@@ -155,7 +155,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
 
 @app.get(
     "/v1/jobs",
-    summary="List your tenant's jobs, newest first",
+    summary="List a tenant's jobs, newest first (your own; admins: any tenant's with `tenant`)",
     responses={
         200: {"description": "A page of jobs", "content": {"application/json": {"model": schemas.JobList}}},
         **schemas.error_responses(400, 403, 422),
@@ -166,8 +166,14 @@ def list_jobs(
     status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
     limit: Annotated[int, Query(ge=1, le=100, description="Page size")] = 50,
     next_token: Annotated[str | None, Query(max_length=2048, description="From the previous page")] = None,
+    tenant: Annotated[
+        str | None,
+        Query(
+            pattern=TENANT_RE, description="Whose jobs (default: the caller's tenant; others: admins only)"
+        ),
+    ] = None,
 ) -> Response[Any]:
-    page = _services()[0].list_jobs(_caller(), status, limit, next_token)
+    page = _services()[0].list_jobs(_caller(), status, limit, next_token, tenant=tenant)
     return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
 
 
@@ -217,7 +223,7 @@ def job_events(job_id: JobId) -> Response[Any]:
 
 
 # -- tenants --------------------------------------------------------------------------------------
-Tenant = Annotated[str, Path(pattern=r"^[a-z][a-z0-9-]{1,31}$", description="Tenant (team) name")]
+Tenant = Annotated[str, Path(pattern=TENANT_RE, description="Tenant (team) name")]
 
 
 @app.get(
@@ -238,7 +244,7 @@ def get_quota(tenant: Tenant) -> Response[Any]:
     summary="Set a tenant's quota (admins only)",
     responses={
         200: {"description": "The new quota", "content": {"application/json": {"model": Quota}}},
-        **schemas.error_responses(400, 403, 404, 422),
+        **schemas.error_responses(400, 403, 404, 415, 422),
     },
     tags=["tenants"],
 )

@@ -60,6 +60,7 @@ def error_responses(*codes: int) -> dict[int, OpenAPIResponse]:
         404: "Not found (including another tenant's job)",
         409: "Conflict (illegal state change, lost race, Idempotency-Key reused with another body)",
         422: "Request does not satisfy the schema",
+        415: "Request body is not application/json",
         429: "Quota exceeded",
     }
     return {c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}} for c in codes}

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from berth.domain.errors import Conflict, NotFound, QuotaExceeded
+from berth.domain.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from berth.domain.job import Job, JobEvent, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import JobRepository, Page, TenantRepository
@@ -46,14 +46,26 @@ class JobService:
         return job
 
     def get(self, caller: Caller, job_id: str) -> Job:
+        """Members reach their own tenant's jobs; platform admins (operators) reach any job."""
         job = self.jobs.get(job_id)
         # Another tenant's job is indistinguishable from a missing one.
         if job is None or (job.tenant != caller.tenant and not caller.is_admin):
             raise NotFound(f"job {job_id!r} not found")
         return job
 
-    def list_jobs(self, caller: Caller, status: JobStatus | None, limit: int, next_token: str | None) -> Page:
-        return self.jobs.list_for_tenant(caller.tenant, status, min(limit, MAX_LIST_LIMIT), next_token)
+    def list_jobs(
+        self,
+        caller: Caller,
+        status: JobStatus | None,
+        limit: int,
+        next_token: str | None,
+        tenant: str | None = None,
+    ) -> Page:
+        """The caller's tenant's jobs; an admin may name any tenant (operators find and stop jobs)."""
+        tenant = caller.tenant if tenant is None else tenant
+        if tenant != caller.tenant and not caller.is_admin:
+            raise Forbidden(f"only admins may list another tenant's jobs (you are in {caller.tenant!r})")
+        return self.jobs.list_for_tenant(tenant, status, min(limit, MAX_LIST_LIMIT), next_token)
 
     def events(self, caller: Caller, job_id: str) -> list[JobEvent]:
         self.get(caller, job_id)
