@@ -105,7 +105,8 @@ class BerthClient:
         query: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """Send a signed request; retries connection failures, 429 and 503 with backoff."""
+        """Send a signed request. Retries with backoff: connection failures, 502/503/504, and 429
+        except ``QuotaExceeded`` (a tenant at its quota waits for jobs to finish, not for seconds)."""
         q = {k: v for k, v in (query or {}).items() if v is not None}
         url = self._config.api_url + path + (("?" + urlencode(q)) if q else "")
         data = None if body is None else json.dumps(body).encode()
@@ -135,7 +136,7 @@ class BerthClient:
             payload = json.loads(text) if text else None
         except ValueError:
             payload = {"error": {"code": f"HTTP{status}", "message": text[:500]}}
-        if status in (429, 502, 503, 504):
+        if status in (502, 503, 504) or (status == 429 and _code(payload) != "QuotaExceeded"):
             raise _Transient() from _error(status, payload)
         if status >= 400:
             raise _error(status, payload)
@@ -188,3 +189,9 @@ def _error(status: int, payload: Any) -> ClientError:
     if isinstance(payload, dict) and "message" in payload:  # API Gateway's own answers
         return ClientError(status, f"HTTP{status}", str(payload["message"]))
     return ClientError(status, f"HTTP{status}", json.dumps(payload)[:500])
+
+
+def _code(payload: Any) -> str | None:
+    err = payload.get("error") if isinstance(payload, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
