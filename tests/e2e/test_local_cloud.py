@@ -12,7 +12,9 @@ from botocore.credentials import Credentials
 
 pytestmark = pytest.mark.e2e
 
-READY_BUDGET_S = 15.0
+#: A hang guard, not a speed target: `berth local up` prints "ready in N s" (about 5 s on a quiet
+#: machine of this size); a timed assertion near that would flake on a loaded one.
+READY_BUDGET_S = 60.0
 
 
 def _listening(url: str) -> bool:
@@ -22,7 +24,7 @@ def _listening(url: str) -> bool:
         return sock.connect_ex((host, int(port))) == 0
 
 
-def test_ready_in_under_15_seconds(local_cloud: Any) -> None:
+def test_ready_without_hanging(local_cloud: Any) -> None:
     assert local_cloud.ready_seconds < READY_BUDGET_S, local_cloud.log_tail()
     assert "berth local: ready in" in local_cloud.log_tail(100_000)
 
