@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -11,6 +11,7 @@ from constructs import Construct
 
 from berth_infra.bundling import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, function_code
 from berth_infra.data import DataTables
+from berth_infra.storage import Storage
 
 API_STAGE_NAME = "api"
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
@@ -26,6 +27,9 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/jobs/{id}/explain": ("GET",),
     "/v1/capacity": ("GET",),
     "/v1/tenants/{tenant}/quota": ("GET", "PUT"),
+    "/v1/tenants/{tenant}/grants": ("GET", "PUT"),
+    "/v1/bundles": ("POST",),
+    "/v1/datasets/{name}": ("GET", "PUT"),
 }
 
 
@@ -38,7 +42,9 @@ GATEWAY_ERROR_TEMPLATE = (
 class ApiFunction(Construct):
     """The API's Lambda with its own log group and a least-privilege role."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, tables: DataTables, bundle: bool) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, tables: DataTables, storage: Storage, bundle: bool
+    ) -> None:
         super().__init__(scope, construct_id)
 
         self.log_group = logs.LogGroup(
@@ -70,6 +76,8 @@ class ApiFunction(Construct):
                 "BERTH_JOB_EVENTS_TABLE": tables.job_events.table_name,
                 "BERTH_TENANTS_TABLE": tables.tenants.table_name,
                 "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
+                "BERTH_ARTIFACTS_BUCKET": storage.artifacts.bucket_name,
+                "BERTH_DATA_BUCKET": storage.data.bucket_name,
                 "POWERTOOLS_SERVICE_NAME": "berth-api",
                 "POWERTOOLS_METRICS_NAMESPACE": "Berth",
                 "POWERTOOLS_LOG_LEVEL": "INFO",
@@ -81,6 +89,26 @@ class ApiFunction(Construct):
         # admins setting quotas (authorised in the handler by role).
         for table in tables.all_tables:
             table.grant_read_write_data(self.role)
+        # Bundles: HeadObject (GetObject) to see whether a digest is stored and check its checksum;
+        # PutObject to sign the presigned upload (the caller's PUT runs with these rights, for that one
+        # key, size and checksum); PutObjectTagging to mark a bundle referenced at submit.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"],
+                resources=[storage.artifacts.arn_for_objects("bundles/*")],
+            )
+        )
+        # Secrets named in a spec must exist (DescribeSecret; never GetSecretValue: values are the
+        # job's, read with its own credentials at run time).
+        stack = Stack.of(self)
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["secretsmanager:DescribeSecret"],
+                resources=[
+                    f"arn:{stack.partition}:secretsmanager:{stack.region}:{stack.account}:secret:berth/*"
+                ],
+            )
+        )
 
 
 class BerthApi(Construct):

@@ -26,7 +26,46 @@ class NagAck:
 
 def berth_acknowledgments(stack: BerthStack) -> list[NagAck]:
     jobs_logical_id = Stack.of(stack).get_logical_id(stack.tables.jobs.node.default_child)  # type: ignore[arg-type]
+    artifacts = Stack.of(stack).get_logical_id(stack.storage.artifacts.node.default_child)  # type: ignore[arg-type]
+    data = Stack.of(stack).get_logical_id(stack.storage.data.node.default_child)  # type: ignore[arg-type]
+    secrets = "arn:<AWS::Partition>:secretsmanager:<AWS::Region>:<AWS::AccountId>:secret:berth/*"
     return [
+        NagAck(
+            stack.api_function.role,
+            f"AwsSolutions-IAM5[Resource::<{artifacts}.Arn>/bundles/*]",
+            "Bundle keys are bundles/<tenant>/sha256/<digest>.tar.gz for any tenant and digest: the API "
+            "checks, presigns and tags them for the caller's tenant, which it derives from the identity.",
+        ),
+        NagAck(
+            stack.api_function.role,
+            f"AwsSolutions-IAM5[Resource::{secrets}]",
+            "DescribeSecret (existence only, never values) on Berth's secret namespace berth/<tenant>/...; "
+            "the handler refuses names outside the caller's tenant prefix before calling it.",
+        ),
+        NagAck(
+            stack.storage.job_role,
+            f"AwsSolutions-IAM5[Resource::<{artifacts}.Arn>/bundles/*]",
+            "The job role is never used bare: every credential is vended with a session policy that "
+            "narrows it to one tenant's bundle key; the role's policy is the outer bound.",
+        ),
+        NagAck(
+            stack.storage.job_role,
+            f"AwsSolutions-IAM5[Resource::<{data}.Arn>/*]",
+            "Outer bound of what any job may read in the data bucket; each session policy narrows it to "
+            "the job's tenant prefix, granted prefixes and own output prefix.",
+        ),
+        NagAck(
+            stack.storage.job_role,
+            f"AwsSolutions-IAM5[Resource::<{data}.Arn>/*/jobs/*]",
+            "Outer bound of job output prefixes (<tenant>/jobs/<job>/); each session policy narrows it to "
+            "the one job's prefix.",
+        ),
+        NagAck(
+            stack.storage.job_role,
+            f"AwsSolutions-IAM5[Resource::{secrets}]",
+            "Outer bound of Berth's secret namespace; each session policy names the job's own secrets "
+            "under its tenant's prefix only.",
+        ),
         NagAck(
             stack.api.rest_api,
             "AwsSolutions-COG4",

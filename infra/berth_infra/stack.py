@@ -10,6 +10,7 @@ from constructs import Construct
 from berth_infra.api import ApiFunction, BerthApi
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
+from berth_infra.storage import Storage
 
 STACK_NAME = "Berth"
 
@@ -32,8 +33,13 @@ class BerthStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
 
         self.tables = DataTables(self, "Data")
+        self.storage = Storage(self, "Storage")
         self.api_function = ApiFunction(
-            self, "ApiFunction", tables=self.tables, bundle=context_flag(self, "berth:bundle")
+            self,
+            "ApiFunction",
+            tables=self.tables,
+            storage=self.storage,
+            bundle=context_flag(self, "berth:bundle"),
         )
         self.api = BerthApi(self, "Api", handler=self.api_function.function)
 
@@ -45,6 +51,15 @@ class BerthStack(Stack):
             "TenantsTableName": (self.tables.tenants.table_name, "Tenants and quotas table"),
             "IdempotencyTableName": (self.tables.idempotency.table_name, "Powertools idempotency table"),
             "ApiFunctionName": (self.api_function.function.function_name, "API Lambda function name"),
+            "ArtifactsBucketName": (
+                self.storage.artifacts.bucket_name,
+                "Code bundles (bundles/<tenant>/sha256/)",
+            ),
+            "DataBucketName": (self.storage.data.bucket_name, "Tenant data (<tenant>/) and job outputs"),
+            "JobRoleArn": (
+                self.storage.job_role.role_arn,
+                "Role per-attempt job credentials are vended from",
+            ),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

@@ -21,6 +21,7 @@ TABLES = {
     "BERTH_TENANTS_TABLE": "berth-tenants",
     "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
 }
+BUCKETS = {"BERTH_ARTIFACTS_BUCKET": "berth-artifacts", "BERTH_DATA_BUCKET": "berth-data"}
 
 
 def _s(name: str) -> dict[str, str]:
@@ -83,12 +84,16 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "POWERTOOLS_TRACE_DISABLED": "1",
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
         **TABLES,
+        **BUCKETS,
     }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     with mock_aws():
         create_tables(boto3.client("dynamodb", region_name="us-east-1"))
+        s3 = boto3.client("s3", region_name="us-east-1")
+        for bucket in BUCKETS.values():
+            s3.create_bucket(Bucket=bucket)
         yield
 
 
@@ -129,6 +134,7 @@ def api(seeded: None) -> Invoke:
 
     settings.cache_clear()
     api_module._services.cache_clear()
+    api_module._storage.cache_clear()
     api_module._idempotent_submit.cache_clear()
     base = json.loads((EVENTS / "apigw_submit_job.json").read_text())
 

@@ -15,8 +15,9 @@ from typing import Any
 
 from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
 from berth.domain.job import Job, JobEvent
-from berth.domain.ports import Member, Page
+from berth.domain.ports import Member, Page, UploadTicket
 from berth.domain.status import JobStatus
+from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role, canonical_principal
 
 
@@ -125,6 +126,47 @@ class FakeTenants:
 
     def tenant_exists(self, tenant: str) -> bool:
         return "TENANT#" + tenant in self.table.items
+
+    def grants(self, tenant: str) -> DataGrants:
+        item = self.table.items.get("TENANT#" + tenant, {})
+        return DataGrants.model_validate(item["grants"]) if item.get("grants") else DataGrants()
+
+    def put_grants(self, tenant: str, grants: DataGrants) -> None:
+        with self.table.lock:
+            self.table.tenant_item(tenant)["grants"] = grants.model_dump(mode="json")
+
+    def dataset(self, name: str) -> Dataset | None:
+        item = self.table.items.get("DATASET#" + name)
+        return None if item is None else Dataset.model_validate(item["dataset"])
+
+    def put_dataset(self, name: str, dataset: Dataset) -> None:
+        with self.table.lock:
+            self.table.items.setdefault("DATASET#" + name, {})["dataset"] = dataset.model_dump(mode="json")
+
+
+class FakeBundles:
+    """Bundles as S3 would hold them: per tenant key, with the SHA-256 S3 verified at upload."""
+
+    def __init__(self) -> None:
+        self.stored: dict[tuple[str, str], bytes] = {}
+        self.referenced: set[tuple[str, str]] = set()
+
+    def exists(self, tenant: str, digest: str) -> bool:
+        return (tenant, digest) in self.stored
+
+    def upload_ticket(self, tenant: str, digest: str, size: int) -> UploadTicket:
+        return UploadTicket(f"fake://{tenant}/{digest}", "PUT", {"Content-Length": str(size)}, 900)
+
+    def mark_referenced(self, tenant: str, digest: str) -> None:
+        self.referenced.add((tenant, digest))
+
+
+class FakeSecrets:
+    def __init__(self, names: set[str] | None = None) -> None:
+        self.names = set(names or ())
+
+    def exists(self, name: str) -> bool:
+        return name in self.names
 
 
 def fake_store() -> tuple[FakeJobs, FakeTenants]:

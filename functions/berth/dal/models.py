@@ -75,6 +75,10 @@ class TenantRow(Model):
     quota = JSONAttribute(null=True)
     #: Jobs of this tenant not yet in a terminal state; kept in the same transactions as the jobs.
     active_jobs = NumberAttribute(null=True)
+    #: TENANT# items: S3 prefixes granted besides the tenant's own (written alone, like ``quota``).
+    grants = JSONAttribute(null=True)
+    #: DATASET#<name> items: the registered dataset.
+    dataset = JSONAttribute(null=True)
 
 
 def _bind(base: type[Model], table_name: str, **attrs: object) -> type[Model]:

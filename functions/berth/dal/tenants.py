@@ -7,10 +7,12 @@ from pynamodb.exceptions import PutError
 from berth.dal.errors import translated
 from berth.dal.models import tenant_model
 from berth.domain.ports import Member
+from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role, canonical_principal
 
 PRINCIPAL = "PRINCIPAL#"
 TENANT = "TENANT#"
+DATASET = "DATASET#"
 
 
 class DynamoTenantRepository:
@@ -61,3 +63,31 @@ class DynamoTenantRepository:
             row(TENANT + tenant).update(
                 actions=[row.tenant.set(tenant), row.quota.set(quota.model_dump(mode="json"))]
             )
+
+    def grants(self, tenant: str) -> DataGrants:
+        with translated("read grants"):
+            try:
+                row = self._Row.get(TENANT + tenant, consistent_read=True)
+            except self._Row.DoesNotExist:
+                return DataGrants()
+        return DataGrants() if row.grants is None else DataGrants.model_validate(row.grants)
+
+    def put_grants(self, tenant: str, grants: DataGrants) -> None:
+        row = self._Row
+        with translated("write grants"):
+            row(TENANT + tenant).update(
+                actions=[row.tenant.set(tenant), row.grants.set(grants.model_dump(mode="json"))]
+            )
+
+    def dataset(self, name: str) -> Dataset | None:
+        with translated("read dataset"):
+            try:
+                row = self._Row.get(DATASET + name, consistent_read=True)
+            except self._Row.DoesNotExist:
+                return None
+        return None if row.dataset is None else Dataset.model_validate(row.dataset)
+
+    def put_dataset(self, name: str, dataset: Dataset) -> None:
+        row = self._Row
+        with translated("write dataset"):
+            row(DATASET + name).update(actions=[row.dataset.set(dataset.model_dump(mode="json"))])

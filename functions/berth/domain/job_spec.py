@@ -45,6 +45,9 @@ ENV_KEYS_SCHEMA: JsonDict = {
 }
 
 MAX_COMMAND_ARGS = 256
+MAX_SECRETS = 32
+#: A Secrets Manager name under a tenant's prefix: berth/<tenant>/<name>.
+SECRET_NAME_RE = r"^berth/[a-z][a-z0-9-]{1,31}/[A-Za-z0-9_+=.@-][A-Za-z0-9/_+=.@-]{0,399}$"
 MAX_ARG_LEN = 4096
 MAX_ENV_VARS = 128
 MAX_ENV_VALUE_LEN = 4096
@@ -223,6 +226,13 @@ class JobSpec(Strict):
         Field(json_schema_extra={"propertyNames": ENV_KEYS_SCHEMA, "maxProperties": MAX_ENV_VARS}),
     ] = Field(default_factory=dict)
     data: Annotated[list[DataMount], Field(max_length=32)] = Field(default_factory=list)
+    secrets: Annotated[
+        dict[str, Annotated[str, Field(pattern=SECRET_NAME_RE, max_length=512)]],
+        Field(
+            json_schema_extra={"propertyNames": ENV_KEYS_SCHEMA, "maxProperties": MAX_SECRETS},
+            description="ENV_NAME -> AWS Secrets Manager name under berth/<tenant>/; resolved at run time",
+        ),
+    ] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     constraints: Constraints = Field(default_factory=Constraints)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -244,21 +254,21 @@ class JobSpec(Strict):
             raise ValueError("command arguments must not contain NUL bytes")
         return v
 
-    @field_validator("env")
+    @field_validator("env", "secrets")
     @classmethod
     def _env_keys(cls, v: dict[str, str]) -> dict[str, str]:
         if len(v) > MAX_ENV_VARS:
-            raise ValueError(f"at most {MAX_ENV_VARS} env variables")
+            raise ValueError(f"at most {MAX_ENV_VARS} variables")
         for key in v:
             if not re.fullmatch(ENV_KEY_RE, key):
-                raise ValueError(f"env key {key!r} must match {ENV_KEY_RE}")
+                raise ValueError(f"key {key!r} must match {ENV_KEY_RE}")
             if key.startswith(RESERVED_ENV_PREFIXES) or key in RESERVED_ENV_KEYS:
                 raise ValueError(
-                    f"env key {key!r} is reserved: Berth sets AWS_*, BERTH_*, NVIDIA_*, LD_* and "
+                    f"key {key!r} is reserved: Berth sets AWS_*, BERTH_*, NVIDIA_*, LD_* and "
                     "CUDA_VISIBLE_DEVICES itself (GPU visibility and credentials are not the job's to choose)"
                 )
             if "\x00" in v[key]:
-                raise ValueError(f"env value of {key!r} contains a NUL byte")
+                raise ValueError(f"value of {key!r} contains a NUL byte")
         return v
 
     @model_validator(mode="after")
@@ -267,6 +277,11 @@ class JobSpec(Strict):
             raise ValueError("exactly one of 'image' or 'code' must be given")
         if self.code is not None and not self.command:
             raise ValueError("a code bundle needs a command (e.g. [python, train.py])")
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(f"{both} set both in env and in secrets; a variable comes from one place")
+        if len(self.secrets) > MAX_SECRETS:
+            raise ValueError(f"at most {MAX_SECRETS} secrets")
         mounts = [d.mount for d in self.data]
         if len(set(mounts)) != len(mounts):
             raise ValueError("data mounts must be distinct")

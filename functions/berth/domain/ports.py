@@ -7,6 +7,7 @@ from typing import Protocol
 
 from berth.domain.job import Job, JobEvent
 from berth.domain.status import JobStatus
+from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
 
 
@@ -55,3 +56,39 @@ class TenantRepository(Protocol):
     def put_quota(self, tenant: str, quota: Quota) -> None: ...
 
     def tenant_exists(self, tenant: str) -> bool: ...
+
+    def grants(self, tenant: str) -> DataGrants:
+        """The S3 prefixes an admin granted the tenant besides its own (empty if none)."""
+
+    def put_grants(self, tenant: str, grants: DataGrants) -> None:
+        """Replace the tenant's grants, and nothing else of its record."""
+
+    def dataset(self, name: str) -> Dataset | None: ...
+
+    def put_dataset(self, name: str, dataset: Dataset) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class UploadTicket:
+    """A presigned upload: send the bundle with exactly this method, URL and headers."""
+
+    url: str
+    method: str
+    headers: dict[str, str]
+    expires_in_s: int
+
+
+class BundleStore(Protocol):
+    def exists(self, tenant: str, digest: str) -> bool:
+        """Stored for this tenant, and S3's recorded SHA-256 of the content is ``digest``."""
+
+    def upload_ticket(self, tenant: str, digest: str, size: int) -> UploadTicket:
+        """A presigned PUT that S3 accepts only for content of this size and SHA-256, and only if
+        no object is there yet (bundles are immutable)."""
+
+    def mark_referenced(self, tenant: str, digest: str) -> None:
+        """Record that a job uses the bundle (the lifecycle rule expires unreferenced ones)."""
+
+
+class SecretCatalog(Protocol):
+    def exists(self, name: str) -> bool: ...

@@ -28,6 +28,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.jobs import DynamoJobRepository
+from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
 from berth.domain.errors import (
     DomainError,
@@ -37,12 +38,14 @@ from berth.domain.errors import (
 )
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
+from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.jobs import JobService
+from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
 
 logger = Logger()
@@ -74,8 +77,20 @@ def _services() -> tuple[JobService, TenantService]:
         jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table, cfg.tenants_table),
         tenants=tenants,
         clock=_now,
+        access=_storage().check_spec,
     )
     return jobs, TenantService(tenants)
+
+
+@cache
+def _storage() -> StorageService:
+    cfg = settings()
+    return StorageService(
+        layout=StorageLayout(artifacts_bucket=cfg.artifacts_bucket, data_bucket=cfg.data_bucket),
+        bundles=S3BundleStore(cfg.artifacts_bucket),
+        secrets=SecretsManagerCatalog(),
+        tenants=DynamoTenantRepository(cfg.tenants_table),
+    )
 
 
 @cache
@@ -250,6 +265,88 @@ def get_quota(tenant: Tenant) -> Response[Any]:
 )
 def put_quota(tenant: Tenant, quota: Annotated[Quota, Body(embed=False)]) -> Response[Any]:
     return _json(200, _services()[1].put_quota(_caller(), tenant, quota).model_dump(mode="json"))
+
+
+# -- code and data --------------------------------------------------------------------------------
+@app.post(
+    "/v1/bundles",
+    summary="Ask to upload a code bundle (content-addressed, per tenant)",
+    description="Answers 200 `{present: true}` when the tenant already stored this digest, else 201 "
+    "with a presigned upload that S3 accepts only for content of this size and SHA-256, once.",
+    responses={
+        200: {"description": "Already stored", "content": {"application/json": {"model": schemas.BundleOut}}},
+        201: {"description": "Upload it", "content": {"application/json": {"model": schemas.BundleOut}}},
+        **schemas.error_responses(400, 403, 415, 422),
+    },
+    tags=["code and data"],
+)
+def request_bundle_upload(request: Annotated[schemas.BundleIn, Body(embed=False)]) -> Response[Any]:
+    caller = _caller()
+    ticket = _storage().request_upload(caller, request.digest, request.size)
+    if ticket is None:
+        return _json(200, {"digest": request.digest, "present": True, "upload": None})
+    upload = {
+        "url": ticket.url,
+        "method": ticket.method,
+        "headers": ticket.headers,
+        "expires_in_s": ticket.expires_in_s,
+    }
+    return _json(201, {"digest": request.digest, "present": False, "upload": upload})
+
+
+DatasetName = Annotated[str, Path(pattern=DATASET_NAME_RE, description="Dataset name")]
+
+
+@app.get(
+    "/v1/datasets/<name>",
+    summary="A registered on-prem dataset (admins; members: datasets their tenant may read)",
+    responses={
+        200: {"description": "The dataset", "content": {"application/json": {"model": Dataset}}},
+        **schemas.error_responses(403, 404, 422),
+    },
+    tags=["code and data"],
+)
+def get_dataset(name: DatasetName) -> Response[Any]:
+    return _json(200, _storage().get_dataset(_caller(), name).model_dump(mode="json"))
+
+
+@app.put(
+    "/v1/datasets/<name>",
+    summary="Register or replace an on-prem dataset (admins only)",
+    responses={
+        200: {"description": "The dataset", "content": {"application/json": {"model": Dataset}}},
+        **schemas.error_responses(400, 403, 415, 422),
+    },
+    tags=["code and data"],
+)
+def put_dataset(name: DatasetName, dataset: Annotated[Dataset, Body(embed=False)]) -> Response[Any]:
+    return _json(200, _storage().put_dataset(_caller(), name, dataset).model_dump(mode="json"))
+
+
+@app.get(
+    "/v1/tenants/<tenant>/grants",
+    summary="S3 prefixes a tenant may read besides its own (admins; members: their own)",
+    responses={
+        200: {"description": "The grants", "content": {"application/json": {"model": DataGrants}}},
+        **schemas.error_responses(403, 404, 422),
+    },
+    tags=["code and data"],
+)
+def get_grants(tenant: Tenant) -> Response[Any]:
+    return _json(200, _storage().get_grants(_caller(), tenant).model_dump(mode="json"))
+
+
+@app.put(
+    "/v1/tenants/<tenant>/grants",
+    summary="Grant a tenant read access to S3 prefixes (admins only)",
+    responses={
+        200: {"description": "The grants", "content": {"application/json": {"model": DataGrants}}},
+        **schemas.error_responses(400, 403, 404, 415, 422),
+    },
+    tags=["code and data"],
+)
+def put_grants(tenant: Tenant, grants: Annotated[DataGrants, Body(embed=False)]) -> Response[Any]:
+    return _json(200, _storage().put_grants(_caller(), tenant, grants).model_dump(mode="json"))
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import JobPlacement, Site
 from berth.domain.status import JobStatus
+from berth.domain.storage import BUNDLE_MAX_BYTES
 
 
 class JobOut(BaseModel):
@@ -25,6 +26,26 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+
+
+class BundleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    digest: Annotated[str, Field(pattern=r"^[a-f0-9]{64}$", description="SHA-256 of the .tar.gz, hex")]
+    size: Annotated[int, Field(ge=1, le=BUNDLE_MAX_BYTES, description="Bytes")]
+
+
+class UploadOut(BaseModel):
+    url: str
+    method: str
+    headers: dict[str, str]
+    expires_in_s: int
+
+
+class BundleOut(BaseModel):
+    digest: str
+    present: bool
+    upload: UploadOut | None = None
 
 
 class JobList(BaseModel):

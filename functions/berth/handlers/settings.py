@@ -14,6 +14,9 @@ class Settings(BaseSettings):
     job_events_table: str
     tenants_table: str
     idempotency_table: str
+    #: Code bundles (bundles/<tenant>/sha256/<digest>.tar.gz) and tenant data (<tenant>/...).
+    artifacts_bucket: str
+    data_bucket: str
     #: Largest accepted request body; a job spec is small, anything bigger is refused before parsing.
     max_body_bytes: int = 64 * 1024
     idempotency_ttl_s: int = 24 * 3600

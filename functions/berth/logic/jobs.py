@@ -16,6 +16,9 @@ from berth.domain.tenancy import Caller, Quota
 Clock = Callable[[], datetime]
 #: Raises a domain error (Infeasible) when no site could ever run the spec for this tenant.
 FeasibilityCheck = Callable[[JobSpec, str], None]
+#: Raises a domain error (Forbidden, ValidationFailed) when the tenant may not use a bundle, data
+#: source or secret the spec names (``StorageService.check_spec``).
+AccessCheck = Callable[[JobSpec, str], None]
 
 MAX_LIST_LIMIT = 100
 CONFLICT_RETRIES = 5
@@ -27,9 +30,12 @@ class JobService:
     tenants: TenantRepository
     clock: Clock
     feasibility: FeasibilityCheck | None = None
+    access: AccessCheck | None = None
 
     def submit(self, caller: Caller, spec: JobSpec) -> Job:
         quota = self.tenants.quota(caller.tenant) or Quota()
+        if self.access is not None:
+            self.access(spec, caller.tenant)
         if self.feasibility is not None:
             self.feasibility(spec, caller.tenant)
         now = self.clock()
