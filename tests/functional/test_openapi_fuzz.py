@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation import GenerationMode
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from berth.domain.job import Job, JobEvent
@@ -92,3 +93,18 @@ class BundleStore(Protocol):
 
 class SecretCatalog(Protocol):
     def exists(self, name: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobCredentials:
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
+    expiration: datetime
+
+
+class CredentialVendor(Protocol):
+    def assume(
+        self, session_name: str, policy_json: str, seconds: int, source_identity: str
+    ) -> JobCredentials:
+        """Credentials of the job role narrowed by ``policy_json``; StoreUnavailable on STS failure."""
