@@ -11,7 +11,7 @@ from typing import Any
 
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
-from berth_tools.localcloud import dynamodb_isolation
+from berth_tools.localcloud import dynamodb_isolation, moto_faithful
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -56,6 +56,7 @@ class MotoServer:
         # Werkzeug logs every request at INFO; the local cloud prints its own concise lines instead.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         dynamodb_isolation.install()
+        moto_faithful.install()
         server = ThreadedMotoServer(ip_address=LOCAL_HOST, port=self._requested_port, verbose=False)
         server.start()  # a daemon thread: it never keeps the process alive on its own
         self._server = server
