@@ -7,7 +7,7 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from berth_infra.api import ApiFunction, BerthApi
+from berth_infra.api import DEFAULT_API_RESERVED_CONCURRENCY, DEFAULT_MEMBER_TAG, ApiFunction, BerthApi
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 
@@ -33,9 +33,20 @@ class BerthStack(Stack):
 
         self.tables = DataTables(self, "Data")
         self.api_function = ApiFunction(
-            self, "ApiFunction", tables=self.tables, bundle=context_flag(self, "berth:bundle")
+            self,
+            "ApiFunction",
+            tables=self.tables,
+            bundle=context_flag(self, "berth:bundle"),
+            reserved_concurrency=int(
+                self.node.try_get_context("berth:apiReservedConcurrency") or DEFAULT_API_RESERVED_CONCURRENCY
+            ),
         )
-        self.api = BerthApi(self, "Api", handler=self.api_function.function)
+        self.api = BerthApi(
+            self,
+            "Api",
+            handler=self.api_function.function,
+            member_tag=str(self.node.try_get_context("berth:memberTag") or DEFAULT_MEMBER_TAG),
+        )
 
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),
