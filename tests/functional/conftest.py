@@ -82,6 +82,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "POWERTOOLS_SERVICE_NAME": "berth-api",
         "POWERTOOLS_TRACE_DISABLED": "1",
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+        # Tests that are not about the rate limit must never meet it (tests/functional/test_security.py).
+        "BERTH_RATE_LIMIT_REQUESTS": "1000000",
         **TABLES,
     }.items():
         monkeypatch.setenv(k, v)
@@ -96,14 +98,19 @@ def arn(user: str) -> str:
     return f"arn:aws:iam::{ACCOUNT}:user/{user}"
 
 
+def unique_id(user: str) -> str:
+    """The IAM user's unique id (identity.user), as AWS makes them: AIDA + 17 characters."""
+    return f"AIDA{user.upper()}".ljust(21, "7")
+
+
 @pytest.fixture
 def seeded(aws: None) -> None:
     from berth.dal.tenants import DynamoTenantRepository
 
     repo = DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"])
-    repo.put_member(arn("alice"), "vision", "member")
-    repo.put_member(arn("bob"), "nlp", "member")
-    repo.put_member(arn("admin"), "platform", "admin")
+    repo.put_member(arn("alice"), "vision", "member", unique_id("alice"))
+    repo.put_member(arn("bob"), "nlp", "member", unique_id("bob"))
+    repo.put_member(arn("admin"), "platform", "admin", unique_id("admin"))
 
 
 class FakeContext:
@@ -148,6 +155,8 @@ def api(seeded: None) -> Invoke:
         event["resource"] = path
         event["requestContext"]["httpMethod"] = method
         event["requestContext"]["identity"]["userArn"] = arn(user) if user else None
+        event["requestContext"]["identity"]["user"] = unique_id(user) if user else None
+        event["requestContext"]["identity"]["caller"] = unique_id(user) if user else None
         event["queryStringParameters"] = query
         event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()} if query else None
         event["headers"] = {**event["headers"], **(headers or {})}

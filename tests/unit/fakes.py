@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from berth.domain.errors import Conflict, QuotaExceeded
+from berth.domain.errors import AlreadySubmitted, Conflict, QuotaExceeded
+from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import Member, Page
 from berth.domain.status import JobStatus
@@ -19,15 +20,22 @@ class FakeJobs:
         self._lock = threading.Lock()
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
+        self.claims: dict[str, tuple[str, SubmitClaim]] = {}
 
-    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
+    def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self._lock:
+            if claim is not None and claim.key in self.claims:
+                job_id, held = self.claims[claim.key]
+                if held.expires_at > job.created_at:
+                    raise AlreadySubmitted(job_id, held.fingerprint)
             if job.id in self.jobs:
                 raise Conflict("exists")
             if self.count_active(job.tenant) >= max_active:
                 raise QuotaExceeded("at max_active")
             self.jobs[job.id] = job
             self.history[job.id] = [event]
+            if claim is not None:
+                self.claims[claim.key] = (job.id, claim)
 
     def save(self, job: Job, event: JobEvent) -> None:
         if self.before_save is not None:
@@ -70,8 +78,8 @@ class FakeTenants:
     def member(self, principal: str) -> Member | None:
         return self.members.get(principal)
 
-    def put_member(self, principal: str, tenant: str, role: str) -> None:
-        self.members[principal] = Member(principal, tenant, Role(role))
+    def put_member(self, principal: str, tenant: str, role: str, unique_id: str | None = None) -> None:
+        self.members[principal] = Member(principal, tenant, Role(role), unique_id)
         self.quotas.setdefault(tenant, None)
 
     def quota(self, tenant: str) -> Quota | None:

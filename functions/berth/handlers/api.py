@@ -29,6 +29,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.jobs import DynamoJobRepository
+from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
+from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.tenants import DynamoTenantRepository
 from berth.domain.errors import (
     DomainError,
@@ -37,6 +39,7 @@ from berth.domain.errors import (
     PayloadTooLarge,
     RequestInProgress,
 )
+from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role
@@ -44,6 +47,7 @@ from berth.handlers import schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.settings import settings
 from berth.logic.jobs import JobService
+from berth.logic.ratelimit import RateLimiter
 from berth.logic.tenants import TenantService
 
 logger = Logger()
@@ -71,12 +75,23 @@ def _now() -> datetime:
 def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
+    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
     jobs = JobService(
-        jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table, cfg.tenants_table),
+        jobs=DynamoJobRepository(
+            cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
+        ),
         tenants=tenants,
         clock=_now,
     )
     return jobs, TenantService(tenants)
+
+
+@cache
+def _rate_limiter() -> RateLimiter:
+    cfg = settings()
+    return RateLimiter(
+        DynamoRateCounter(cfg.tenants_table), cfg.rate_limit_requests, cfg.rate_limit_window_s, _now
+    )
 
 
 @cache
@@ -92,16 +107,24 @@ def _idempotent_submit() -> Any:
 
     @idempotent_function(data_keyword_argument="request", persistence_store=store, config=config)
     def submit_once(request: dict[str, Any]) -> dict[str, Any]:
-        caller = Caller(principal=request["principal"], tenant=request["tenant"], role=Role(request["role"]))
-        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]))
+        caller = Caller(
+            principal=request["principal"],
+            tenant=request["tenant"],
+            role=Role(request["role"]),
+            actor=request["actor"],
+        )
+        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]), request["key"])
         return {"job_id": job.id}
 
     return submit_once, config
 
 
 def _caller() -> Caller:
+    """The verified caller (ARN and unique id from the gateway), within its tenant's rate limit."""
     identity = app.current_event.request_context.identity
-    return _services()[1].caller(identity.user_arn)
+    caller = _services()[1].caller(Identity(arn=identity.user_arn, unique_id=identity.user))
+    _rate_limiter().check(caller.tenant)
+    return caller
 
 
 def _json(status: int, body: Any) -> Response[Any]:
@@ -120,7 +143,7 @@ def _json(status: int, body: Any) -> Response[Any]:
     },
     tags=["jobs"],
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)  # the job holds the spec, env included
 def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     caller = _caller()
     jobs, _ = _services()
@@ -136,6 +159,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
             "key": key,
             "principal": caller.principal,
             "role": str(caller.role),
+            "actor": caller.actor,
             "spec": spec.model_dump(mode="json"),
         }
         try:
@@ -305,7 +329,7 @@ def _plain(resp: Response[Any]) -> dict[str, Any]:
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)  # responses carry job specs, env included
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     problem = _body_problem(event)
