@@ -148,6 +148,8 @@ def api(seeded: None) -> Invoke:
         raw_body: str | None = None,
         query: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        identity: dict[str, Any] | None = None,
+        full: bool = False,
     ) -> tuple[int, Any]:
         event = copy.deepcopy(base)
         event["httpMethod"] = method
@@ -157,13 +159,19 @@ def api(seeded: None) -> Invoke:
         event["requestContext"]["identity"]["userArn"] = arn(user) if user else None
         event["requestContext"]["identity"]["user"] = unique_id(user) if user else None
         event["requestContext"]["identity"]["caller"] = unique_id(user) if user else None
+        event["requestContext"]["identity"].update(identity or {})
         event["queryStringParameters"] = query
         event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()} if query else None
         event["headers"] = {**event["headers"], **(headers or {})}
         event["multiValueHeaders"] = {k: [v] for k, v in event["headers"].items()}
         event["body"] = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
         resp = api_module.lambda_handler(event, FakeContext())  # type: ignore[arg-type]
-        return resp["statusCode"], json.loads(resp["body"]) if resp.get("body") else None
+        body = json.loads(resp["body"]) if resp.get("body") else None
+        if not full:
+            return resp["statusCode"], body
+        # full=True: the headers too, for tests about them (Retry-After).
+        head = {k: v[-1] for k, v in (resp.get("multiValueHeaders") or {}).items()}
+        return resp["statusCode"], {"headers": {**head, **(resp.get("headers") or {})}, "body": body}
 
     return invoke
 

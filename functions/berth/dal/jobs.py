@@ -129,12 +129,13 @@ class DynamoJobRepository:
                         condition=Claim.id.does_not_exist() | (Claim.expiration < now),
                     )
         except Conflict as exc:
+            # pynamodb sends puts before updates: job, event, [claim], counter.
             failed = _failed_items(exc)
-            if claim is not None and 3 in failed:
+            if claim is not None and 2 in failed:
                 held = self._read_claim(claim.key)
                 if held is not None:
                     raise AlreadySubmitted(held[0], held[1]) from exc
-            if 2 in failed:
+            if (3 if claim is not None else 2) in failed:
                 raise QuotaExceeded(
                     f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})"
                 ) from exc
