@@ -199,7 +199,7 @@ def test_committed_then_timed_out_keyed_submit_gives_one_job(
     assert [j["id"] for j in page["jobs"]] == [job["id"]]
     # The same key with another spec is still a conflict, and still one job.
     status, body = api("POST", "/v1/jobs", body={**spec, "name": "other"}, headers=headers)
-    assert status == 409 and _jobs_stored() == 1
+    assert status == 409 and body["error"]["code"] == "IdempotencyKeyReused" and _jobs_stored() == 1
 
 
 def test_keyed_submits_still_meet_the_active_job_quota(api: Invoke, spec: dict[str, Any]) -> None:
