@@ -183,7 +183,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     summary="List your tenant's jobs, newest first",
     responses={
         200: {"description": "A page of jobs", "content": {"application/json": {"model": schemas.JobList}}},
-        **schemas.error_responses(400, 403, 422),
+        **schemas.error_responses(400, 403, 422, 429),
     },
     tags=["jobs"],
 )
@@ -204,7 +204,7 @@ JobId = Annotated[str, Path(pattern=r"^j-[0-9a-z]{26}$", description="Job id")]
     summary="Get a job",
     responses={
         200: {"description": "The job", "content": {"application/json": {"model": schemas.JobOut}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["jobs"],
 )
@@ -219,7 +219,7 @@ def get_job(job_id: JobId) -> Response[Any]:
     "them. Repeating a cancel is harmless.",
     responses={
         202: {"description": "Cancel accepted", "content": {"application/json": {"model": schemas.JobOut}}},
-        **schemas.error_responses(403, 404, 409, 422),
+        **schemas.error_responses(403, 404, 409, 422, 429),
     },
     tags=["jobs"],
 )
@@ -232,7 +232,7 @@ def cancel_job(job_id: JobId) -> Response[Any]:
     summary="A job's state history, oldest first",
     responses={
         200: {"description": "State changes", "content": {"application/json": {"model": schemas.EventList}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["jobs"],
 )
@@ -250,7 +250,7 @@ Tenant = Annotated[str, Path(pattern=r"^[a-z][a-z0-9-]{1,31}$", description="Ten
     summary="A tenant's quota (admins: any tenant; members: their own)",
     responses={
         200: {"description": "The quota", "content": {"application/json": {"model": Quota}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["tenants"],
 )
@@ -263,7 +263,7 @@ def get_quota(tenant: Tenant) -> Response[Any]:
     summary="Set a tenant's quota (admins only)",
     responses={
         200: {"description": "The new quota", "content": {"application/json": {"model": Quota}}},
-        **schemas.error_responses(400, 403, 404, 422),
+        **schemas.error_responses(400, 403, 404, 422, 429),
     },
     tags=["tenants"],
 )
