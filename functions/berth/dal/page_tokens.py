@@ -49,11 +49,16 @@ class DynamoSigningKey:
         pk = KEY + self._name
         with translated("read the page-token key"):
             try:
-                self._Row(pk, secret=secrets.token_bytes(32)).save(condition=self._Row.pk.does_not_exist())
-            except PutError as exc:
-                if exc.cause_response_code != "ConditionalCheckFailedException":
-                    raise
-            secret = self._Row.get(pk, consistent_read=True).secret
+                secret = self._Row.get(pk, consistent_read=True).secret
+            except self._Row.DoesNotExist:
+                try:  # first use: create it; a racing instance may win, then both read its key
+                    self._Row(pk, secret=secrets.token_bytes(32)).save(
+                        condition=self._Row.pk.does_not_exist()
+                    )
+                except PutError as exc:
+                    if exc.cause_response_code != "ConditionalCheckFailedException":
+                        raise
+                secret = self._Row.get(pk, consistent_read=True).secret
         if not secret or len(secret) < 32:
             raise StoreUnavailable("the page-token key row is damaged; delete it to rotate the key")
         return bytes(secret)
