@@ -155,3 +155,16 @@ def test_quota_rules() -> None:
         svc.put_quota(admin, "ghosts", Quota())
     svc.put_quota(admin, "nlp", Quota(max_active_jobs=7))
     assert svc.get_quota(admin, "nlp").max_active_jobs == 7
+
+
+def test_keyed_submit_claims_its_key_in_the_creation(svc: JobService) -> None:
+    from berth.domain.errors import IdempotencyMismatch
+
+    first = svc.submit(ALICE, SPEC, idempotency_key="k")
+    # A retry after a lost answer (whatever Powertools' record says) finds the same job.
+    assert svc.submit(ALICE, SPEC, idempotency_key="k").id == first.id
+    with pytest.raises(IdempotencyMismatch):
+        svc.submit(ALICE, SPEC.model_copy(update={"name": "other"}), idempotency_key="k")
+    bob = Caller("arn:aws:iam::1:user/bob", "nlp", Role.MEMBER)
+    assert svc.submit(bob, SPEC, idempotency_key="k").id != first.id  # keys are per tenant
+    assert len(svc.list_jobs(ALICE, None, 10, None).jobs) == 1

@@ -7,7 +7,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 import base64
 import json
 import warnings
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Annotated, Any
 
@@ -82,6 +82,7 @@ def _services() -> tuple[JobService, TenantService]:
         ),
         tenants=tenants,
         clock=_now,
+        idempotency_ttl=timedelta(seconds=cfg.idempotency_ttl_s),
     )
     return jobs, TenantService(tenants)
 

@@ -30,6 +30,7 @@ class JobService:
     tenants: TenantRepository
     clock: Clock
     feasibility: FeasibilityCheck | None = None
+    idempotency_ttl: timedelta = IDEMPOTENCY_TTL
 
     def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Create a job. With an ``idempotency_key`` the key is claimed in the job's own transaction:
@@ -43,7 +44,7 @@ class JobService:
         claim = (
             None
             if idempotency_key is None
-            else submit_claim(caller.tenant, idempotency_key, spec, now + IDEMPOTENCY_TTL)
+            else submit_claim(caller.tenant, idempotency_key, spec, now + self.idempotency_ttl)
         )
         try:
             # The store enforces the limit atomically with the write, so racing submits cannot pass it.
