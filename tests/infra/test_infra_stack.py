@@ -125,9 +125,14 @@ def test_every_log_group_has_retention(synthesized: Synthesized) -> None:
 
 
 def _statements(s: Synthesized) -> list[dict[str, Any]]:
+    """Every identity-policy statement of the stack: policies, managed policies, roles' inline ones."""
     out: list[dict[str, Any]] = []
-    for policy in s.resources("AWS::IAM::Policy").values():
-        out.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+        for policy in s.resources(kind).values():
+            out.extend(_as_list(policy["Properties"]["PolicyDocument"]["Statement"]))
+    for role in s.resources("AWS::IAM::Role").values():
+        for inline in role["Properties"].get("Policies", []):
+            out.extend(_as_list(inline["PolicyDocument"]["Statement"]))
     return out
 
 
