@@ -23,7 +23,8 @@ class Member:
     tenant: str
     role: Role
     #: The IAM unique id (AIDA.../AROA...) registered with the ARN; a recreated role or user with the
-    #: same name has another one and is refused until re-registered. None: registered before ids were.
+    #: same name has another one and is refused until re-registered (None: recorded before unique ids
+    #: were; refused too, until re-registered).
     unique_id: str | None = None
 
 
