@@ -41,6 +41,9 @@ TLS_SECURITY_POLICY = "SecurityPolicy_TLS13_1_2_PFS_PQ_2025_09"
 #: Each function's reserved concurrency: bounds what one caller can make Berth spend, and keeps other
 #: functions of the account from starving it. ``-c berth:apiReservedConcurrency=N`` overrides it.
 DEFAULT_API_RESERVED_CONCURRENCY = 50
+#: Requests per second each tenant may make (all its principals together); ``-c
+#: berth:tenantRequestsPerSecond=N`` overrides it. Over it the API answers 429 with Retry-After.
+DEFAULT_TENANT_REQUESTS_PER_SECOND = 50
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ class ApiFunction(Construct):
         tables: DataTables,
         bundle: bool,
         reserved_concurrency: int = DEFAULT_API_RESERVED_CONCURRENCY,
+        tenant_requests_per_second: int = DEFAULT_TENANT_REQUESTS_PER_SECOND,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -192,6 +196,8 @@ class ApiFunction(Construct):
                 "POWERTOOLS_LOG_LEVEL": "INFO",
                 # Responses carry job specs (env included): never copy them into X-Ray.
                 "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+                "BERTH_RATE_LIMIT_REQUESTS": str(tenant_requests_per_second),
+                "BERTH_RATE_LIMIT_WINDOW_S": "1",
             },
         )
         self.log_group.grant_write(self.role)

@@ -112,6 +112,8 @@ def test_api_function(synthesized: Synthesized) -> None:
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
         "POWERTOOLS_LOG_LEVEL": "INFO",
         "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+        "BERTH_RATE_LIMIT_REQUESTS": "50",
+        "BERTH_RATE_LIMIT_WINDOW_S": "1",
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"
