@@ -4,13 +4,17 @@ AWS query canonicalisation, GetSessionToken credentials."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 from urllib.parse import quote
 
 import boto3
 import pytest
 
+from berth_tools.localcloud import session_tokens
 from berth_tools.localcloud.cloud import LocalCloud
 from berth_tools.localcloud.gateway_config import GatewayConfig, GatewayResponse
 from berth_tools.localcloud.resource_policy import Caller, Decision, evaluate
@@ -123,6 +127,13 @@ def test_get_session_token_credentials_are_accepted(cloud: LocalCloud) -> None:
     assert call("GET", url, sign("GET", url, creds["AccessKeyId"], creds["SecretAccessKey"]))[0] == 403
     second = sts.get_session_token()["Credentials"]
     assert second["AccessKeyId"] != creds["AccessKeyId"]
+    # Once expired, the session answers EXPIRED_TOKEN.
+    held = session_tokens._sessions[creds["AccessKeyId"]]
+    expired = dataclasses.replace(held, expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    with mock.patch.dict(session_tokens._sessions, {creds["AccessKeyId"]: expired}):
+        status, headers_, body = call("GET", url, headers)
+    assert status == 403 and body["error"]["code"] == "EXPIRED_TOKEN"
+    assert headers_["x-amzn-ErrorType"] == "ExpiredTokenException"
 
 
 # -- the pieces on their own -------------------------------------------------------------------------
