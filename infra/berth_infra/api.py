@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+import json
+from dataclasses import dataclass
+
+from aws_cdk import Aws, Duration, Names, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -33,17 +36,135 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The principal tag that marks an IAM principal of the account as allowed to reach the API at all
+#: (the API's resource policy denies every other caller). Which tenant and role a caller has is still
+#: decided by the Tenants table, never by the tag's value.
+DEFAULT_MEMBER_TAG = "berth:tenant"
+#: Enhanced TLS policy: TLS 1.3, or TLS 1.2 with forward-secret (and post-quantum hybrid) key exchange.
+TLS_SECURITY_POLICY = "SecurityPolicy_TLS13_1_2_PFS_PQ_2025_09"
+#: Each function's reserved concurrency: bounds what one caller can make Berth spend, and keeps other
+#: functions of the account from starving it. ``-c berth:apiReservedConcurrency=N`` overrides it.
+DEFAULT_API_RESERVED_CONCURRENCY = 50
+#: Requests per second each tenant may make (all its principals together); ``-c
+#: berth:tenantRequestsPerSecond=N`` overrides it. Over it the API answers 429 with Retry-After.
+DEFAULT_TENANT_REQUESTS_PER_SECOND = 50
+
+
+@dataclass(frozen=True)
+class TableAccess:
+    """What one function does with one table: the actions it calls, and for writes restricted to some
+    partition keys, the ``dynamodb:LeadingKeys`` patterns it may write."""
+
+    actions: tuple[str, ...]
+    write_leading_keys: tuple[str, ...] = ()
+
+
+#: The API function's DynamoDB use, table by table (``tests/infra`` holds its own copy to compare).
+#: Transactions (TransactWriteItems) are authorised per item by PutItem/UpdateItem.
+API_TABLE_ACCESS: dict[str, TableAccess] = {
+    # create/save jobs (transactions), read one job
+    "jobs": TableAccess(("dynamodb:GetItem", "dynamodb:PutItem")),
+    # GET /v1/jobs: the by_tenant and by_tenant_status GSIs
+    "jobs_indexes": TableAccess(("dynamodb:Query",)),
+    # append events (in the job's transaction), read a job's history
+    "job_events": TableAccess(("dynamodb:PutItem", "dynamodb:Query")),
+    # read membership, tenants, quotas, the pagination-token key
+    "tenants_read": TableAccess(("dynamodb:GetItem",)),
+    # quotas, data grants and active-job counters (TENANT#), registered datasets (DATASET#),
+    # rate-limit windows (RATE#), the token key (KEY#); never membership rows (PRINCIPAL#): no route
+    # writes them, so no logic bug can mint an admin.
+    "tenants_write": TableAccess(
+        ("dynamodb:PutItem", "dynamodb:UpdateItem"),
+        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*"),
+    ),
+    # Powertools idempotency records (it deletes its record when the wrapped call fails) and the
+    # submit claim written in the job's creation transaction
+    "idempotency": TableAccess(
+        ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+    ),
+}
+
+
 GATEWAY_ERROR_TEMPLATE = (
     '{"error": {"code": "$context.error.responseType", '
     '"message": $context.error.messageString, "details": null}}'
 )
 
 
+#: One JSON object per request in the access log: who (ARN, access key), what, how it ended (error
+#: type), and over which TLS version and cipher.
+ACCESS_LOG_FIELDS: dict[str, str] = {
+    "requestId": "$context.requestId",
+    "extendedRequestId": "$context.extendedRequestId",
+    "requestTime": "$context.requestTime",
+    "ip": "$context.identity.sourceIp",
+    "userAgent": "$context.identity.userAgent",
+    "caller": "$context.identity.caller",
+    "user": "$context.identity.user",
+    "userArn": "$context.identity.userArn",
+    "accessKey": "$context.identity.accessKey",
+    "accountId": "$context.identity.accountId",
+    "httpMethod": "$context.httpMethod",
+    "resourcePath": "$context.resourcePath",
+    "path": "$context.path",
+    "protocol": "$context.protocol",
+    "status": "$context.status",
+    "responseLength": "$context.responseLength",
+    "responseLatency": "$context.responseLatency",
+    "integrationLatency": "$context.integrationLatency",
+    "errorType": "$context.error.responseType",
+    "tlsVersion": "$context.tlsVersion",
+    "cipherSuite": "$context.cipherSuite",
+}
+
+
+def resource_policy(member_tag: str) -> iam.PolicyDocument:
+    """Who may invoke the API at all: principals of this account carrying ``member_tag``.
+
+    Within one account API Gateway allows a call when either the caller's IAM policy or the resource
+    policy allows it, so the restriction is made of explicit denies (an explicit deny always wins):
+    any other account, and any principal without the tag (account root, untagged roles and users).
+    """
+    invoke = {"actions": ["execute-api:Invoke"], "resources": ["execute-api:/*"]}
+    return iam.PolicyDocument(
+        statements=[
+            iam.PolicyStatement(
+                sid="AccountMembersMayInvoke",
+                principals=[iam.AccountRootPrincipal()],
+                conditions={"Null": {f"aws:PrincipalTag/{member_tag}": "false"}},
+                **invoke,  # type: ignore[arg-type]
+            ),
+            iam.PolicyStatement(
+                sid="DenyOtherAccounts",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                conditions={"StringNotEquals": {"aws:PrincipalAccount": Aws.ACCOUNT_ID}},
+                **invoke,  # type: ignore[arg-type]
+            ),
+            iam.PolicyStatement(
+                sid="DenyPrincipalsWithoutMemberTag",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                conditions={"Null": {f"aws:PrincipalTag/{member_tag}": "true"}},
+                **invoke,  # type: ignore[arg-type]
+            ),
+        ]
+    )
+
+
 class ApiFunction(Construct):
     """The API's Lambda with its own log group and a least-privilege role."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, tables: DataTables, storage: Storage, bundle: bool
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        tables: DataTables,
+        storage: Storage,
+        bundle: bool,
+        reserved_concurrency: int = DEFAULT_API_RESERVED_CONCURRENCY,
+        tenant_requests_per_second: int = DEFAULT_TENANT_REQUESTS_PER_SECOND,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -70,6 +191,7 @@ class ApiFunction(Construct):
             tracing=lambda_.Tracing.ACTIVE,
             role=self.role,
             log_group=self.log_group,
+            reserved_concurrent_executions=reserved_concurrency,
             description="Berth control-plane HTTP API (/v1)",
             environment={
                 "BERTH_JOBS_TABLE": tables.jobs.table_name,
@@ -81,14 +203,14 @@ class ApiFunction(Construct):
                 "POWERTOOLS_SERVICE_NAME": "berth-api",
                 "POWERTOOLS_METRICS_NAMESPACE": "Berth",
                 "POWERTOOLS_LOG_LEVEL": "INFO",
+                # Responses carry job specs (env included): never copy them into X-Ray.
+                "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+                "BERTH_RATE_LIMIT_REQUESTS": str(tenant_requests_per_second),
+                "BERTH_RATE_LIMIT_WINDOW_S": "1",
             },
         )
         self.log_group.grant_write(self.role)
-        # Jobs, events, idempotency: the API creates and transitions jobs (conditional writes) and
-        # appends their history. Tenants: read for principal->tenant mapping and quotas, write for
-        # admins setting quotas (authorised in the handler by role).
-        for table in tables.all_tables:
-            table.grant_read_write_data(self.role)
+        self._grant_tables(tables)
         # Bundles: HeadObject (GetObject) to see whether a digest is stored and check its checksum;
         # PutObject to sign the presigned upload (the caller's PUT runs with these rights, for that one
         # key, size and checksum); PutObjectTagging to mark a bundle referenced at submit.
@@ -110,11 +232,44 @@ class ApiFunction(Construct):
             )
         )
 
+    def _grant_tables(self, tables: DataTables) -> None:
+        """One statement per table (and per write restriction) with exactly ``API_TABLE_ACCESS``."""
+        jobs_arn = tables.jobs.table_arn
+        resources = {
+            "jobs": [jobs_arn],
+            "jobs_indexes": [f"{jobs_arn}/index/{name}" for name in tables.jobs_index_names],
+            "job_events": [tables.job_events.table_arn],
+            "tenants_read": [tables.tenants.table_arn],
+            "tenants_write": [tables.tenants.table_arn],
+            "idempotency": [tables.idempotency.table_arn],
+        }
+        for name, access in API_TABLE_ACCESS.items():
+            conditions = (
+                {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(access.write_leading_keys)}}
+                if access.write_leading_keys
+                else None
+            )
+            self.role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="".join(part.capitalize() for part in name.split("_")),
+                    actions=list(access.actions),
+                    resources=resources[name],
+                    conditions=conditions,
+                )
+            )
+
 
 class BerthApi(Construct):
     """REST API ``BerthApi``, stage ``api``; every method AWS_IAM, Lambda proxy to ``ApiFunction``."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, handler: lambda_.IFunction) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        handler: lambda_.IFunction,
+        member_tag: str = DEFAULT_MEMBER_TAG,
+    ) -> None:
         super().__init__(scope, construct_id)
 
         self.access_log_group = logs.LogGroup(
@@ -126,6 +281,7 @@ class BerthApi(Construct):
             rest_api_name="BerthApi",
             description="Berth hybrid-cloud GPU allocation API (SigV4-signed, routes under /v1)",
             endpoint_types=[apigw.EndpointType.REGIONAL],
+            policy=resource_policy(member_tag),
             # Execution logging (APIG6) needs the account-level CloudWatch role; CDK creates it with the
             # AWS::ApiGateway::Account resource (no custom resource).
             cloud_watch_role=True,
@@ -139,20 +295,15 @@ class BerthApi(Construct):
                 throttling_rate_limit=100,
                 throttling_burst_limit=200,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_log_group),
-                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True,
-                    http_method=True,
-                    ip=True,
-                    protocol=True,
-                    request_time=True,
-                    resource_path=True,
-                    response_length=True,
-                    status=True,
-                    user=True,
-                ),
+                access_log_format=apigw.AccessLogFormat.custom(json.dumps(ACCESS_LOG_FIELDS)),
             ),
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
         )
+        # Enhanced TLS policy (TLS 1.2+ with forward secrecy, or 1.3); it requires an endpoint access mode,
+        # STRICT: the request's SNI host must be this API's endpoint.
+        cfn_api: apigw.CfnRestApi = self.rest_api.node.default_child  # type: ignore[assignment]
+        cfn_api.security_policy = TLS_SECURITY_POLICY
+        cfn_api.endpoint_access_mode = "STRICT"
         # The default `Endpoint` output is replaced by the stack's contract output `ApiUrl`.
         self.rest_api.node.try_remove_child("Endpoint")
 
@@ -174,7 +325,15 @@ class BerthApi(Construct):
             validate_request_parameters=True,
             validate_request_body=True,
         )
-        # One invoke permission for the whole API instead of two per method.
+        # One invoke permission for the whole API instead of two per method, limited to the deployed
+        # stage (not `*`: no other stage, nor the console's test-invoke, may call the function).
+        # LambdaIntegration adds an API-scoped permission for any stage unless one with its id exists.
+        handler.add_permission(
+            f"ApiPermission.ApiScoped.{Names.node_unique_id(handler.node)}.{Names.node_unique_id(self.rest_api.node)}",
+            principal=iam.ServicePrincipal("apigateway.amazonaws.com"),
+            scope=self.rest_api,
+            source_arn=self.rest_api.arn_for_execute_api(method="*", path="/*", stage=API_STAGE_NAME),
+        )
         integration = apigw.LambdaIntegration(handler, proxy=True, scope_permission_to_method=False)
 
         self.methods: list[apigw.Method] = []

@@ -44,7 +44,8 @@ class DataTables(Construct):
         # Jobs: one item per job. GSIs serve `GET /v1/jobs` per tenant, optionally filtered by status
         # (`tenant_status` = "<tenant>#<STATUS>"); `created_key` sorts newest/oldest and is unique.
         self.jobs = _table(self, "JobsTable", partition_key="job_id")
-        for index_name, partition in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status")):
+        self.jobs_index_names = ("by_tenant", "by_tenant_status")
+        for index_name, partition in zip(self.jobs_index_names, ("tenant", "tenant_status"), strict=True):
             self.jobs.add_global_secondary_index(
                 index_name=index_name,
                 partition_key=ddb.Attribute(name=partition, type=_S),
@@ -55,8 +56,9 @@ class DataTables(Construct):
         # Job events: the state history of a job, ordered by a per-job sequence number.
         self.job_events = _table(self, "JobEventsTable", partition_key="job_id", sort_key=("seq", _N))
 
-        # Tenants: tenant records, quotas and principal mappings (single-table style, generic `pk`).
-        self.tenants = _table(self, "TenantsTable", partition_key="pk")
+        # Tenants: tenant records, quotas and principal mappings (single-table style, generic `pk`), and
+        # the per-tenant rate-limit windows (RATE#...), which expire through TTL.
+        self.tenants = _table(self, "TenantsTable", partition_key="pk", ttl_attribute="expires_at")
 
         # Idempotency: Powertools' default persistence schema (`id` key, `expiration` TTL). The records
         # are disposable (they expire), so this table is destroyed with the stack.

@@ -7,7 +7,13 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from berth_infra.api import ApiFunction, BerthApi
+from berth_infra.api import (
+    DEFAULT_API_RESERVED_CONCURRENCY,
+    DEFAULT_MEMBER_TAG,
+    DEFAULT_TENANT_REQUESTS_PER_SECOND,
+    ApiFunction,
+    BerthApi,
+)
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
@@ -34,14 +40,26 @@ class BerthStack(Stack):
 
         self.tables = DataTables(self, "Data")
         self.storage = Storage(self, "Storage")
+        context = self.node.try_get_context
         self.api_function = ApiFunction(
             self,
             "ApiFunction",
             tables=self.tables,
             storage=self.storage,
             bundle=context_flag(self, "berth:bundle"),
+            reserved_concurrency=int(
+                context("berth:apiReservedConcurrency") or DEFAULT_API_RESERVED_CONCURRENCY
+            ),
+            tenant_requests_per_second=int(
+                context("berth:tenantRequestsPerSecond") or DEFAULT_TENANT_REQUESTS_PER_SECOND
+            ),
         )
-        self.api = BerthApi(self, "Api", handler=self.api_function.function)
+        self.api = BerthApi(
+            self,
+            "Api",
+            handler=self.api_function.function,
+            member_tag=str(context("berth:memberTag") or DEFAULT_MEMBER_TAG),
+        )
 
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),

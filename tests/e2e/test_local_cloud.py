@@ -64,7 +64,7 @@ def test_signed_request_is_served(local_cloud: Any) -> None:
 def test_unsigned_request_is_403(local_cloud: Any) -> None:
     response = local_cloud.unsigned().get("/v1/jobs")
     assert response.status == 403
-    assert response.json()["error"]["code"] == "MissingAuthenticationToken"
+    assert response.json()["error"]["code"] == "MISSING_AUTHENTICATION_TOKEN"
 
 
 def test_wrong_secret_is_403(local_cloud: Any) -> None:
@@ -72,7 +72,7 @@ def test_wrong_secret_is_403(local_cloud: Any) -> None:
     client = local_cloud.client_with(Credentials(key, "wrong-secret"))
     response = client.get("/v1/jobs")
     assert response.status == 403
-    assert response.json()["error"]["code"] == "InvalidSignature"
+    assert response.json()["error"]["code"] == "INVALID_SIGNATURE"
 
 
 def test_sigint_stops_cleanly_and_removes_the_env_file(tmp_path: Path, start_local_cloud: Any) -> None:

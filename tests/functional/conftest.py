@@ -83,6 +83,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         "POWERTOOLS_SERVICE_NAME": "berth-api",
         "POWERTOOLS_TRACE_DISABLED": "1",
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+        # Tests that are not about the rate limit must never meet it (tests/functional/test_security.py).
+        "BERTH_RATE_LIMIT_REQUESTS": "1000000",
         **TABLES,
         **BUCKETS,
     }.items():
@@ -101,14 +103,19 @@ def arn(user: str) -> str:
     return f"arn:aws:iam::{ACCOUNT}:user/{user}"
 
 
+def unique_id(user: str) -> str:
+    """The IAM user's unique id (identity.user), as AWS makes them: AIDA + 17 characters."""
+    return f"AIDA{user.upper()}".ljust(21, "7")
+
+
 @pytest.fixture
 def seeded(aws: None) -> None:
     from berth.dal.tenants import DynamoTenantRepository
 
     repo = DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"])
-    repo.put_member(arn("alice"), "vision", "member")
-    repo.put_member(arn("bob"), "nlp", "member")
-    repo.put_member(arn("admin"), "platform", "admin")
+    repo.put_member(arn("alice"), "vision", "member", unique_id("alice"))
+    repo.put_member(arn("bob"), "nlp", "member", unique_id("bob"))
+    repo.put_member(arn("admin"), "platform", "admin", unique_id("admin"))
 
 
 class FakeContext:
@@ -147,6 +154,8 @@ def api(seeded: None) -> Invoke:
         raw_body: str | None = None,
         query: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        identity: dict[str, Any] | None = None,
+        full: bool = False,
     ) -> tuple[int, Any]:
         event = copy.deepcopy(base)
         event["httpMethod"] = method
@@ -154,13 +163,21 @@ def api(seeded: None) -> Invoke:
         event["resource"] = path
         event["requestContext"]["httpMethod"] = method
         event["requestContext"]["identity"]["userArn"] = arn(user) if user else None
+        event["requestContext"]["identity"]["user"] = unique_id(user) if user else None
+        event["requestContext"]["identity"]["caller"] = unique_id(user) if user else None
+        event["requestContext"]["identity"].update(identity or {})
         event["queryStringParameters"] = query
         event["multiValueQueryStringParameters"] = {k: [v] for k, v in query.items()} if query else None
         event["headers"] = {**event["headers"], **(headers or {})}
         event["multiValueHeaders"] = {k: [v] for k, v in event["headers"].items()}
         event["body"] = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
         resp = api_module.lambda_handler(event, FakeContext())  # type: ignore[arg-type]
-        return resp["statusCode"], json.loads(resp["body"]) if resp.get("body") else None
+        body = json.loads(resp["body"]) if resp.get("body") else None
+        if not full:
+            return resp["statusCode"], body
+        # full=True: the headers too, for tests about them (Retry-After).
+        head = {k: v[-1] for k, v in (resp.get("multiValueHeaders") or {}).items()}
+        return resp["statusCode"], {"headers": {**head, **(resp.get("headers") or {})}, "body": body}
 
     return invoke
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aws_cdk.assertions import Match
@@ -36,6 +37,9 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "TenantsTableName",
         "IdempotencyTableName",
         "ApiFunctionName",
+        "ArtifactsBucketName",
+        "DataBucketName",
+        "JobRoleArn",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]
@@ -107,9 +111,14 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_JOB_EVENTS_TABLE": outputs["JobEventsTableName"]["Value"],
         "BERTH_TENANTS_TABLE": outputs["TenantsTableName"]["Value"],
         "BERTH_IDEMPOTENCY_TABLE": outputs["IdempotencyTableName"]["Value"],
+        "BERTH_ARTIFACTS_BUCKET": outputs["ArtifactsBucketName"]["Value"],
+        "BERTH_DATA_BUCKET": outputs["DataBucketName"]["Value"],
         "POWERTOOLS_SERVICE_NAME": "berth-api",
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
         "POWERTOOLS_LOG_LEVEL": "INFO",
+        "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+        "BERTH_RATE_LIMIT_REQUESTS": "50",
+        "BERTH_RATE_LIMIT_WINDOW_S": "1",
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"
@@ -123,9 +132,14 @@ def test_every_log_group_has_retention(synthesized: Synthesized) -> None:
 
 
 def _statements(s: Synthesized) -> list[dict[str, Any]]:
+    """Every identity-policy statement of the stack: policies, managed policies, roles' inline ones."""
     out: list[dict[str, Any]] = []
-    for policy in s.resources("AWS::IAM::Policy").values():
-        out.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+        for policy in s.resources(kind).values():
+            out.extend(_as_list(policy["Properties"]["PolicyDocument"]["Statement"]))
+    for role in s.resources("AWS::IAM::Role").values():
+        for inline in role["Properties"].get("Policies", []):
+            out.extend(_as_list(inline["PolicyDocument"]["Statement"]))
     return out
 
 
@@ -133,30 +147,168 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def test_lambda_role_is_least_privilege(synthesized: Synthesized) -> None:
-    table_ids = set(synthesized.resources("AWS::DynamoDB::Table"))
-    dynamodb_resources: list[Any] = []
+#: What each function's code does, written out independently of infra/: (resource, actions) per
+#: statement. A resource is a table output name, "<output>/index/<name>", the function's log group
+#: ("logs") or "*". A new function, a new action or a new table must be added here on purpose.
+EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
+    "berth.handlers.api.lambda_handler": {
+        ("*", None): {"xray:PutTraceSegments", "xray:PutTelemetryRecords"},
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobsTableName/index/by_tenant", None): {"dynamodb:Query"},
+        ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
+        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*"): {"dynamodb:PutItem", "dynamodb:UpdateItem"},
+        ("ArtifactsBucketName/bundles/*", None): {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"},
+        ("secret:berth/*", None): {"secretsmanager:DescribeSecret"},
+        ("IdempotencyTableName", None): {
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:DeleteItem",
+        },
+    },
+}
+
+#: The only wildcards allowed in any identity policy of the stack, each with its reason.
+WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
+    ("xray:PutTraceSegments", "*"): "X-Ray has no resource-level permissions",
+    ("xray:PutTelemetryRecords", "*"): "X-Ray has no resource-level permissions",
+    ("s3:GetObject", "ArtifactsBucketName/bundles/*"): "bundle keys of every tenant: the API checks the "
+    "caller's tenant's key; a job's session policy names its one bundle",
+    ("s3:PutObject", "ArtifactsBucketName/bundles/*"): "signs presigned uploads of the caller's tenant's key",
+    ("s3:PutObjectTagging", "ArtifactsBucketName/bundles/*"): "marks the caller's bundle referenced",
+    ("secretsmanager:DescribeSecret", "secret:berth/*"): "existence of a secret under the caller's prefix",
+    ("s3:GetObject", "DataBucketName/*"): "job role's outer bound; each session policy narrows it",
+    ("s3:PutObject", "DataBucketName/*/jobs/*"): "job role's outer bound of output prefixes",
+    (
+        "secretsmanager:GetSecretValue",
+        "secret:berth/*",
+    ): "job role's outer bound; sessions name their secrets",
+}
+
+
+def _resource_name(s: Synthesized, resource: Any, log_groups: set[str]) -> str:
+    """A readable name for a policy resource: tables and buckets by their output name."""
+    if isinstance(resource, str):
+        return resource
+    named = {
+        s.json["Outputs"][o]["Value"]["Ref"]: o
+        for o in s.json["Outputs"]
+        if o.endswith(("TableName", "BucketName")) and "Ref" in s.json["Outputs"][o]["Value"]
+    }
+    if "Fn::GetAtt" in resource:
+        logical = resource["Fn::GetAtt"][0]
+        return "logs" if logical in log_groups else named[logical]
+    parts = resource["Fn::Join"][1]
+    text = "".join(
+        p if isinstance(p, str) else (named[p["Fn::GetAtt"][0]] if "Fn::GetAtt" in p else "") for p in parts
+    )
+    return text.split(":secret:", 1)[1].join(("secret:", "")) if ":secret:" in text else text
+
+
+def _role_statements(s: Synthesized, role_id: str) -> list[dict[str, Any]]:
+    return [
+        st
+        for policy in s.resources("AWS::IAM::Policy").values()
+        if {"Ref": role_id} in policy["Properties"]["Roles"]
+        for st in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_each_function_has_exactly_the_actions_its_code_uses(synthesized: Synthesized) -> None:
+    log_groups = set(synthesized.resources("AWS::Logs::LogGroup"))
+    functions = synthesized.resources("AWS::Lambda::Function")
+    assert {fn["Properties"]["Handler"] for fn in functions.values()} == set(EXPECTED_STATEMENTS)
+    for fn in functions.values():
+        granted: dict[tuple[str, str | None], set[str]] = {}
+        for statement in _role_statements(synthesized, fn["Properties"]["Role"]["Fn::GetAtt"][0]):
+            assert statement["Effect"] == "Allow"
+            condition = statement.get("Condition")
+            leading = None
+            if condition is not None:
+                assert set(condition) == {"ForAllValues:StringLike"}, statement
+                leading = ",".join(condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+            for resource in _as_list(statement["Resource"]):
+                key = (_resource_name(synthesized, resource, log_groups), leading)
+                granted.setdefault(key, set()).update(_as_list(statement["Action"]))
+        assert granted == EXPECTED_STATEMENTS[fn["Properties"]["Handler"]]
+
+
+def test_no_wildcard_outside_the_allow_list(synthesized: Synthesized) -> None:
+    log_groups = set(synthesized.resources("AWS::Logs::LogGroup"))
     for statement in _statements(synthesized):
-        actions = _as_list(statement["Action"])
-        assert "*" not in actions and not any(a.endswith(":*") for a in actions), statement
-        resources = _as_list(statement["Resource"])
-        if any(a.startswith("dynamodb:") for a in actions):
-            assert all(a.startswith("dynamodb:") for a in actions)
-            dynamodb_resources.extend(resources)
-        elif "*" in resources:
-            # Only X-Ray, which has no resource-level permissions.
-            assert all(a.startswith("xray:") for a in actions), statement
-    assert dynamodb_resources
-    assert "*" not in dynamodb_resources
-    granted: set[str] = set()
-    for resource in dynamodb_resources:
-        if "Fn::GetAtt" in resource:
-            granted.add(resource["Fn::GetAtt"][0])
-        else:  # "<table arn>/index/*": the Jobs table's GSIs
-            parts = resource["Fn::Join"][1]
-            assert parts[1] == "/index/*"
-            granted.add(parts[0]["Fn::GetAtt"][0])
-    assert granted == table_ids
+        for action in _as_list(statement["Action"]):
+            assert "*" not in action or (action, "*") in WILDCARD_ALLOW_LIST, statement
+            for resource in _as_list(statement["Resource"]):
+                if "*" in json.dumps(resource):
+                    name = _resource_name(synthesized, resource, log_groups)
+                    assert (action, name) in WILDCARD_ALLOW_LIST, (action, name)
+    for reason in WILDCARD_ALLOW_LIST.values():
+        assert reason
+
+
+def test_membership_rows_are_not_writable_by_the_api(synthesized: Synthesized) -> None:
+    tenants = synthesized.json["Outputs"]["TenantsTableName"]["Value"]["Ref"]
+    writes = {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"}
+    for statement in _statements(synthesized):
+        actions = set(_as_list(statement["Action"]))
+        if tenants not in json.dumps(statement["Resource"]) or not writes & actions:
+            continue
+        keys = statement["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+        assert not any(k.startswith(("PRINCIPAL", "*", "?")) for k in keys), keys
+
+
+def test_reserved_concurrency_on_every_function(synthesized: Synthesized) -> None:
+    for fn in synthesized.resources("AWS::Lambda::Function").values():
+        assert fn["Properties"]["ReservedConcurrentExecutions"] >= 1
+
+
+def test_tracer_never_captures_responses(synthesized: Synthesized) -> None:
+    for fn in synthesized.resources("AWS::Lambda::Function").values():
+        assert fn["Properties"]["Environment"]["Variables"]["POWERTOOLS_TRACER_CAPTURE_RESPONSE"] == "false"
+
+
+def test_api_resource_policy_admits_only_tagged_principals_of_the_account(synthesized: Synthesized) -> None:
+    (api,) = synthesized.resources("AWS::ApiGateway::RestApi").values()
+    statements = {st["Sid"]: st for st in api["Properties"]["Policy"]["Statement"]}
+    assert set(statements) == {
+        "AccountMembersMayInvoke",
+        "DenyOtherAccounts",
+        "DenyPrincipalsWithoutMemberTag",
+    }
+    for st in statements.values():
+        assert st["Action"] == "execute-api:Invoke" and st["Resource"] == "execute-api:/*"
+    assert statements["DenyOtherAccounts"]["Effect"] == "Deny"
+    assert statements["DenyOtherAccounts"]["Condition"] == {
+        "StringNotEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}}
+    }
+    assert statements["DenyPrincipalsWithoutMemberTag"]["Effect"] == "Deny"
+    assert statements["DenyPrincipalsWithoutMemberTag"]["Condition"] == {
+        "Null": {"aws:PrincipalTag/berth:tenant": "true"}
+    }
+    assert "root" in json.dumps(statements["AccountMembersMayInvoke"]["Principal"])
+
+
+def test_api_has_an_enhanced_tls_policy(synthesized: Synthesized) -> None:
+    (api,) = synthesized.resources("AWS::ApiGateway::RestApi").values()
+    assert api["Properties"]["SecurityPolicy"].startswith("SecurityPolicy_TLS13_")
+    assert api["Properties"]["EndpointAccessMode"] == "STRICT"
+
+
+def test_access_log_names_caller_key_error_and_tls(synthesized: Synthesized) -> None:
+    (stage,) = synthesized.resources("AWS::ApiGateway::Stage").values()
+    fields = json.loads(stage["Properties"]["AccessLogSetting"]["Format"])
+    for key, variable in {
+        "userArn": "$context.identity.userArn",
+        "accessKey": "$context.identity.accessKey",
+        "errorType": "$context.error.responseType",
+        "tlsVersion": "$context.tlsVersion",
+        "requestId": "$context.requestId",
+        "status": "$context.status",
+    }.items():
+        assert fields[key] == variable
 
 
 def test_lambda_role_has_no_managed_policies(synthesized: Synthesized) -> None:
@@ -186,7 +338,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     expected = {(path, verb) for path, verbs in ROUTES.items() for verb in verbs}
     assert set(_method_paths(synthesized)) == expected
     assert ("/v1/jobs", "POST") in expected and ("/v1/tenants/{tenant}/quota", "PUT") in expected
-    assert len(expected) == 11
+    assert len(expected) == 16
 
 
 def test_every_method_uses_aws_iam_and_lambda_proxy(synthesized: Synthesized) -> None:
@@ -240,14 +392,15 @@ def test_stage_logging_tracing_throttling(synthesized: Synthesized) -> None:
     )
 
 
-def test_invoke_permission_is_scoped_to_this_api(synthesized: Synthesized) -> None:
+def test_invoke_permission_is_scoped_to_this_api_and_stage(synthesized: Synthesized) -> None:
     permissions = synthesized.resources("AWS::Lambda::Permission")
     api_id = synthesized.json["Outputs"]["ApiId"]["Value"]["Ref"]
-    assert permissions
+    assert len(permissions) == 1
     for permission in permissions.values():
         props = permission["Properties"]
         assert props["Principal"] == "apigateway.amazonaws.com"
-        assert {"Ref": api_id} in props["SourceArn"]["Fn::Join"][1]
+        parts = props["SourceArn"]["Fn::Join"][1]
+        assert parts[-2:] == [{"Ref": api_id}, f"/{API_STAGE_NAME}/*/*"]
 
 
 def test_no_custom_resources(synthesized: Synthesized) -> None:

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
+from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded
+from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import Member, Page, UploadTicket
 from berth.domain.status import JobStatus
@@ -40,9 +41,15 @@ class FakeJobs:
         self.history: dict[str, list[JobEvent]] = {}
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
+        self.claims: dict[str, tuple[str, SubmitClaim]] = {}
+        self.claims: dict[str, tuple[str, SubmitClaim]] = {}
 
-    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
+    def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self.table.lock:
+            if claim is not None and claim.key in self.claims:
+                job_id, held = self.claims[claim.key]
+                if held.expires_at > job.created_at:
+                    raise AlreadySubmitted(job_id, held.fingerprint)
             if job.id in self.jobs:
                 raise Conflict("exists")
             item = self.table.tenant_item(job.tenant)
@@ -51,6 +58,10 @@ class FakeJobs:
             item["active_jobs"] = item.get("active_jobs", 0) + 1
             self.jobs[job.id] = job
             self.history[job.id] = [event]
+            if claim is not None:
+                self.claims[claim.key] = (job.id, claim)
+            if claim is not None:
+                self.claims[claim.key] = (job.id, claim)
 
     def save(self, job: Job, event: JobEvent) -> None:
         if self.before_save is not None:
@@ -105,12 +116,16 @@ class FakeTenants:
         item = self.table.items.get("PRINCIPAL#" + principal)
         if item is None:
             return None
-        return Member(principal=principal, tenant=item["tenant"], role=Role(item["role"]))
+        return Member(principal, item["tenant"], Role(item["role"]), item.get("unique_id"))
 
-    def put_member(self, principal: str, tenant: str, role: str) -> None:
+    def put_member(self, principal: str, tenant: str, role: str, unique_id: str | None = None) -> None:
         principal = canonical_principal(principal)
         with self.table.lock:
-            self.table.items["PRINCIPAL#" + principal] = {"tenant": tenant, "role": str(Role(role))}
+            self.table.items["PRINCIPAL#" + principal] = {
+                "tenant": tenant,
+                "role": str(Role(role)),
+                "unique_id": unique_id,
+            }
             self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
 
     def quota(self, tenant: str) -> Quota | None:

@@ -4,6 +4,7 @@ from itertools import count
 import pytest
 
 from berth.domain.errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unauthenticated
+from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role, canonical_principal
@@ -120,14 +121,17 @@ def test_list_newest_first_and_paginates(svc: JobService) -> None:
 
 def test_caller_resolution() -> None:
     _, tenants = fake_store()
-    tenants.put_member("arn:aws:iam::123456789012:role/vision-engineers", "vision", "member")
+    role_id = "AROAVISIONENGINEERS01"
+    tenants.put_member("arn:aws:iam::123456789012:role/vision-engineers", "vision", "member", role_id)
     svc = TenantService(tenants)
-    c = svc.caller("arn:aws:sts::123456789012:assumed-role/vision-engineers/alice-session")
+    session = "arn:aws:sts::123456789012:assumed-role/vision-engineers/alice-session"
+    c = svc.caller(Identity(session, f"{role_id}:alice-session"))
     assert c.tenant == "vision" and c.principal == "arn:aws:iam::123456789012:role/vision-engineers"
+    assert c.actor == "alice-session" and c.name == "alice-session"
     with pytest.raises(Forbidden):
-        svc.caller("arn:aws:iam::1:user/mallory")
+        svc.caller(Identity("arn:aws:iam::123456789012:user/mallory", "AIDAMALLORY0000000000"))
     with pytest.raises(Unauthenticated):
-        svc.caller(None)
+        svc.caller(Identity(None))
     assert canonical_principal("arn:aws:iam::1:user/x") == "arn:aws:iam::1:user/x"
     # IAM Identity Center roles carry a path that session ARNs drop: both sides map to one key.
     sso = "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_ML_0a1b"
@@ -151,3 +155,16 @@ def test_quota_rules() -> None:
         svc.put_quota(admin, "ghosts", Quota())
     svc.put_quota(admin, "nlp", Quota(max_active_jobs=7))
     assert svc.get_quota(admin, "nlp").max_active_jobs == 7
+
+
+def test_keyed_submit_claims_its_key_in_the_creation(svc: JobService) -> None:
+    from berth.domain.errors import IdempotencyMismatch
+
+    first = svc.submit(ALICE, SPEC, idempotency_key="k")
+    # A retry after a lost answer (whatever Powertools' record says) finds the same job.
+    assert svc.submit(ALICE, SPEC, idempotency_key="k").id == first.id
+    with pytest.raises(IdempotencyMismatch):
+        svc.submit(ALICE, SPEC.model_copy(update={"name": "other"}), idempotency_key="k")
+    bob = Caller("arn:aws:iam::1:user/bob", "nlp", Role.MEMBER)
+    assert svc.submit(bob, SPEC, idempotency_key="k").id != first.id  # keys are per tenant
+    assert len(svc.list_jobs(ALICE, None, 10, None).jobs) == 1

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from typing import Any
 
@@ -12,9 +9,11 @@ from pynamodb.connection import Connection
 from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
-from berth.dal.models import JobEventRow, JobRow, event_model, job_model, tenant_model
+from berth.dal.models import JobEventRow, JobRow, claim_model, event_model, job_model, tenant_model
+from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.tenants import TENANT
-from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
+from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded, StoreUnavailable
+from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent, iso
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import Site
@@ -22,14 +21,11 @@ from berth.domain.ports import Page
 from berth.domain.status import JobStatus
 
 
-def _failed_item(exc: Exception) -> int | None:
-    """Which item of a canceled transaction failed its condition (index), if known."""
+def _failed_items(exc: Exception) -> set[int]:
+    """Which items of a canceled transaction failed their condition (indexes), if known."""
     cause = exc.__cause__
     reasons = getattr(cause, "cancellation_reasons", None) or []
-    for i, r in enumerate(reasons):
-        if r is not None and r.code == "ConditionalCheckFailed":
-            return i
-    return None
+    return {i for i, r in enumerate(reasons) if r is not None and r.code == "ConditionalCheckFailed"}
 
 
 _CREATED_KEY = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z#j-[0-9a-z]{26}")
@@ -44,10 +40,19 @@ def _created_key(job: Job) -> str:
 
 
 class DynamoJobRepository:
-    def __init__(self, jobs_table: str, events_table: str, tenants_table: str) -> None:
+    def __init__(
+        self,
+        jobs_table: str,
+        events_table: str,
+        tenants_table: str,
+        idempotency_table: str | None = None,
+        tokens: PageTokenCodec | None = None,
+    ) -> None:
         self._Job = job_model(jobs_table)
         self._Event = event_model(events_table)
         self._Tenant = tenant_model(tenants_table)
+        self._Claim = None if idempotency_table is None else claim_model(idempotency_table)
+        self._tokens = tokens or PageTokenCodec(DynamoSigningKey(tenants_table))
         self._conn = Connection()
 
     # -- mapping -------------------------------------------------------------------------------
@@ -58,6 +63,7 @@ class DynamoJobRepository:
             tenant_status=_tenant_status(job.tenant, job.status),
             created_key=_created_key(job),
             owner=job.owner,
+            actor=job.actor,
             status=str(job.status),
             reason=job.reason,
             spec=job.spec.model_dump(mode="json", exclude_none=True),
@@ -76,6 +82,7 @@ class DynamoJobRepository:
             id=row.job_id,
             tenant=row.tenant,
             owner=row.owner,
+            actor=row.actor,
             status=JobStatus(row.status),
             reason=row.reason,
             spec=JobSpec.model_validate(row.spec),
@@ -99,9 +106,10 @@ class DynamoJobRepository:
         )
 
     # -- writes --------------------------------------------------------------------------------
-    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
-        """The job, its first event and the tenant's active-job counter move together; the counter's
-        condition makes the quota hold under concurrent submits."""
+    def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
+        """The job, its first event, the tenant's active-job counter and the idempotency claim (if
+        any) move together; the counter's condition makes the quota hold under concurrent submits,
+        the claim's makes a retried keyed submit find its job instead of creating another."""
         counter = self._Tenant.active_jobs
         try:
             with translated(f"create job {job.id}"), TransactWrite(connection=self._conn) as tx:
@@ -112,12 +120,41 @@ class DynamoJobRepository:
                     actions=[counter.add(1)],
                     condition=counter.does_not_exist() | (counter < max_active),
                 )
+                if claim is not None:
+                    Claim = self._claim_model()
+                    expires = int(claim.expires_at.timestamp())
+                    now = int(job.created_at.timestamp())
+                    tx.save(
+                        Claim(claim.key, job_id=job.id, fingerprint=claim.fingerprint, expiration=expires),
+                        # An expired claim (TTL deletion lags) may be taken over.
+                        condition=Claim.id.does_not_exist() | (Claim.expiration < now),
+                    )
         except Conflict as exc:
-            if _failed_item(exc) == 2:
+            # pynamodb sends puts before updates: job, event, [claim], counter.
+            failed = _failed_items(exc)
+            if claim is not None and 2 in failed:
+                held = self._read_claim(claim.key)
+                if held is not None:
+                    raise AlreadySubmitted(held[0], held[1]) from exc
+            if (3 if claim is not None else 2) in failed:
                 raise QuotaExceeded(
                     f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})"
                 ) from exc
             raise
+
+    def _claim_model(self) -> Any:
+        if self._Claim is None:
+            raise StoreUnavailable("no idempotency table configured for keyed submits")
+        return self._Claim
+
+    def _read_claim(self, key: str) -> tuple[str, str] | None:
+        Claim = self._claim_model()
+        with translated("read idempotency claim"):
+            try:
+                row = Claim.get(key, consistent_read=True)
+            except Claim.DoesNotExist:
+                return None
+        return str(row.job_id), str(row.fingerprint)
 
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
@@ -151,7 +188,7 @@ class DynamoJobRepository:
     def list_for_tenant(
         self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
     ) -> Page:
-        start = _decode_token(next_token, tenant, status) if next_token else None
+        start = self._decode_token(next_token, tenant, status) if next_token else None
         with translated(f"list jobs of {tenant}"):
             if status is None:
                 result = self._Job.by_tenant.query(  # type: ignore[attr-defined]
@@ -166,7 +203,7 @@ class DynamoJobRepository:
                 )
             jobs = [self._job(r) for r in result]
             last = result.last_evaluated_key
-        return Page(jobs=jobs, next_token=_encode_token(last, tenant, status) if last else None)
+        return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
 
     def count_active(self, tenant: str) -> int:
         with translated(f"count active jobs of {tenant}"):
@@ -176,21 +213,18 @@ class DynamoJobRepository:
                 return 0
         return int(row.active_jobs or 0)
 
+    # Pagination tokens are signed and expire (PageTokenCodec), and are bound to the tenant and filter
+    # that produced them, so a token can never be replayed to read another tenant's index partition.
+    def _encode_token(self, key: dict[str, Any], tenant: str, status: JobStatus | None) -> str:
+        return self._tokens.encode({"t": tenant, "s": None if status is None else str(status), "k": key})
 
-# Pagination tokens are opaque to clients but bound to the tenant and filter that produced them,
-# so a token can never be replayed to read another tenant's index partition.
-def _encode_token(key: dict[str, Any], tenant: str, status: JobStatus | None) -> str:
-    raw = json.dumps({"t": tenant, "s": None if status is None else str(status), "k": key}, sort_keys=True)
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    def _decode_token(self, token: str, tenant: str, status: JobStatus | None) -> dict[str, Any]:
+        return _check_token(self._tokens.decode(token), tenant, status)
 
 
-def _decode_token(token: str, tenant: str, status: JobStatus | None) -> dict[str, Any]:
+def _check_token(data: dict[str, Any], tenant: str, status: JobStatus | None) -> dict[str, Any]:
     bad = InvalidRequest("next_token is not valid for this query; start again without it")
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
-        raise bad from exc
-    if not isinstance(data, dict) or data.get("t") != tenant:
+    if data.get("t") != tenant:
         raise bad
     if data.get("s") != (None if status is None else str(status)):
         raise bad

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 from pynamodb.attributes import (
+    BinaryAttribute,
     JSONAttribute,
     NumberAttribute,
     UnicodeAttribute,
@@ -23,6 +24,7 @@ class JobRow(Model):
     tenant_status = UnicodeAttribute()
     created_key = UnicodeAttribute()
     owner = UnicodeAttribute()
+    actor = UnicodeAttribute(null=True)
     status = UnicodeAttribute()
     reason = UnicodeAttribute()
     spec = JSONAttribute()
@@ -72,6 +74,8 @@ class TenantRow(Model):
     pk = UnicodeAttribute(hash_key=True)
     tenant = UnicodeAttribute(null=True)
     role = UnicodeAttribute(null=True)
+    #: PRINCIPAL# rows: the IAM unique id registered with the ARN.
+    unique_id = UnicodeAttribute(null=True)
     quota = JSONAttribute(null=True)
     #: Jobs of this tenant not yet in a terminal state; kept in the same transactions as the jobs.
     active_jobs = NumberAttribute(null=True)
@@ -79,6 +83,39 @@ class TenantRow(Model):
     grants = JSONAttribute(null=True)
     #: DATASET#<name> items: the registered dataset.
     dataset = JSONAttribute(null=True)
+
+
+class RateRow(Model):
+    """``RATE#<tenant>#<window>`` in the Tenants table: requests counted in one rate-limit window."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    hits = NumberAttribute(null=True)
+    expires_at = NumberAttribute(null=True)  # the table's TTL attribute (epoch seconds)
+
+
+class KeyRow(Model):
+    """``KEY#<name>`` in the Tenants table: a signing key the API generated for itself."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    secret = BinaryAttribute(null=True, legacy_encoding=False)
+
+
+class SubmitClaimRow(Model):
+    """In the idempotency table, beside Powertools' records: the job an Idempotency-Key created."""
+
+    class Meta:
+        table_name = "unset"
+
+    id = UnicodeAttribute(hash_key=True)
+    job_id = UnicodeAttribute()
+    fingerprint = UnicodeAttribute()
+    expiration = NumberAttribute()  # the table's TTL attribute (epoch seconds), as Powertools uses
 
 
 def _bind(base: type[Model], table_name: str, **attrs: object) -> type[Model]:
@@ -104,3 +141,18 @@ def event_model(table_name: str) -> type[JobEventRow]:
 @cache
 def tenant_model(table_name: str) -> type[TenantRow]:
     return _bind(TenantRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def rate_model(table_name: str) -> type[RateRow]:
+    return _bind(RateRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def key_model(table_name: str) -> type[KeyRow]:
+    return _bind(KeyRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def claim_model(table_name: str) -> type[SubmitClaimRow]:
+    return _bind(SubmitClaimRow, table_name)  # type: ignore[return-value]

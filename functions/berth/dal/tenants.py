@@ -27,12 +27,13 @@ class DynamoTenantRepository:
                 return None
         if row.tenant is None or row.role is None:
             return None
-        return Member(principal=principal, tenant=row.tenant, role=Role(row.role))
+        return Member(principal=principal, tenant=row.tenant, role=Role(row.role), unique_id=row.unique_id)
 
-    def put_member(self, principal: str, tenant: str, role: str) -> None:
+    def put_member(self, principal: str, tenant: str, role: str, unique_id: str | None = None) -> None:
         principal = canonical_principal(principal)
         with translated("write tenant membership"):
-            self._Row(PRINCIPAL + principal, tenant=tenant, role=str(Role(role))).save()
+            row = self._Row(PRINCIPAL + principal, tenant=tenant, role=str(Role(role)), unique_id=unique_id)
+            row.save()
             try:
                 self._Row(TENANT + tenant, tenant=tenant).save(condition=self._Row.pk.does_not_exist())
             except PutError as exc:  # the tenant record already exists: keep its quota

@@ -62,8 +62,30 @@ class IdempotencyMismatch(Conflict):
     code = "IdempotencyKeyReused"
 
 
+class AlreadySubmitted(Conflict):
+    """The store already holds a job created under this idempotency claim (raised by the repository,
+    resolved by the job service into the existing job or an IdempotencyMismatch)."""
+
+    code = "AlreadySubmitted"
+
+    def __init__(self, job_id: str, fingerprint: str) -> None:
+        super().__init__(f"job {job_id} was already submitted with this Idempotency-Key")
+        self.job_id = job_id
+        self.fingerprint = fingerprint
+
+
 class QuotaExceeded(DomainError):
     code = "QuotaExceeded"
+
+
+class RateLimited(DomainError):
+    """The caller's tenant sent more requests than its rate limit allows; retry after a while."""
+
+    code = "TooManyRequests"
+
+    def __init__(self, message: str, *, retry_after_s: int, details: Any = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after_s = retry_after_s
 
 
 class RequestInProgress(DomainError):

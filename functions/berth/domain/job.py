@@ -65,6 +65,8 @@ class Job(BaseModel):
     attempts: int = 0
     cost_usd: float = 0.0
     version: int = 1
+    #: Who submitted it (role session name or IAM user name), for audit; ``owner`` is the principal.
+    actor: str | None = None
 
     @model_validator(mode="after")
     def _site_matches_placement(self) -> Job:
@@ -77,6 +79,7 @@ class Job(BaseModel):
             "id": self.id,
             "tenant": self.tenant,
             "owner": self.owner,
+            "actor": self.actor,
             "status": str(self.status),
             "reason": self.reason,
             "spec": self.spec.model_dump(mode="json", exclude_none=True),
@@ -98,12 +101,15 @@ class Job(BaseModel):
         return nxt, event
 
 
-def new_job(job_id: str, tenant: str, owner: str, spec: JobSpec, now: datetime) -> tuple[Job, JobEvent]:
+def new_job(
+    job_id: str, tenant: str, owner: str, spec: JobSpec, now: datetime, actor: str | None = None
+) -> tuple[Job, JobEvent]:
     reason = "waiting for placement"
     job = Job(
         id=job_id,
         tenant=tenant,
         owner=owner,
+        actor=actor,
         status=JobStatus.QUEUED,
         reason=reason,
         spec=spec,

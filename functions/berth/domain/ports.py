@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
@@ -23,12 +24,18 @@ class Member:
     principal: str
     tenant: str
     role: Role
+    #: The IAM unique id (AIDA.../AROA...) registered with the ARN; a recreated role or user with the
+    #: same name has another one and is refused until re-registered (None: recorded before unique ids
+    #: were; refused too, until re-registered).
+    unique_id: str | None = None
 
 
 class JobRepository(Protocol):
-    def create(self, job: Job, event: JobEvent, max_active: int) -> None:
+    def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         """Store a new job and its first event atomically, counting it against the tenant's active
-        jobs; Conflict if the id exists, QuotaExceeded if the tenant already has ``max_active``."""
+        jobs; Conflict if the id exists, QuotaExceeded if the tenant already has ``max_active``.
+        With a ``claim``, the claim is stored in the same transaction; AlreadySubmitted (with the
+        stored job id and fingerprint) if an unexpired claim with that key exists."""
 
     def get(self, job_id: str) -> Job | None: ...
 
@@ -47,10 +54,16 @@ class JobRepository(Protocol):
         """The tenant's jobs not yet in a terminal state."""
 
 
+class RateCounter(Protocol):
+    def take(self, tenant: str, window: int, limit: int, expires_at: int) -> bool:
+        """Count one request of ``tenant`` in fixed window number ``window`` unless it already holds
+        ``limit``; False when the window is full. ``expires_at`` (epoch s): when the count may go."""
+
+
 class TenantRepository(Protocol):
     def member(self, principal: str) -> Member | None: ...
 
-    def put_member(self, principal: str, tenant: str, role: str) -> None: ...
+    def put_member(self, principal: str, tenant: str, role: str, unique_id: str | None = None) -> None: ...
 
     def quota(self, tenant: str) -> Quota | None: ...
 

@@ -9,11 +9,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from berth.domain.identity import canonical_principal
 from berth.domain.job_spec import GPU_TYPES, INTEGRAL
 
+__all__ = ["Caller", "GpuQuota", "Quota", "Role", "canonical_principal", "valid_tenant_name"]
+
 TENANT_RE = r"^[a-z][a-z0-9-]{1,31}$"
-_ASSUMED_ROLE = re.compile(r"^arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/[^/]+$")
-_ROLE_WITH_PATH = re.compile(r"^arn:(aws[a-z-]*):iam::(\d{12}):role/(?:[^/]+/)+([^/]+)$")
 
 
 class Role(StrEnum):
@@ -28,6 +29,8 @@ class Caller:
     principal: str
     tenant: str
     role: Role
+    #: The person acting: the role session's name (an SSO user, a CI job) or the IAM user's name.
+    actor: str = ""
 
     @property
     def is_admin(self) -> bool:
@@ -35,21 +38,7 @@ class Caller:
 
     @property
     def name(self) -> str:
-        return self.principal.rsplit("/", 1)[-1]
-
-
-def canonical_principal(arn: str) -> str:
-    """Map an STS assumed-role session ARN to its role ARN, without the role's path (a session ARN
-    does not carry it; role names are unique per account). Other ARNs are kept as they are.
-
-    A team's engineers typically assume one role per team (IAM Identity Center roles live under
-    ``aws-reserved/sso.amazonaws.com/``); every session of it belongs to the same tenant.
-    """
-    m = _ASSUMED_ROLE.match(arn) or _ROLE_WITH_PATH.match(arn)
-    if m:
-        partition, account, role = m.groups()
-        return f"arn:{partition}:iam::{account}:role/{role}"
-    return arn
+        return self.actor or self.principal.rsplit("/", 1)[-1]
 
 
 class GpuQuota(BaseModel):

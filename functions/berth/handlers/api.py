@@ -6,7 +6,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 
 import json
 import warnings
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Annotated, Any
 
@@ -28,6 +28,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.jobs import DynamoJobRepository
+from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
+from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
 from berth.domain.errors import (
@@ -36,6 +38,7 @@ from berth.domain.errors import (
     InvalidRequest,
     RequestInProgress,
 )
+from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
@@ -45,6 +48,7 @@ from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.jobs import JobService
+from berth.logic.ratelimit import RateLimiter
 from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
 
@@ -73,11 +77,15 @@ def _now() -> datetime:
 def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
+    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
     jobs = JobService(
-        jobs=DynamoJobRepository(cfg.jobs_table, cfg.job_events_table, cfg.tenants_table),
+        jobs=DynamoJobRepository(
+            cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
+        ),
         tenants=tenants,
         clock=_now,
         access=_storage().check_spec,
+        idempotency_ttl=timedelta(seconds=cfg.idempotency_ttl_s),
     )
     return jobs, TenantService(tenants)
 
@@ -94,6 +102,14 @@ def _storage() -> StorageService:
 
 
 @cache
+def _rate_limiter() -> RateLimiter:
+    cfg = settings()
+    return RateLimiter(
+        DynamoRateCounter(cfg.tenants_table), cfg.rate_limit_requests, cfg.rate_limit_window_s, _now
+    )
+
+
+@cache
 def _idempotent_submit() -> Any:
     cfg = settings()
     config = IdempotencyConfig(
@@ -106,16 +122,24 @@ def _idempotent_submit() -> Any:
 
     @idempotent_function(data_keyword_argument="request", persistence_store=store, config=config)
     def submit_once(request: dict[str, Any]) -> dict[str, Any]:
-        caller = Caller(principal=request["principal"], tenant=request["tenant"], role=Role(request["role"]))
-        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]))
+        caller = Caller(
+            principal=request["principal"],
+            tenant=request["tenant"],
+            role=Role(request["role"]),
+            actor=request["actor"],
+        )
+        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]), request["key"])
         return {"job_id": job.id}
 
     return submit_once, config
 
 
 def _caller() -> Caller:
+    """The verified caller (ARN and unique id from the gateway), within its tenant's rate limit."""
     identity = app.current_event.request_context.identity
-    return _services()[1].caller(identity.user_arn)
+    caller = _services()[1].caller(Identity(arn=identity.user_arn, unique_id=identity.user))
+    _rate_limiter().check(caller.tenant)
+    return caller
 
 
 def _json(status: int, body: Any) -> Response[Any]:
@@ -134,7 +158,7 @@ def _json(status: int, body: Any) -> Response[Any]:
     },
     tags=["jobs"],
 )
-@tracer.capture_method
+@tracer.capture_method(capture_response=False)  # the job holds the spec, env included
 def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     caller = _caller()
     jobs, _ = _services()
@@ -150,6 +174,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
             "key": key,
             "principal": caller.principal,
             "role": str(caller.role),
+            "actor": caller.actor,
             "spec": spec.model_dump(mode="json"),
         }
         try:
@@ -173,7 +198,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     summary="List a tenant's jobs, newest first (your own; admins: any tenant's with `tenant`)",
     responses={
         200: {"description": "A page of jobs", "content": {"application/json": {"model": schemas.JobList}}},
-        **schemas.error_responses(400, 403, 422),
+        **schemas.error_responses(400, 403, 422, 429),
     },
     tags=["jobs"],
 )
@@ -200,7 +225,7 @@ JobId = Annotated[str, Path(pattern=r"^j-[0-9a-z]{26}$", description="Job id")]
     summary="Get a job",
     responses={
         200: {"description": "The job", "content": {"application/json": {"model": schemas.JobOut}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["jobs"],
 )
@@ -215,7 +240,7 @@ def get_job(job_id: JobId) -> Response[Any]:
     "them. Repeating a cancel is harmless.",
     responses={
         202: {"description": "Cancel accepted", "content": {"application/json": {"model": schemas.JobOut}}},
-        **schemas.error_responses(403, 404, 409, 422),
+        **schemas.error_responses(403, 404, 409, 422, 429),
     },
     tags=["jobs"],
 )
@@ -228,7 +253,7 @@ def cancel_job(job_id: JobId) -> Response[Any]:
     summary="A job's state history, oldest first",
     responses={
         200: {"description": "State changes", "content": {"application/json": {"model": schemas.EventList}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["jobs"],
 )
@@ -246,7 +271,7 @@ Tenant = Annotated[str, Path(pattern=TENANT_RE, description="Tenant (team) name"
     summary="A tenant's quota (admins: any tenant; members: their own)",
     responses={
         200: {"description": "The quota", "content": {"application/json": {"model": Quota}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["tenants"],
 )
@@ -259,7 +284,7 @@ def get_quota(tenant: Tenant) -> Response[Any]:
     summary="Set a tenant's quota (admins only)",
     responses={
         200: {"description": "The new quota", "content": {"application/json": {"model": Quota}}},
-        **schemas.error_responses(400, 403, 404, 415, 422),
+        **schemas.error_responses(400, 403, 404, 415, 422, 429),
     },
     tags=["tenants"],
 )
@@ -276,7 +301,7 @@ def put_quota(tenant: Tenant, quota: Annotated[Quota, Body(embed=False)]) -> Res
     responses={
         200: {"description": "Already stored", "content": {"application/json": {"model": schemas.BundleOut}}},
         201: {"description": "Upload it", "content": {"application/json": {"model": schemas.BundleOut}}},
-        **schemas.error_responses(400, 403, 415, 422),
+        **schemas.error_responses(400, 403, 415, 422, 429),
     },
     tags=["code and data"],
 )
@@ -302,7 +327,7 @@ DatasetName = Annotated[str, Path(pattern=DATASET_NAME_RE, description="Dataset 
     summary="A registered on-prem dataset (admins; members: datasets their tenant may read)",
     responses={
         200: {"description": "The dataset", "content": {"application/json": {"model": Dataset}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["code and data"],
 )
@@ -315,7 +340,7 @@ def get_dataset(name: DatasetName) -> Response[Any]:
     summary="Register or replace an on-prem dataset (admins only)",
     responses={
         200: {"description": "The dataset", "content": {"application/json": {"model": Dataset}}},
-        **schemas.error_responses(400, 403, 415, 422),
+        **schemas.error_responses(400, 403, 415, 422, 429),
     },
     tags=["code and data"],
 )
@@ -328,7 +353,7 @@ def put_dataset(name: DatasetName, dataset: Annotated[Dataset, Body(embed=False)
     summary="S3 prefixes a tenant may read besides its own (admins; members: their own)",
     responses={
         200: {"description": "The grants", "content": {"application/json": {"model": DataGrants}}},
-        **schemas.error_responses(403, 404, 422),
+        **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["code and data"],
 )
@@ -341,7 +366,7 @@ def get_grants(tenant: Tenant) -> Response[Any]:
     summary="Grant a tenant read access to S3 prefixes (admins only)",
     responses={
         200: {"description": "The grants", "content": {"application/json": {"model": DataGrants}}},
-        **schemas.error_responses(400, 403, 404, 415, 422),
+        **schemas.error_responses(400, 403, 404, 415, 422, 429),
     },
     tags=["code and data"],
 )
@@ -380,7 +405,7 @@ def _plain(resp: Response[Any]) -> dict[str, Any]:
 
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
-@tracer.capture_lambda_handler
+@tracer.capture_lambda_handler(capture_response=False)  # responses carry job specs, env included
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     problem = body_problem(event, settings().max_body_bytes)

@@ -20,6 +20,7 @@ STATUS: list[tuple[type[e.DomainError], int]] = [
     (e.ValidationFailed, 422),
     (e.Infeasible, 422),
     (e.QuotaExceeded, 429),
+    (e.RateLimited, 429),
     (e.RequestInProgress, 429),
     (e.StoreUnavailable, 503),
 ]
@@ -35,7 +36,10 @@ def error_response(status: int, code: str, message: str, details: Any = None) ->
 
 def from_domain(exc: e.DomainError) -> Response[Any]:
     status = next((s for cls, s in STATUS if isinstance(exc, cls)), 500)
-    return error_response(status, exc.code, exc.message, exc.details)
+    response = error_response(status, exc.code, exc.message, exc.details)
+    if isinstance(exc, e.RateLimited):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> str:

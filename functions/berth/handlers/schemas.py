@@ -17,6 +17,9 @@ class JobOut(BaseModel):
     id: str
     tenant: str
     owner: str
+    actor: str | None = Field(
+        default=None, description="Who submitted it: the role session name (an SSO user) or the IAM user"
+    )
     status: JobStatus
     reason: str
     spec: JobSpec
@@ -82,6 +85,6 @@ def error_responses(*codes: int) -> dict[int, OpenAPIResponse]:
         409: "Conflict (illegal state change, lost race, Idempotency-Key reused with another body)",
         422: "Request does not satisfy the schema",
         415: "Request body is not application/json",
-        429: "Quota exceeded",
+        429: "Quota exceeded, or the tenant's request rate limit (see the Retry-After header)",
     }
     return {c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}} for c in codes}

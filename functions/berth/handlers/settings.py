@@ -20,6 +20,11 @@ class Settings(BaseSettings):
     #: Largest accepted request body; a job spec is small, anything bigger is refused before parsing.
     max_body_bytes: int = 64 * 1024
     idempotency_ttl_s: int = 24 * 3600
+    #: Per-tenant request rate limit: at most this many requests per window, over all instances.
+    rate_limit_requests: int = 50
+    rate_limit_window_s: int = 1
+    #: How long a pagination token stays valid.
+    page_token_ttl_s: int = 3600
 
 
 @cache

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from berth.domain.errors import Conflict, Forbidden, NotFound, QuotaExceeded
+from berth.domain.errors import (
+    AlreadySubmitted,
+    Conflict,
+    Forbidden,
+    IdempotencyMismatch,
+    NotFound,
+    QuotaExceeded,
+)
+from berth.domain.idempotency import submit_claim
 from berth.domain.job import Job, JobEvent, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import JobRepository, Page, TenantRepository
@@ -22,6 +30,8 @@ AccessCheck = Callable[[JobSpec, str], None]
 
 MAX_LIST_LIMIT = 100
 CONFLICT_RETRIES = 5
+#: How long an Idempotency-Key keeps designating its job (the same as Powertools' record by default).
+IDEMPOTENCY_TTL = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -31,18 +41,33 @@ class JobService:
     clock: Clock
     feasibility: FeasibilityCheck | None = None
     access: AccessCheck | None = None
+    idempotency_ttl: timedelta = IDEMPOTENCY_TTL
 
-    def submit(self, caller: Caller, spec: JobSpec) -> Job:
+    def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+        """Create a job. With an ``idempotency_key`` the key is claimed in the job's own transaction:
+        a retry after a commit whose answer was lost returns that job (another spec: 409)."""
         quota = self.tenants.quota(caller.tenant) or Quota()
         if self.access is not None:
             self.access(spec, caller.tenant)
         if self.feasibility is not None:
             self.feasibility(spec, caller.tenant)
         now = self.clock()
-        job, event = new_job(new_job_id(now), caller.tenant, caller.principal, spec, now)
+        actor = caller.actor or None
+        job, event = new_job(new_job_id(now), caller.tenant, caller.principal, spec, now, actor)
+        claim = (
+            None
+            if idempotency_key is None
+            else submit_claim(caller.tenant, idempotency_key, spec, now + self.idempotency_ttl)
+        )
         try:
             # The store enforces the limit atomically with the write, so racing submits cannot pass it.
-            self.jobs.create(job, event, max_active=quota.max_active_jobs)
+            self.jobs.create(job, event, max_active=quota.max_active_jobs, claim=claim)
+        except AlreadySubmitted as exc:
+            if claim is None or exc.fingerprint != claim.fingerprint:
+                raise IdempotencyMismatch(
+                    "this Idempotency-Key was already used with a different job spec; use a new key"
+                ) from exc
+            return self.get(caller, exc.job_id)
         except QuotaExceeded as exc:
             raise QuotaExceeded(
                 f"tenant {caller.tenant!r} already has {quota.max_active_jobs} active jobs "

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from berth.domain.errors import Forbidden, NotFound, Unauthenticated, ValidationFailed
+from berth.domain.errors import Forbidden, NotFound, ValidationFailed
+from berth.domain.identity import Identity, resolve_principal
 from berth.domain.ports import TenantRepository
-from berth.domain.tenancy import Caller, Quota, canonical_principal, valid_tenant_name
+from berth.domain.tenancy import Caller, Quota, valid_tenant_name
 
 
 @dataclass(frozen=True)
 class TenantService:
     tenants: TenantRepository
 
-    def caller(self, principal_arn: str | None) -> Caller:
-        """The tenant and role of a verified IAM principal. Unknown principals are refused."""
-        if not principal_arn:
-            raise Unauthenticated("request has no IAM identity; sign it with SigV4")
-        principal = canonical_principal(principal_arn)
-        member = self.tenants.member(principal)
+    def caller(self, identity: Identity) -> Caller:
+        """The tenant and role of a verified IAM principal, matched on its ARN and its unique id.
+
+        Unknown principals are refused, and so is a principal whose name is registered with another
+        unique id (a role or user deleted and recreated under the same name) until it is re-registered.
+        """
+        principal = resolve_principal(identity)
+        member = self.tenants.member(principal.arn)
         if member is None:
             raise Forbidden(
-                f"principal {principal} is not a member of any Berth tenant; ask an admin to add it"
+                f"principal {principal.arn} is not a member of any Berth tenant; ask an admin to add it"
             )
-        return Caller(principal=principal, tenant=member.tenant, role=member.role)
+        if member.unique_id != principal.unique_id:
+            raise Forbidden(
+                f"principal {principal.arn} is not the one registered under that name (its unique id "
+                "differs: was it deleted and recreated?); ask an admin to register it again"
+            )
+        return Caller(principal=principal.arn, tenant=member.tenant, role=member.role, actor=principal.actor)
 
     def get_quota(self, caller: Caller, tenant: str) -> Quota:
         self._check_tenant(tenant)

@@ -37,6 +37,6 @@ def cloud(
     with LocalCloud(
         template=load_template(MINI_TEMPLATE),
         state_dir=state,
-        seed_writer=lambda arn, tenant, role: seeded_members.append((arn, tenant, role)),
+        seed_writer=lambda arn, tenant, role, _unique_id: seeded_members.append((arn, tenant, role)),
     ) as local:
         yield local

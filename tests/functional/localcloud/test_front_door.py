@@ -69,7 +69,7 @@ def test_post_body_is_passed_through(cloud: LocalCloud) -> None:
 def test_unsigned_request_is_rejected(cloud: LocalCloud) -> None:
     status, headers, body = call("GET", f"{cloud.api_url}/v1/jobs", {})
     assert status == 403
-    assert body["error"]["code"] == "MissingAuthenticationToken"
+    assert body["error"]["code"] == "MISSING_AUTHENTICATION_TOKEN"
     assert headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
 
 
@@ -78,14 +78,15 @@ def test_wrong_secret_is_rejected(cloud: LocalCloud) -> None:
     url = f"{cloud.api_url}/v1/jobs"
     status, _, body = call("GET", url, sign("GET", url, key, "not-the-secret"))
     assert status == 403
-    assert body["error"]["code"] == "InvalidSignature"
+    assert body["error"]["code"] == "INVALID_SIGNATURE"
 
 
 def test_unknown_access_key_is_rejected(cloud: LocalCloud) -> None:
     url = f"{cloud.api_url}/v1/jobs"
     status, _, body = call("GET", url, sign("GET", url, "AKIAUNKNOWNKEY000000", "secret"))
     assert status == 403
-    assert body["error"]["code"] == "UnrecognizedClient"
+    assert body["error"]["code"] == "INVALID_SIGNATURE"
+    assert "security token included in the request is invalid" in body["error"]["message"]
 
 
 def test_expired_signature_is_rejected(cloud: LocalCloud) -> None:
@@ -94,7 +95,7 @@ def test_expired_signature_is_rejected(cloud: LocalCloud) -> None:
     old = datetime.now(UTC) - timedelta(minutes=6)
     status, _, body = call("GET", url, sign("GET", url, key, secret, at=old))
     assert status == 403
-    assert body["error"]["code"] == "SignatureExpired"
+    assert body["error"]["code"] == "INVALID_SIGNATURE" and "expired" in body["error"]["message"]
     # within the allowed skew it is accepted
     recent = datetime.now(UTC) - timedelta(minutes=4)
     assert call("GET", url, sign("GET", url, key, secret, at=recent))[0] == 200
@@ -106,7 +107,7 @@ def test_tampered_body_is_rejected(cloud: LocalCloud) -> None:
     headers = sign("POST", url, key, secret, b'{"gpus": 1}')
     status, _, body = call("POST", url, headers, b'{"gpus": 8}')
     assert status == 403
-    assert body["error"]["code"] == "InvalidSignature"
+    assert body["error"]["code"] == "INVALID_SIGNATURE"
 
 
 def test_tampered_path_and_query_are_rejected(cloud: LocalCloud) -> None:
@@ -126,6 +127,19 @@ def test_wrong_service_or_region_is_rejected(cloud: LocalCloud) -> None:
 
 def test_assumed_role_credentials_are_accepted(cloud: LocalCloud) -> None:
     key, secret = _alice(cloud)
+    iam = boto3.client(
+        "iam",
+        endpoint_url=cloud.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+    )
+    # The API's resource policy admits principals tagged berth:tenant (the role's tags, for a session).
+    iam.create_role(
+        RoleName="vision-team",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+        Tags=[{"Key": "berth:tenant", "Value": "vision"}],
+    )
     sts = boto3.client(
         "sts",
         endpoint_url=cloud.endpoint_url,
@@ -159,7 +173,7 @@ def test_unknown_route_and_method_are_404(cloud: LocalCloud) -> None:
         url = f"{cloud.api_url}{path}"
         status, _, body = call(method, url, sign(method, url, key, secret))
         assert status == 404, (method, path)
-        assert body["error"]["code"] == "NotFound"
+        assert body["error"]["code"] == "RESOURCE_NOT_FOUND"
     status, _, _ = call("GET", cloud.api_url.rsplit("/", 1)[0] + "/otherstage/v1/jobs", {})
     assert status == 404
 
@@ -169,7 +183,10 @@ def test_handler_exception_is_a_502_like_api_gateway(cloud: LocalCloud) -> None:
     url = f"{cloud.api_url}/v1/jobs/boom"
     status, _, body = call("GET", url, sign("GET", url, key, secret))
     assert status == 502
-    assert body == {"message": "Internal server error"}
+    # The template's DEFAULT_5XX gateway response shapes it, as API Gateway would.
+    assert body == {
+        "error": {"code": "INTEGRATION_FAILURE", "message": "Internal server error", "details": None}
+    }
 
 
 def test_oversized_body_is_413(cloud: LocalCloud) -> None:
@@ -178,4 +195,4 @@ def test_oversized_body_is_413(cloud: LocalCloud) -> None:
     body = b"x" * (10 * 1024 * 1024 + 1)
     status, _, answer = call("POST", url, sign("POST", url, key, secret, body), body)
     assert status == 413
-    assert answer["error"]["code"] == "PayloadTooLarge"
+    assert answer["error"]["code"] == "REQUEST_TOO_LARGE"

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import boto3
 
-from berth_tools.localcloud import cloudformation_deploy, lambda_runtime, seed
+from berth_tools.localcloud import cloudformation_deploy, gateway_config, lambda_runtime, seed, session_tokens
 from berth_tools.localcloud.cloudformation_deploy import DeployedStack
 from berth_tools.localcloud.front_door import FrontDoor
 from berth_tools.localcloud.moto_server import MotoServer
@@ -81,6 +81,7 @@ class LocalCloud:
             endpoint_url=self.moto.endpoint_url, echo_logs=self.console if self.echo_handler_logs else None
         )
         lambda_runtime.install(self.runtime)
+        session_tokens.install()
         session = self.session()
         self.stack = cloudformation_deploy.deploy_stack(
             session, self.moto.endpoint_url, self.template, stack_name=self.stack_name
@@ -110,6 +111,7 @@ class LocalCloud:
             account_id=cloudformation_deploy.DEFAULT_ACCOUNT_ID,
             port=self.api_port,
             access_log=self.console,
+            gateway=self._gateway_config(rest_api_id),
         ).start()
         if self._state is not None:
             self._state.write_profiles(
@@ -212,6 +214,23 @@ class LocalCloud:
             return status, raw.decode(errors="replace")
 
     # -- internals ---------------------------------------------------------------------------------
+    def _gateway_config(self, rest_api_id: str) -> gateway_config.GatewayConfig:
+        """The deployed API's gateway responses and resource policy, from the template (moto drops them)."""
+        assert self.stack is not None
+        logical = next(
+            (
+                lid
+                for lid, (kind, physical) in self.stack.resources.items()
+                if kind == "AWS::ApiGateway::RestApi" and physical == rest_api_id
+            ),
+            None,
+        )
+        if logical is None:
+            raise LocalCloudError(f"REST API {rest_api_id} is not a resource of the deployed template")
+        return gateway_config.from_template(
+            self.template, logical, rest_api_id, cloudformation_deploy.DEFAULT_ACCOUNT_ID, self.region
+        )
+
     def _stage_name(self, rest_api_id: str) -> str:
         client = self.session().client("apigateway", endpoint_url=self.endpoint_url)
         stages = [s["stageName"] for s in client.get_stages(restApiId=rest_api_id).get("item", [])]

@@ -5,14 +5,19 @@ threaded HTTP server on 127.0.0.1 that serves one deployed stage at `http://127.
 
 1. routes by the deployed REST API (its resources and methods as moto's API Gateway returns them;
    literal path parts beat `{param}`, which beats `{proxy+}`, like API Gateway);
-2. for `AWS_IAM` methods verifies SigV4 (`berth_tools.localcloud.sigv4`) and answers 403 otherwise;
+2. for `AWS_IAM` methods verifies SigV4 (`berth_tools.localcloud.sigv4`) and answers 403 otherwise,
+   then evaluates the API's resource policy (`resource_policy`) and answers ACCESS_DENIED on a deny;
 3. builds the REST API Lambda proxy event (`build_proxy_event`) and invokes the integration's function
    through moto's Lambda Invoke API (which `lambda_runtime` serves in-process);
-4. maps the proxy response back to HTTP; a function error or a malformed response is a
-   502 `{"message": "Internal server error"}` like API Gateway.
+4. maps the proxy response back to HTTP; a function error or a malformed response is a 502
+   "Internal server error" like API Gateway.
+
+Every refusal is the gateway response the template defines for its type (`gateway_config`), with
+the type's status code, like API Gateway: MISSING_AUTHENTICATION_TOKEN, INVALID_SIGNATURE,
+EXPIRED_TOKEN, ACCESS_DENIED, REQUEST_TOO_LARGE, RESOURCE_NOT_FOUND, INTEGRATION_FAILURE.
 
 Deliberate differences, each documented in docs/local-cloud.md: unknown paths and methods answer 404
-with Berth's error shape (API Gateway answers 403 "Missing Authentication Token"), header names reach the
+RESOURCE_NOT_FOUND (API Gateway answers 403 "Missing Authentication Token"), header names reach the
 handler in canonical capitalisation (WSGI does not keep the client's case), and only
 `AWS_PROXY`/`AWS_IAM`/`NONE` are implemented.
 """
@@ -34,6 +39,8 @@ import boto3
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
+from berth_tools.localcloud import resource_policy
+from berth_tools.localcloud.gateway_config import GatewayConfig
 from berth_tools.localcloud.moto_server import LOCAL_HOST
 from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_request
 
@@ -126,23 +133,6 @@ class RouteTable:
             if found is not None and (best is None or found[0] > best[0]):
                 best = (found[0], route, found[1])
         return (best[1], best[2]) if best else None
-
-
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps({"error": {"code": code, "message": message, "details": None}})
-    response = Response(body, status=status, content_type="application/json")
-    for key, value in (headers or {}).items():
-        response.headers[key] = value
-    return response
-
-
-def _internal_error(request_id: str) -> Response:
-    response = Response(
-        json.dumps({"message": "Internal server error"}), status=502, content_type="application/json"
-    )
-    response.headers["x-amzn-ErrorType"] = "InternalServerErrorException"
-    response.headers["x-amzn-RequestId"] = request_id
-    return response
 
 
 def build_proxy_event(
@@ -276,6 +266,8 @@ class FrontDoor:
     access_log: TextIO | None = None
     routes: RouteTable | None = None
     stage_variables: dict[str, str] = field(default_factory=dict)
+    #: Gateway responses and resource policy from the deployed template (none: API Gateway's defaults).
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     _server: BaseWSGIServer | None = None
     _thread: threading.Thread | None = None
     _session: boto3.session.Session | None = None
@@ -289,6 +281,8 @@ class FrontDoor:
         return f"http://{LOCAL_HOST}:{self._server.server_port}/{self.stage}"
 
     def start(self) -> FrontDoor:
+        if self.gateway.policy is not None:
+            resource_policy.check_supported(self.gateway.policy)
         self._session = boto3.session.Session(
             aws_access_key_id="frontdoor", aws_secret_access_key="frontdoor", region_name=self.region
         )
@@ -330,7 +324,7 @@ class FrontDoor:
             response, principal = self._handle(request, request_id)
         except Exception as exc:  # a bug here must not look like the handler's fault
             print(f"berth local: front door error: {exc!r}", file=sys.stderr)
-            response = _internal_error(request_id)
+            response = self._internal_error()
         response.headers["x-amzn-RequestId"] = request_id
         response.headers.setdefault("x-amz-apigw-id", request_id.replace("-", "")[:16] + "=")
         if self.access_log is not None:
@@ -343,33 +337,42 @@ class FrontDoor:
             )
         return response(environ, start_response)
 
+    def _internal_error(self) -> Response:
+        return self.gateway.refusal(
+            "INTEGRATION_FAILURE",
+            "Internal server error",
+            status=502,
+            error_type="InternalServerErrorException",
+        )
+
     def _handle(self, request: Request, request_id: str) -> tuple[Response, Principal | None]:
         assert self.routes is not None
+        refuse = self.gateway.refusal
         raw_path = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.full_path
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
-            return _error(
-                404, "NotFound", f"No stage at {request.path}; the API is served under {prefix}"
-            ), None
+            message = f"No stage at {request.path}; the API is served under {prefix}"
+            return refuse("RESOURCE_NOT_FOUND", message), None
         path = request.path[len(prefix) :] or "/"
         # The signature is checked over the normalised path; refuse paths that normalise to
         # something else, so what is verified is exactly what is routed.
         segments = path.split("/")[1:]
         if any(seg in ("", ".", "..") for seg in segments[:-1]) or segments[-1:] in ([".."], ["."]):
-            return _error(400, "BadRequest", f"Path {path!r} has empty, '.' or '..' segments"), None
+            message = f"Path {path!r} has empty, '.' or '..' segments"
+            return refuse("BAD_REQUEST_PARAMETERS", message), None
         resolved = self.routes.resolve(path)
         if resolved is None:
-            return _error(404, "NotFound", f"No route for {request.method} {path}"), None
+            return refuse("RESOURCE_NOT_FOUND", f"No route for {request.method} {path}"), None
         route, path_parameters = resolved
         method = route.methods.get(request.method) or route.methods.get("ANY")
         if method is None:
-            return _error(404, "NotFound", f"No route for {request.method} {path}"), None
+            return refuse("RESOURCE_NOT_FOUND", f"No route for {request.method} {path}"), None
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
-            return _error(413, "PayloadTooLarge", "Request body exceeds 10 MB"), None
+            return refuse("REQUEST_TOO_LARGE", "Request body exceeds 10 MB"), None
         body = request.stream.read(MAX_BODY_BYTES + 1)
         if len(body) > MAX_BODY_BYTES:
-            return _error(413, "PayloadTooLarge", "Request body exceeds 10 MB"), None
+            return refuse("REQUEST_TOO_LARGE", "Request body exceeds 10 MB"), None
 
         principal: Principal | None = None
         if method.authorization_type == "AWS_IAM":
@@ -382,16 +385,17 @@ class FrontDoor:
                     region=self.region,
                 )
             except SignatureError as exc:
-                return _error(403, exc.code, exc.message, {"x-amzn-ErrorType": exc.error_type}), None
+                return refuse(exc.response_type, exc.message, error_type=exc.error_type), None
+            denied = self._denied_by_policy(principal, request, path)
+            if denied is not None:
+                return denied, principal
         elif method.authorization_type != "NONE":
-            return _error(
-                403, "Forbidden", f"Authorization type {method.authorization_type} is not supported"
-            ), None
+            message = f"Authorization type {method.authorization_type} is not supported locally"
+            return refuse("API_CONFIGURATION_ERROR", message), None
 
         if method.integration_type != "AWS_PROXY" or method.function_arn is None:
-            return _error(
-                404, "NotFound", f"{request.method} {path} has no Lambda proxy integration"
-            ), principal
+            message = f"{request.method} {path} has no Lambda proxy integration"
+            return refuse("API_CONFIGURATION_ERROR", message), principal
         event = build_proxy_event(
             request=request,
             body=body,
@@ -409,7 +413,7 @@ class FrontDoor:
         raw = result["Payload"].read()
         if result.get("FunctionError"):
             print(f"berth local: {method.function_arn} failed: {raw[:2000]!r}", file=sys.stderr)
-            return _internal_error(request_id), principal
+            return self._internal_error(), principal
         try:
             payload = json.loads(raw) if raw else None
         except ValueError:
@@ -417,5 +421,32 @@ class FrontDoor:
         response = proxy_response(payload)
         if response is None:
             print(f"berth local: malformed Lambda proxy response: {raw[:500]!r}", file=sys.stderr)
-            return _internal_error(request_id), principal
+            return self._internal_error(), principal
         return response, principal
+
+    def _denied_by_policy(self, principal: Principal, request: Request, path: str) -> Response | None:
+        """ACCESS_DENIED when the API's resource policy refuses this principal (see resource_policy)."""
+        if self.gateway.policy is None:
+            return None
+        api_arn = f"arn:aws:execute-api:{self.region}:{self.account_id}:{self.rest_api_id}"
+        resource = f"{api_arn}/{self.stage}/{request.method}{path}"
+        caller = resource_policy.Caller(
+            arn=principal.arn,
+            account=principal.account_id,
+            principal_arn=principal.principal_arn or principal.arn,
+            user_id=principal.user_id,
+            tags=principal.tags,
+            source_ip=request.remote_addr or "127.0.0.1",
+        )
+        decision = resource_policy.evaluate(self.gateway.policy, caller, resource, api_arn)
+        same_account = principal.account_id == self.account_id
+        if decision is resource_policy.Decision.DENY or (
+            decision is resource_policy.Decision.NO_MATCH and not same_account
+        ):
+            why = "with an explicit deny" if decision is resource_policy.Decision.DENY else ""
+            message = (
+                f"User: {principal.arn} is not authorized to perform: execute-api:Invoke on resource: "
+                f"{resource} {why}".rstrip()
+            )
+            return self.gateway.refusal("ACCESS_DENIED", message, error_type="AccessDeniedException")
+        return None

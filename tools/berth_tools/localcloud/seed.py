@@ -35,6 +35,7 @@ class SeededUser:
     arn: str
     access_key_id: str
     secret_access_key: str
+    unique_id: str = ""  # the IAM user's UserId: membership is registered with it
 
 
 def create_iam_users(
@@ -58,9 +59,11 @@ def create_iam_users(
     ]["Arn"]
     seeded = []
     for user in users:
-        arn = iam.create_user(UserName=user.profile, Tags=[{"Key": "berth:tenant", "Value": user.tenant}])[
-            "User"
-        ]["Arn"]
+        # The berth:tenant tag is what the API's resource policy admits (berth_infra.api.DEFAULT_MEMBER_TAG).
+        created = iam.create_user(
+            UserName=user.profile, Tags=[{"Key": "berth:tenant", "Value": user.tenant}]
+        )["User"]
+        arn = created["Arn"]
         iam.attach_user_policy(UserName=user.profile, PolicyArn=policy_arn)
         key = iam.create_access_key(UserName=user.profile)["AccessKey"]
         seeded.append(
@@ -71,16 +74,18 @@ def create_iam_users(
                 arn=arn,
                 access_key_id=key["AccessKeyId"],
                 secret_access_key=key["SecretAccessKey"],
+                unique_id=created["UserId"],
             )
         )
     return seeded
 
 
-PutMember = Callable[[str, str, str], None]
+#: put_member(principal_arn, tenant, role, unique_id)
+PutMember = Callable[[str, str, str, str], None]
 
 
 def tenant_repository_writer(table_name: str) -> PutMember:
-    """`put_member(principal_arn, tenant, role)` of Berth's tenants repository."""
+    """`put_member(principal_arn, tenant, role, unique_id)` of Berth's tenants repository."""
     from berth.dal.tenants import DynamoTenantRepository
 
     return DynamoTenantRepository(table_name).put_member
@@ -108,4 +113,4 @@ def seed_tenants(
     with sandbox_environment(env):
         put_member = writer or tenant_repository_writer(tenants_table)
         for user in users:
-            put_member(user.arn, user.tenant, user.role)
+            put_member(user.arn, user.tenant, user.role, user.unique_id)

@@ -3,8 +3,10 @@
 The signature is recomputed with botocore's own signer (`botocore.auth.SigV4Auth`) over exactly the
 headers the client listed in `SignedHeaders`, the path and query string as the client sent them, and
 the body received; the comparison is constant-time (`hmac.compare_digest`). Secrets come from moto's
-IAM users (active access keys) and from STS sessions (assumed roles, with their session token and
-expiry). Only the `Authorization` header form is accepted (not pre-signed query strings).
+IAM users (active access keys) and from STS sessions (assumed roles and GetSessionToken, with their
+session token and expiry). Only the `Authorization` header form is accepted (not pre-signed query
+strings). As AWS does, `x-amz-date` must be among the signed headers, and the query string is
+canonicalised from its decoded names and values (so `%7E` and `~`, `%2f` and `%2F` sign alike).
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest, HTTPHeaders
 from botocore.credentials import Credentials
+
+from berth_tools.localcloud import session_tokens
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_CLOCK_SKEW = timedelta(minutes=5)
@@ -37,6 +43,10 @@ class Principal:
     account_id: str
     arn: str
     user_id: str  # AIDA... for users, AROA...:session for assumed roles (identity.user and .caller)
+    #: The principal's tags (a user's, or an assumed role's), for resource-policy conditions.
+    tags: dict[str, str] = field(default_factory=dict)
+    #: aws:PrincipalArn: the role's ARN for an assumed-role session, else ``arn``.
+    principal_arn: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,24 @@ class SignatureError(Exception):
         self.error_type = error_type  # API Gateway's x-amzn-ErrorType
         self.message = message
 
+    @property
+    def response_type(self) -> str:
+        """The API Gateway gateway response type this refusal is sent with."""
+        return _RESPONSE_TYPES.get(self.code, "INVALID_SIGNATURE")
+
+
+_RESPONSE_TYPES = {
+    "MissingAuthenticationToken": "MISSING_AUTHENTICATION_TOKEN",
+    "ExpiredToken": "EXPIRED_TOKEN",
+}
+
+
+def _tags(entity: Any) -> dict[str, str]:
+    """moto keeps IAM tags as [{"Key", "Value"}] (users) or {key: {"Key", "Value"}} (roles)."""
+    raw = getattr(entity, "tags", None) or {}
+    items = raw.values() if isinstance(raw, dict) else raw
+    return {str(t["Key"]): str(t.get("Value", "")) for t in items if isinstance(t, dict) and "Key" in t}
+
 
 def lookup_secret(access_key_id: str) -> _Secret | None:
     """Find an access key in moto's IAM users, then in its STS sessions."""
@@ -69,15 +97,33 @@ def lookup_secret(access_key_id: str) -> _Secret | None:
         for user in list(backend.users.values()):
             for key in user.access_keys:
                 if key.access_key_id == access_key_id and key.status == "Active":
-                    principal = Principal(access_key_id, account_id, user.arn, user.id)
+                    principal = Principal(access_key_id, account_id, user.arn, user.id, _tags(user), user.arn)
                     return _Secret(principal, key.secret_access_key, None, None)
+    session = session_tokens.find(access_key_id)
+    if session is not None:
+        user_tags: dict[str, str] = {}
+        iam = iam_backends[session.account_id].get("aws")
+        if iam is not None and session.user_name in iam.users:
+            user_tags = _tags(iam.users[session.user_name])
+        principal = Principal(
+            access_key_id, session.account_id, session.user_arn, session.user_id, user_tags, session.user_arn
+        )
+        return _Secret(principal, session.secret_access_key, session.session_token, session.expires_at)
     for account_id in list(sts_backends.keys()):
         sts = sts_backends[account_id].get("aws")
         if sts is None:
             continue
         for role in list(sts.assumed_roles):
             if role.access_key_id == access_key_id:
-                principal = Principal(access_key_id, role.account_id, role.arn, role.user_id)
+                role_tags: dict[str, str] = {}
+                iam = iam_backends[role.account_id].get("aws")
+                try:
+                    role_tags = _tags(iam.get_role_by_arn(role.role_arn)) if iam is not None else {}
+                except Exception:  # the role is gone: no tags (and no id: see AssumedRole.user_id)
+                    role_tags = {}
+                principal = Principal(
+                    access_key_id, role.account_id, role.arn, role.user_id, role_tags, role.role_arn
+                )
                 return _Secret(principal, role.secret_access_key, role.session_token, role.expiration)
     return None
 
@@ -95,6 +141,21 @@ class _ExactSigner(SigV4Auth):
             for value in request.headers.get_all(name) or []:
                 header_map[name] = value
         return header_map
+
+    def canonical_query_string(self, request: AWSRequest) -> str:
+        return canonical_query(urlsplit(str(request.url)).query)
+
+
+def canonical_query(query: str) -> str:
+    """SigV4's canonical query string as AWS computes it: each name and value percent-decoded, then
+    encoded again (RFC 3986 unreserved characters kept), sorted by name, then value."""
+    pairs = []
+    for part in query.split("&"):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        pairs.append((quote(unquote(name), safe="-_.~"), quote(unquote(value), safe="-_.~")))
+    return "&".join(f"{name}={value}" for name, value in sorted(pairs))
 
 
 def verify_request(
@@ -171,6 +232,12 @@ def verify_request(
     if "host" not in signed:
         raise SignatureError(
             "IncompleteSignature", "IncompleteSignatureException", "The host header must be signed."
+        )
+    if "x-amz-date" not in signed:
+        raise SignatureError(
+            "IncompleteSignature",
+            "IncompleteSignatureException",
+            "The x-amz-date header must be signed.",
         )
     if any(name not in lower for name in signed):
         raise SignatureError(
