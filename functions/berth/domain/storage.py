@@ -70,7 +70,7 @@ class Residency(StrEnum):
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DatasetLocation(_Record):

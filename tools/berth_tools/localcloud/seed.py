@@ -114,3 +114,29 @@ def seed_tenants(
         put_member = writer or tenant_repository_writer(tenants_table)
         for user in users:
             put_member(user.arn, user.tenant, user.role, user.unique_id)
+        if writer is None:
+            seed_example_data(tenants_table)
+
+
+#: What the example job specs (examples/jobs/) read: team vision's own dataset bucket, granted by an
+#: admin, and team nlp's GLUE copy on the on-prem hosts, registered as a dataset that stays on-prem.
+EXAMPLE_GRANTS = {"vision": ["s3://vision-datasets/"]}
+EXAMPLE_DATASETS = {
+    "glue": {
+        "locations": [{"pool": "default", "root": "/datasets/glue"}],
+        "tenants": ["nlp"],
+        "residency": "onprem-only",
+    }
+}
+
+
+def seed_example_data(tenants_table: str) -> None:
+    """Grants and datasets the examples use, written as an admin would through the API's store."""
+    from berth.dal.tenants import DynamoTenantRepository
+    from berth.domain.storage import DataGrants, Dataset
+
+    repo = DynamoTenantRepository(tenants_table)
+    for tenant, prefixes in EXAMPLE_GRANTS.items():
+        repo.put_grants(tenant, DataGrants(s3_prefixes=prefixes))
+    for name, dataset in EXAMPLE_DATASETS.items():
+        repo.put_dataset(name, Dataset.model_validate(dataset))
