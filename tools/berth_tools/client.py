@@ -156,6 +156,9 @@ class BerthClient:
         key = idempotency_key or str(uuid.uuid4())
         return self.call("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": key})
 
+    def request_bundle(self, digest: str, size: int) -> Any:
+        return self.call("POST", "/v1/bundles", body={"digest": digest, "size": size})
+
     def get(self, job_id: str) -> Any:
         return self.call("GET", f"/v1/jobs/{_seg(job_id)}")
 

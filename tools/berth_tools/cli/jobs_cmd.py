@@ -11,6 +11,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
+from berth_tools.bundle import BundleError, local_code_dir, upload
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
 from berth_tools.client import BerthClient, ClientError, load_config
 
@@ -40,7 +41,8 @@ def _status(s: str) -> str:
 def _where(job: dict[str, Any]) -> str:
     p = job.get("placement") or {}
     if job.get("site") == "onprem":
-        return f"onprem {p.get('pool', '')}/{p.get('host', '')}"
+        hosts = ",".join(h.get("host_id", "") for h in p.get("hosts", []))
+        return f"onprem {p.get('pool', '')}/{hosts}"
     if job.get("site") == "cloud":
         return f"cloud {p.get('region', '')} {p.get('instance_type', '')}"
     return "-"
@@ -93,10 +95,25 @@ def submit(
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Submit a training job from a spec file."""
+    """Submit a training job from a spec file. ``code: ./dir`` (relative to the file) is packed and
+    uploaded first, only if the control plane does not have it yet."""
     spec = _read_spec(file, output)
     with api_errors(output):
-        job = client_for(api_url, profile).submit(spec, idempotency_key)
+        client = client_for(api_url, profile)
+        code = spec.get("code")
+        directory = local_code_dir(code, file) if isinstance(code, str) else None
+        if directory is not None:
+            try:
+                result = upload(client, directory)
+            except BundleError as exc:
+                fail(output, ClientError(0, "BadBundle", str(exc)))
+            spec["code"] = result.code
+            if output is OutputFormat.TABLE:
+                what = "uploaded" if result.uploaded else "already stored"
+                console.print(
+                    f"bundle {result.code[:19]}… {what} ({result.files} files, {result.bytes} bytes)"
+                )
+        job = client.submit(spec, idempotency_key)
     render(output, job, lambda j: console.print(f"submitted [bold]{j['id']}[/] ({_status(j['status'])})"))
 
 

@@ -41,7 +41,7 @@ class Exit(IntEnum):
 
 
 #: Client-side failures (status 0) by their code.
-_LOCAL_EXIT = {"NoApiUrl": 2, "BadConfig": 2, "BadSpecFile": 2, "NoCredentials": 4}
+_LOCAL_EXIT = {"NoApiUrl": 2, "BadConfig": 2, "BadSpecFile": 2, "BadBundle": 2, "NoCredentials": 4}
 
 
 def exit_code(status: int, code: str | None = None) -> Exit:

@@ -27,10 +27,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from moto.core.exceptions import ServiceException
 from moto.core.utils import utcnow
 from moto.iam import access_control
 from moto.s3 import responses as s3_responses
+from moto.s3.exceptions import S3ClientError
 from moto.secretsmanager import responses as sm_responses
 from moto.sts.models import sts_backends
 
@@ -39,7 +39,7 @@ class MotoPatchError(RuntimeError):
     pass
 
 
-class BadDigest(ServiceException):
+class BadDigest(S3ClientError):
     code = "BadDigest"
 
     def __init__(self) -> None:
