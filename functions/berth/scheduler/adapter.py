@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from berth.domain.job_spec import JobSpec
+from berth.domain.storage import Dataset, Residency
+from berth.scheduler.policy import ResidencyRule, SchedulingPolicy
 from berth.scheduler.snapshot import PendingJob
 
 
@@ -42,3 +46,22 @@ def pending_from_spec(
         avoid_hosts=avoid_hosts,
         avoid_regions=avoid_regions,
     )
+
+
+def dataset_residency(datasets: Mapping[str, Dataset]) -> list[ResidencyRule]:
+    """Registered datasets as the core's residency rules: a job reading ``dataset://NAME`` runs only
+    in the pools where the dataset exists, and never in the cloud when it is marked on-prem only."""
+    return [
+        ResidencyRule(
+            name=f"dataset {name}",
+            dataset_prefix=f"dataset://{name}",
+            onprem_only=ds.residency is Residency.ONPREM_ONLY,
+            pools=sorted({loc.pool for loc in ds.locations}),
+        )
+        for name, ds in sorted(datasets.items())
+    ]
+
+
+def with_dataset_residency(policy: SchedulingPolicy, datasets: Mapping[str, Dataset]) -> SchedulingPolicy:
+    """The organisation's policy plus the registered datasets' residency."""
+    return policy.model_copy(update={"residency": [*policy.residency, *dataset_residency(datasets)]})
