@@ -187,3 +187,28 @@ def test_quota_update_keeps_the_active_job_counter_over_http(local_cloud: Any) -
     finally:
         _cancel_active(bob)
         admin.put("/v1/tenants/nlp/quota", json={})
+
+
+def test_code_bundle_is_uploaded_once_and_stored_by_digest(local_cloud: Any) -> None:
+    """Issue 9: `berth submit -f` packs code: ./mnist, uploads it, and a second submit uploads nothing."""
+    spec_file = EXAMPLES / "mnist-bundle.yaml"
+    code, first, err = berth(local_cloud, "alice", "submit", "-f", str(spec_file))
+    assert code == 0, err
+    assert first["spec"]["code"].startswith("sha256:") and len(first["spec"]["code"]) == 71
+    assert "uploaded" in err or "already stored" in err, err
+    code, second, err = berth(local_cloud, "alice", "submit", "-f", str(spec_file))
+    assert code == 0, err
+    assert "already stored, nothing uploaded" in err, err
+    assert second["spec"]["code"] == first["spec"]["code"] and second["id"] != first["id"]
+    # The digest is vision's: nlp may not run it, nor read vision's data.
+    bob = local_cloud.client("bob")
+    r = bob.post(
+        "/v1/jobs", json={"name": "steal", "code": first["spec"]["code"], "command": ["python", "x.py"]}
+    )
+    assert r.status == 422 and r.json()["error"]["details"] == {"code": first["spec"]["code"]}
+    r = bob.post(
+        "/v1/jobs", json={**SPEC, "data": [{"source": "s3://vision-datasets/mnist/", "mount": "/d"}]}
+    )
+    assert r.status == 403 and "vision-datasets" in r.json()["error"]["message"]
+    for job in (first, second):
+        local_cloud.client("alice").post(f"/v1/jobs/{job['id']}/cancel")

@@ -14,6 +14,10 @@ JOBS = sorted((Path(__file__).resolve().parents[2] / "examples" / "jobs").glob("
 @pytest.mark.parametrize("path", JOBS, ids=lambda p: p.name)
 def test_example_job_specs(path: Path) -> None:
     data = yaml.safe_load(path.read_text())
+    code = data.get("code")
+    if isinstance(code, str) and code.startswith("./"):  # packed by the CLI: the API sees a digest
+        assert (path.parent / code).is_dir(), code
+        data["code"] = "sha256:" + "0" * 64
     if path.name.startswith("bad-"):
         with pytest.raises(ValidationError):
             JobSpec.model_validate(data)

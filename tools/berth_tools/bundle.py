@@ -15,12 +15,12 @@ import os
 import stat
 import tarfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pathspec
+import urllib3
 
 IGNORE_FILES = (".gitignore", ".berthignore")
 ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc")
@@ -128,16 +128,16 @@ def upload(client: Any, directory: Path) -> UploadResult:
     if answer.get("present"):
         return UploadResult(bundle.code, False, bundle.size, bundle.files, t1 - t0, time.monotonic() - t1)
     ticket = answer["upload"]
-    req = urllib.request.Request(
-        ticket["url"], data=bundle.data, method=ticket["method"], headers=ticket["headers"]
-    )
+    # urllib3 (botocore's HTTP client) sends exactly the signed headers; urllib.request would add a
+    # form Content-Type to a PUT with a body, which the signature does not cover.
     try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            resp.read()
-    except urllib.error.HTTPError as exc:
-        raise BundleError(f"upload refused by the store: HTTP {exc.code} {exc.read()[:300]!r}") from exc
-    except OSError as exc:
+        resp = urllib3.request(
+            ticket["method"], ticket["url"], body=bundle.data, headers=ticket["headers"], timeout=600.0
+        )
+    except urllib3.exceptions.HTTPError as exc:
         raise BundleError(f"upload failed: {exc}") from exc
+    if resp.status >= 300:
+        raise BundleError(f"upload refused by the store: HTTP {resp.status} {resp.data[:300]!r}")
     return UploadResult(bundle.code, True, bundle.size, bundle.files, t1 - t0, time.monotonic() - t1)
 
 

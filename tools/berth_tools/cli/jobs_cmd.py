@@ -108,11 +108,12 @@ def submit(
             except BundleError as exc:
                 fail(output, ClientError(0, "BadBundle", str(exc)))
             spec["code"] = result.code
-            if output is OutputFormat.TABLE:
-                what = "uploaded" if result.uploaded else "already stored"
-                console.print(
-                    f"bundle {result.code[:19]}… {what} ({result.files} files, {result.bytes} bytes)"
-                )
+            what = "uploaded" if result.uploaded else "already stored, nothing uploaded"
+            typer.echo(
+                f"bundle {result.code} {what} ({result.files} files, {result.bytes} bytes, "
+                f"packed in {result.pack_s:.2f}s, upload {result.upload_s:.2f}s)",
+                err=True,
+            )
         job = client.submit(spec, idempotency_key)
     render(output, job, lambda j: console.print(f"submitted [bold]{j['id']}[/] ({_status(j['status'])})"))
 

@@ -116,11 +116,17 @@ def seed_tenants(
             put_member(user.arn, user.tenant, user.role, user.unique_id)
         if writer is None:
             seed_example_data(tenants_table)
+            for name, value in EXAMPLE_SECRETS.items():
+                boto3.client("secretsmanager", endpoint_url=endpoint_url, region_name=region).create_secret(
+                    Name=name, SecretString=value
+                )
 
 
 #: What the example job specs (examples/jobs/) read: team vision's own dataset bucket, granted by an
 #: admin, and team nlp's GLUE copy on the on-prem hosts, registered as a dataset that stays on-prem.
 EXAMPLE_GRANTS = {"vision": ["s3://vision-datasets/"]}
+#: A secret of team vision's for examples/jobs/mnist-bundle.yaml (a placeholder value).
+EXAMPLE_SECRETS = {"berth/vision/wandb": "local-placeholder-not-a-real-key"}
 EXAMPLE_DATASETS = {
     "glue": {
         "locations": [{"pool": "default", "root": "/datasets/glue"}],
