@@ -173,6 +173,46 @@ def run(s: Scenario) -> None:
         assert alice.get_quota("vision") == q
         return "alice may not set quotas (403); admin sets vision's V100 guarantee to 64"
 
+    def code_bundle() -> str:
+        spec_file = EXAMPLES / "mnist-bundle.yaml"
+        code, first, err = s.cli("alice", "submit", "-f", str(spec_file))
+        assert code == 0, f"exit {code}: {err}"
+        digest = first["spec"]["code"]
+        assert digest.startswith("sha256:"), first["spec"]
+        code, second, err2 = s.cli("alice", "submit", "-f", str(spec_file))
+        assert code == 0 and "nothing uploaded" in err2, (code, err2)
+        assert second["spec"]["code"] == digest
+        ids["bundle"] = first["id"]
+        secret_shown = "local-placeholder" in json.dumps([first, second])
+        assert not secret_shown, "a secret's value reached the API's answer"
+        return (
+            f"./mnist packed and uploaded once as {digest[:19]}…; the second submit uploaded nothing; "
+            f"data s3://vision-datasets/mnist/ (granted to vision) and secret berth/vision/wandb by name"
+        )
+
+    def foreign_code_and_data() -> str:
+        bob = s.client("bob")
+        digest = alice.get(ids["bundle"])["spec"]["code"]
+        for spec, status in (
+            ({"name": "x", "code": digest, "command": ["python", "train.py"]}, 422),
+            (
+                {
+                    "name": "x",
+                    "image": "busybox",
+                    "data": [{"source": "s3://vision-datasets/mnist/", "mount": "/d"}],
+                },
+                403,
+            ),
+            ({"name": "x", "image": "busybox", "secrets": {"T": "berth/vision/wandb"}}, 403),
+        ):
+            try:
+                bob.submit(spec)
+            except ClientError as exc:
+                assert exc.status == status, (exc.status, exc.message)
+            else:
+                raise AssertionError(f"bob's job was accepted: {spec}")
+        return "bob may not use vision's bundle (422), its data (403) or its secret (403)"
+
     for title, fn in [
         ("alice submits an 8xV100 training job with the CLI", alice_submits),
         ("bob submits a 2xA100 fine-tuning job", bob_submits),
@@ -183,6 +223,8 @@ def run(s: Scenario) -> None:
         ("a bad spec is refused with a clear message", bad_spec),
         ("requests without a SigV4 signature are refused", unsigned),
         ("quotas are an admin's business", quotas),
+        ("alice submits a code-bundle job: the CLI uploads ./mnist once", code_bundle),
+        ("another team cannot use vision's code, data or secrets", foreign_code_and_data),
     ]:
         s.step(title, fn)
 
