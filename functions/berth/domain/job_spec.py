@@ -121,9 +121,11 @@ class DataMount(Strict):
 def _gpus_multiple_of_nodes() -> JsonDict:
     """JSON Schema for ``gpus % nodes == 0``: one branch per possible ``nodes``."""
     branches: list[JsonValue] = [{"not": {"required": ["nodes"]}}]
+    branches.append({"required": ["nodes"], "properties": {"nodes": {"const": 1}}})
+    # gpus defaults to 1, so more than one node needs gpus stated (and a multiple of the nodes).
     branches += [
-        {"required": ["nodes"], "properties": {"nodes": {"const": n}, "gpus": {"multipleOf": n}}}
-        for n in range(1, MAX_NODES + 1)
+        {"required": ["nodes", "gpus"], "properties": {"nodes": {"const": n}, "gpus": {"multipleOf": n}}}
+        for n in range(2, MAX_NODES + 1)
     ]
     return {"anyOf": branches, "description": "gpus must be a multiple of nodes"}
 
