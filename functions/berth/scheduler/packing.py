@@ -1,0 +1,408 @@
+"""Shared cloud instances: free slots, and packing the jobs that burst in one pass.
+
+AWS Batch places several containers on one instance, so a running instance with free GPUs is
+capacity: a single-node job of its kind (GPU model, spot mode, region) may join it, paying its
+GPU share. Every policy fills free slots first (best fit). With ``burst.pack_instances`` the
+single-node jobs sent to the cloud in a pass are, after the queue, packed (longest predicted
+run first, first fit) onto the multi-GPU offer of their kind that saves the most per hour
+against each job's own cheapest offer, counting the waiting jobs that would take its remaining
+slots at once; then a waiting job starts in a free slot that the instance's paying jobs keep
+paid (by their predicted ends, ``runtime.pack_q``) at least as long as it needs
+(``runtime.slot_need_q``). Every placement here passes the same rules as any cloud placement:
+burst tenants, residency, regions, avoided regions, spot rule, open circuits, offer capacity,
+``max_usd_per_gpu_hour``, ``max_hourly_usd``, ``max_cost_usd`` and the tenant's budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from berth.domain.placement import Site
+from berth.scheduler.circuit import CircuitState
+from berth.scheduler.decisions import CloudAssignment
+from berth.scheduler.eligibility import (
+    budget_exclusion,
+    cloud_job_exclusion,
+    offer_kind_exclusion,
+    price_exclusion,
+    wants_spot,
+)
+from berth.scheduler.fits import fits
+from berth.scheduler.outcomes import JobOutcome, Rule, Step
+from berth.scheduler.policy import ResidencyRule
+from berth.scheduler.snapshot import CloudOffer, PendingJob, TenantState
+
+if TYPE_CHECKING:
+    from berth.scheduler.context import PassContext
+
+Kind = tuple[str, bool, str]
+"""(GPU model, spot, region): instances a job may share."""
+
+
+def new_instance_id(job: PendingJob, now: float) -> str:
+    """A new shared instance is named after the job that launches it and the pass."""
+    return f"i-{job.job_id}@{now:.0f}"
+
+
+@dataclass(slots=True)
+class OpenInstance:
+    instance_id: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    spot: bool
+    gpus: int
+    hourly_usd: float
+    free_gpus: int
+    free_cpu: float
+    free_memory_gib: float
+    ready_at: float
+    queue: str = ""
+    paid_until: float = 0.0
+    """The latest predicted end of its paying jobs: how long it runs anyway."""
+
+    @property
+    def kind(self) -> Kind:
+        return (self.gpu_type, self.spot, self.region)
+
+
+@dataclass(slots=True)
+class SlotLedger:
+    """Open shared instances (the snapshot's and those launched in this pass) and the jobs
+    deferred to the packing step."""
+
+    instances: dict[str, OpenInstance] = field(default_factory=dict)
+    open_by_kind: dict[Kind, set[str]] = field(default_factory=dict)
+    deferred: list[tuple[PendingJob, CloudAssignment]] = field(default_factory=list)
+    waiting: list[PendingJob] = field(default_factory=list)
+    """Jobs left waiting for on-prem that could start in a free slot (``pack_instances``)."""
+    _alone: dict[tuple[int, str, bool, str], float] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, ctx: PassContext) -> SlotLedger:
+        led = cls()
+        for i in ctx.snapshot.instances:
+            led._open(
+                OpenInstance(
+                    i.instance_id, i.region, i.zone, i.instance_type, i.gpu_type, i.spot, i.gpus,
+                    i.hourly_usd, i.free_gpus, i.free_cpu, i.free_memory_gib, i.ready_at,
+                )
+            )  # fmt: skip
+        q = ctx.policy.runtime.pack_q
+        for r in ctx.snapshot.running:
+            inst = led.instances.get(r.instance_id or "")
+            if inst is not None:
+                end = ctx.expected_end(r, q)
+                if end is not None:
+                    inst.paid_until = max(inst.paid_until, end)
+        return led
+
+    def _open(self, inst: OpenInstance) -> None:
+        self.instances[inst.instance_id] = inst
+        if inst.free_gpus > 0:
+            self.open_by_kind.setdefault(inst.kind, set()).add(inst.instance_id)
+
+    # ------------------------------------------------------------------ placing
+    def defer(self, ctx: PassContext, job: PendingJob, a: CloudAssignment) -> None:
+        self.deferred.append((job, a))
+        ctx.last_placed = a
+        # Counted in fair share now, so the rest of the pass sees the tenant's cloud GPUs.
+        ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
+
+    def place(self, ctx: PassContext, job: PendingJob, a: CloudAssignment, deferred: bool = False) -> None:
+        """Commit a cloud assignment: the decision, fair share, and a new shared instance's slots."""
+        ctx.decisions.placements.append(a)
+        ctx.last_placed = a
+        if not deferred:
+            ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
+        ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
+        if a.instance_id is None:
+            return
+        inst = self.instances.get(a.instance_id)
+        if inst is None and a.launch:
+            offer = ctx.offer_by_key[(a.region, a.zone, a.instance_type)]
+            inst = OpenInstance(
+                a.instance_id, a.region, a.zone, a.instance_type, a.gpu_type, a.spot, offer.gpus,
+                a.instance_hourly_usd, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, a.queue,
+            )  # fmt: skip
+            self._open(inst)
+        assert inst is not None
+        inst.free_gpus -= job.gpus
+        inst.free_cpu -= job.cpu
+        inst.free_memory_gib -= job.memory_gib
+        if inst.free_gpus <= 0:
+            self.open_by_kind.get(inst.kind, set()).discard(inst.instance_id)
+
+    def join_best(
+        self,
+        ctx: PassContext,
+        job: PendingJob,
+        tenant: TenantState,
+        residency: list[ResidencyRule],
+        horizon_s: float,
+        need_until: float | None = None,
+    ) -> CloudAssignment | None:
+        """Best fit among open instances the job may use; with ``need_until``, only an instance
+        paid until then anyway (a free-slot start). Commits and returns the assignment."""
+        if not self.open_by_kind or cloud_job_exclusion(job, ctx.policy, residency) is not None:
+            return None
+        mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
+        best: OpenInstance | None = None
+        for kind, ids in self.open_by_kind.items():
+            if not ids or offer_kind_exclusion(job, ctx.policy, residency, kind[0], kind[2], kind[1], mode):
+                continue
+            for iid in ids:
+                inst = self.instances[iid]
+                if not fits(
+                    inst.free_gpus, inst.free_cpu, inst.free_memory_gib, job.gpus, job.cpu, job.memory_gib
+                ):
+                    continue
+                if (
+                    need_until is not None
+                    and max(ctx.now, inst.ready_at) + (need_until - ctx.now) > inst.paid_until
+                ):
+                    continue
+                if best is None or (inst.free_gpus, inst.ready_at, iid) < (
+                    best.free_gpus,
+                    best.ready_at,
+                    best.instance_id,
+                ):
+                    best = inst
+        if best is None or ctx.circuits.state(best.region, best.instance_type) is CircuitState.OPEN:
+            return None
+        share = best.hourly_usd * job.gpus / best.gpus
+        where = f"a slot of {best.instance_type} in {best.zone}"
+        if price_exclusion(job, ctx.policy, where, best.hourly_usd / best.gpus, share, horizon_s) is not None:
+            return None
+        committed = ctx.committed_usd.get(job.tenant, 0.0)
+        if budget_exclusion(tenant, share, committed, horizon_s) is not None:
+            return None
+        ctx.committed_usd[job.tenant] = committed + share * horizon_s / 3600.0
+        a = _slot_assignment(job, best, share)
+        self.place(ctx, job, a)
+        return a
+
+    # ------------------------------------------------------------------ packing
+    def pack(self, ctx: PassContext) -> None:
+        """Resolve the deferred single-node cloud jobs (``burst.pack_instances``)."""
+        groups: dict[Kind, list[tuple[PendingJob, CloudAssignment]]] = {}
+        for job, a in self.deferred:
+            groups.setdefault((a.gpu_type, a.spot, a.region), []).append((job, a))
+        self.deferred = []
+        q = ctx.policy.runtime.pack_q
+        for kind, items in groups.items():
+            run = {job.job_id: ctx.remaining_s(job, q) or 0.0 for job, _ in items}
+            items.sort(key=lambda ja: (-run[ja[0].job_id], ja[0].job_id))
+            offers = self._pack_offers(ctx, kind)
+            riders = [w for w in self.waiting if _rider_kind_ok(ctx, w, kind)]
+            while items and offers:
+                best: tuple[float, CloudOffer, float, list[int]] | None = None
+                for offer, price in offers:
+                    chosen = _first_fit(ctx, items, offer, price)
+                    if not chosen:
+                        continue
+                    value = sum(items[i][1].hourly_usd for i in chosen)
+                    until = ctx.now + max(run[items[i][0].job_id] for i in chosen)
+                    value += self._rider_value(ctx, items, chosen, offer, riders, kind, until)
+                    saving = value - price
+                    if saving > 1e-9 and (best is None or saving > best[0]):
+                        best = (saving, offer, price, chosen)
+                if best is None:
+                    break
+                _, offer, price, chosen = best
+                self._launch_packed(ctx, offer, price, [items[i] for i in chosen])
+                taken = set(chosen)
+                items = [ja for i, ja in enumerate(items) if i not in taken]
+                if riders:
+                    self.fill_free_slots(ctx)
+                    riders = [r for r in riders if ctx.outcomes[r.job_id].placed is None]
+            for job, a in items:
+                self.place(ctx, job, a, deferred=True)
+                inst = self.instances.get(a.instance_id or "")
+                if inst is not None:
+                    inst.paid_until = max(inst.paid_until, ctx.now + run[job.job_id])
+
+    def _pack_offers(self, ctx: PassContext, kind: Kind) -> list[tuple[CloudOffer, float]]:
+        """The cheapest zone of each multi-GPU instance type of this kind with a closed circuit
+        and capacity left."""
+        gpu_type, spot, region = kind
+        best: dict[str, tuple[CloudOffer, float]] = {}
+        for o in ctx.cloud.by_model.get(gpu_type, ()):
+            if o.region != region or o.gpus < 2:
+                continue
+            price = o.spot_usd_h if spot else o.on_demand_usd_h
+            if price is None or ctx.circuits.state(o.region, o.instance_type) is not CircuitState.CLOSED:
+                continue
+            left = ctx.cloud.left.get(ctx.cloud.pos[id(o)])
+            if left is not None and left < 1:
+                continue
+            cur = best.get(o.instance_type)
+            if cur is None or (price, o.zone) < (cur[1], cur[0].zone):
+                best[o.instance_type] = (o, price)
+        return sorted(best.values(), key=lambda op: (op[1] / op[0].gpus, op[0].instance_type))
+
+    def _launch_packed(
+        self,
+        ctx: PassContext,
+        offer: CloudOffer,
+        price: float,
+        chosen: list[tuple[PendingJob, CloudAssignment]],
+    ) -> None:
+        pos = ctx.cloud.pos[id(offer)]
+        if pos in ctx.cloud.left:
+            ctx.cloud.left[pos] -= 1
+        iid = new_instance_id(chosen[0][0], ctx.now)
+        q = ctx.policy.runtime.pack_q
+        inst = OpenInstance(
+            iid, offer.region, offer.zone, offer.instance_type, offer.gpu_type, chosen[0][1].spot, offer.gpus,
+            price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, chosen[0][1].queue,
+        )  # fmt: skip
+        self._open(inst)
+        for job, own in chosen:
+            share = price * job.gpus / offer.gpus
+            # The job's commitment was its own offer's price; it now pays its share instead.
+            horizon = ctx.cost_horizon_s(job)
+            ctx.committed_usd[job.tenant] = (
+                ctx.committed_usd.get(job.tenant, 0.0) + (share - own.hourly_usd) * horizon / 3600.0
+            )
+            a = _slot_assignment(job, inst, share, launch=True)
+            self.place(ctx, job, a, deferred=True)
+            inst.paid_until = max(inst.paid_until, ctx.now + (ctx.remaining_s(job, q) or 0.0))
+            ctx.outcomes[job.job_id] = JobOutcome(a, ctx.outcomes[job.job_id].steps)
+
+    def _alone_usd_h(self, ctx: PassContext, gpus: int, kind: Kind) -> float:
+        """The cheapest hourly price of instances holding ``gpus`` GPUs for one job alone."""
+        key = (gpus, *kind)
+        hit = self._alone.get(key)
+        if hit is not None:
+            return hit
+        gpu_type, spot, region = kind
+        best = math.inf
+        for o in ctx.cloud.by_model.get(gpu_type, ()):
+            price = o.spot_usd_h if spot else o.on_demand_usd_h
+            if o.region != region or price is None:
+                continue
+            n = 1 if o.gpus >= gpus else (gpus // o.gpus if gpus % o.gpus == 0 else 0)
+            if n:
+                best = min(best, price * n)
+        self._alone[key] = best
+        return best
+
+    def _rider_value(
+        self,
+        ctx: PassContext,
+        items: list[tuple[PendingJob, CloudAssignment]],
+        chosen: list[int],
+        offer: CloudOffer,
+        riders: list[PendingJob],
+        kind: Kind,
+        until: float,
+    ) -> float:
+        """What the waiting jobs that would fill the rest of this instance cost alone per hour
+        (only jobs the packed jobs keep it paid long enough for)."""
+        if not riders:
+            return 0.0
+        gpus = offer.gpus - sum(items[i][0].gpus for i in chosen)
+        cpu = offer.vcpus - sum(items[i][0].cpu for i in chosen)
+        mem = offer.memory_gib - sum(items[i][0].memory_gib for i in chosen)
+        need_q = ctx.policy.runtime.slot_need_q
+        value = 0.0
+        for job in riders:
+            if gpus <= 0:
+                break
+            need = ctx.remaining_s(job, need_q)
+            if (
+                need is not None
+                and ctx.now + need <= until
+                and fits(gpus, cpu, mem, job.gpus, job.cpu, job.memory_gib)
+            ):
+                gpus -= job.gpus
+                cpu -= job.cpu
+                mem -= job.memory_gib
+                value += self._alone_usd_h(ctx, job.gpus, kind)
+        return value
+
+    def fill_free_slots(self, ctx: PassContext) -> None:
+        """A job waiting for on-prem starts in a free slot of an instance that its paying jobs keep
+        running at least as long as this job is predicted to need: it adds nothing to the bill
+        while the instance runs anyway, and leaves on-prem room to the others."""
+        if not self.waiting or not self.open_by_kind:
+            return
+        need_q = ctx.policy.runtime.slot_need_q
+        still: list[PendingJob] = []
+        for job in self.waiting:
+            if ctx.outcomes[job.job_id].placed is not None:
+                continue
+            need = ctx.remaining_s(job, need_q)
+            tenant = ctx.tenant(job.tenant)
+            a = None
+            if need is not None:
+                a = self.join_best(
+                    ctx, job, tenant, ctx.residency(job), ctx.cost_horizon_s(job), ctx.now + need
+                )
+            if a is None:
+                still.append(job)
+                continue
+            old = ctx.outcomes[job.job_id].steps
+            steps = tuple(s for s in old if s.rule is not Rule.BURST_WAIT)
+            note = Step(
+                Site.CLOUD, Rule.FREE_SLOT, f"started in a free slot of {a.instance_type} paid for anyway"
+            )
+            ctx.outcomes[job.job_id] = JobOutcome(a, (*steps, note))
+        self.waiting = still
+
+
+def _slot_assignment(
+    job: PendingJob, inst: OpenInstance, share: float, launch: bool = False
+) -> CloudAssignment:
+    return CloudAssignment(
+        job_id=job.job_id,
+        tenant=job.tenant,
+        region=inst.region,
+        zone=inst.zone,
+        queue=inst.queue,
+        instance_type=inst.instance_type,
+        instances=1,
+        gpu_type=inst.gpu_type,
+        spot=inst.spot,
+        hourly_usd=share,
+        instance_id=inst.instance_id,
+        launch=launch,
+        instance_hourly_usd=inst.hourly_usd,
+    )
+
+
+def _first_fit(
+    ctx: PassContext, items: list[tuple[PendingJob, CloudAssignment]], offer: CloudOffer, price: float
+) -> list[int]:
+    """Jobs (in order) that fit ``offer`` together and whose share passes their price limits."""
+    gpus, cpu, mem = offer.gpus, offer.vcpus, offer.memory_gib
+    chosen = []
+    for i, (job, _) in enumerate(items):
+        if not fits(gpus, cpu, mem, job.gpus, job.cpu, job.memory_gib):
+            continue
+        share = price * job.gpus / offer.gpus
+        where = f"a slot of {offer.instance_type} in {offer.zone}"
+        if (
+            price_exclusion(job, ctx.policy, where, price / offer.gpus, share, ctx.cost_horizon_s(job))
+            is not None
+        ):
+            continue
+        gpus -= job.gpus
+        cpu -= job.cpu
+        mem -= job.memory_gib
+        chosen.append(i)
+        if gpus == 0:
+            break
+    return chosen
+
+
+def _rider_kind_ok(ctx: PassContext, job: PendingJob, kind: Kind) -> bool:
+    residency = ctx.residency(job)
+    if cloud_job_exclusion(job, ctx.policy, residency) is not None:
+        return False
+    mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
+    return offer_kind_exclusion(job, ctx.policy, residency, kind[0], kind[2], kind[1], mode) is None
