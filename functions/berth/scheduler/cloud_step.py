@@ -86,7 +86,8 @@ def cloud_candidates(ctx: PassContext, job: PendingJob, residency: list[Residenc
                     offer,
                     Exclusion(
                         Rule.CIRCUIT,
-                        f"circuit open: recent capacity/API errors for {offer.instance_type} in {offer.region}",
+                        "circuit open: recent capacity/API errors for "
+                        f"{offer.instance_type} in {offer.region}",
                         f"{offer.region}/{offer.instance_type}",
                     ),
                 )

@@ -147,7 +147,8 @@ class SchedulingPass:
                 Step(
                     Site.ONPREM,
                     Rule.CAPACITY,
-                    f"waiting for capacity: the largest free block is {block} GPUs, fewer than the job needs per node",
+                    f"waiting for capacity: the largest free block is {block} GPUs, "
+                    "fewer than the job needs per node",
                 ),
                 self._never_bursts,
             ),
@@ -198,7 +199,8 @@ class SchedulingPass:
                     Step(
                         Site.CLOUD,
                         Rule.BURST_WAIT,
-                        f"waits for on-prem before bursting (policy.burst); may burst in {_fmt_wait(eligible_at - ctx.now)}",
+                        "waits for on-prem before bursting (policy.burst); "
+                        f"may burst in {_fmt_wait(eligible_at - ctx.now)}",
                         eligible_at,
                     )
                 )

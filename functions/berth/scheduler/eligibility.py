@@ -151,7 +151,8 @@ def price_exclusion(
     if policy.max_usd_per_gpu_hour is not None and per_gpu > policy.max_usd_per_gpu_hour + 1e-9:
         return Exclusion(
             Rule.MAX_USD_PER_GPU_HOUR,
-            f"{where} costs {per_gpu:.2f} USD per GPU-hour, above the policy's {policy.max_usd_per_gpu_hour:.2f}",
+            f"{where} costs {per_gpu:.2f} USD per GPU-hour, "
+            f"above the policy's {policy.max_usd_per_gpu_hour:.2f}",
         )
     if job.max_hourly_usd is not None and hourly > job.max_hourly_usd + 1e-9:
         return Exclusion(
@@ -162,7 +163,8 @@ def price_exclusion(
         if est > job.max_cost_usd:
             return Exclusion(
                 Rule.MAX_COST_USD,
-                f"{where} would cost about {est:.2f} USD, above the job's max_cost_usd {job.max_cost_usd:.2f}",
+                f"{where} would cost about {est:.2f} USD, "
+                f"above the job's max_cost_usd {job.max_cost_usd:.2f}",
             )
     return None
 

@@ -171,7 +171,8 @@ def test_shared_cloud_instances_stay_within_capacity_and_are_paid_until_the_last
 
     def checked_join(a: Any, job_id: str, gpus: int, cpu: float, mem: float, now: float) -> Any:
         inst = join(a, job_id, gpus, cpu, mem, now)
-        assert 0 <= inst.free_gpus <= inst.offer.gpus and inst.free_cpu >= -1e-9 and inst.free_memory_gib >= -1e-9
+        assert 0 <= inst.free_gpus <= inst.offer.gpus
+        assert inst.free_cpu >= -1e-9 and inst.free_memory_gib >= -1e-9
         seen.append(inst.offer.gpus - inst.free_gpus)
         return inst
 

@@ -245,10 +245,10 @@ class Simulator:
     # ------------------------------------------------------------------ transitions
     def _pending_job(self, job: SimJob) -> PendingJob:
         t = job.trace
-        if self.oracle:
-            known = {"expected_duration_s": job.remaining_s}
-        else:
-            known = {"expected_duration_s": job.estimate_s, "progress_s": job.progress_s}
+        # The oracle hands over the true remaining work; the service knows the user's estimate of
+        # the whole run and the progress saved by checkpoints.
+        estimate = job.remaining_s if self.oracle else job.estimate_s
+        progress = 0.0 if self.oracle else job.progress_s
         return PendingJob(
             job_id=t.job_id,
             tenant=t.tenant,
@@ -262,7 +262,8 @@ class Simulator:
             checkpointing=self.ckpt is not None,
             family=t.model,
             timeout_s=self.timeout_s,
-            **known,  # type: ignore[arg-type]
+            expected_duration_s=estimate,
+            progress_s=progress,
         )
 
     def _arrive(self, job_id: str, now: float) -> None:
