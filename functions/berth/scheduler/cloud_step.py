@@ -257,7 +257,8 @@ def try_cloud(
             instances=priced.instances,
             gpu_type=offer.gpu_type,
             spot=priced.spot,
-            hourly_usd=priced.hourly_usd,
+            # On a shared instance the job pays its GPU share; idle slots are billed to its users.
+            hourly_usd=priced.hourly_usd * job.gpus / offer.gpus if shared else priced.hourly_usd,
             instance_id=new_instance_id(job, ctx.now) if shared else None,
             launch=shared,
             instance_hourly_usd=priced.hourly_usd if shared else 0.0,

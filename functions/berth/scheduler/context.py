@@ -75,6 +75,7 @@ class PassContext:
         self._accepted: dict[str, tuple[str, ...]] = {}
         self._residency: dict[tuple[str, tuple[str, ...]], list[ResidencyRule]] = {}
         self._runtimes: dict[tuple[object, ...], Runtime | None] = {}
+        self._remaining: dict[tuple[object, ...], float | None] = {}
         self.victims_on_host: dict[str, list[RunningJob]] | None = None
         self.last_placed: Assignment | None = None
         # Set by the pass once the ledgers exist (they read this context to build themselves).
@@ -128,12 +129,25 @@ class PassContext:
 
     def remaining_s(self, job: PendingJob, q: float) -> float | None:
         """The ``q`` quantile of a pending job's remaining run time (given its saved progress)."""
+        mkey = (
+            job.tenant,
+            job.family,
+            job.gpu_type,
+            job.gpus,
+            job.expected_duration_s,
+            job.timeout_s,
+            job.progress_s,
+            q,
+        )
+        hit = self._remaining.get(mkey, self)
+        if hit is not self:
+            return hit  # type: ignore[return-value]
         rt = self.runtime(
             job.tenant, job.family, job.gpu_type, job.gpus, job.expected_duration_s, job.timeout_s
         )
-        if rt is None:
-            return None
-        return rt.remaining(q, job.progress_s)
+        value = None if rt is None else rt.remaining(q, job.progress_s)
+        self._remaining[mkey] = value
+        return value
 
     def cost_horizon_s(self, job: PendingJob) -> float:
         """Run time that bounds a job's cost (``runtime.cost_q``; one hour when nothing is known)."""

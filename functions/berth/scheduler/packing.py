@@ -37,6 +37,9 @@ from berth.scheduler.snapshot import CloudOffer, PendingJob, TenantState
 if TYPE_CHECKING:
     from berth.scheduler.context import PassContext
 
+_SCAN_LIMIT = 256
+"""Instances of one bucket tried before giving up on it (bounds a pass with many instances)."""
+
 Kind = tuple[str, bool, str]
 """(GPU model, spot, region): instances a job may share."""
 
@@ -75,7 +78,9 @@ class SlotLedger:
     deferred to the packing step."""
 
     instances: dict[str, OpenInstance] = field(default_factory=dict)
-    open_by_kind: dict[Kind, set[str]] = field(default_factory=dict)
+    open_by_kind: dict[Kind, dict[int, dict[str, None]]] = field(default_factory=dict)
+    """Open instances by kind, then by free GPUs (best fit looks at the smallest bucket that fits)."""
+    _kinds: dict[tuple[object, ...], list[Kind]] = field(default_factory=dict)
     deferred: list[tuple[PendingJob, CloudAssignment]] = field(default_factory=list)
     waiting: list[PendingJob] = field(default_factory=list)
     """Jobs left waiting for on-prem that could start in a free slot (``pack_instances``)."""
@@ -103,7 +108,20 @@ class SlotLedger:
     def _open(self, inst: OpenInstance) -> None:
         self.instances[inst.instance_id] = inst
         if inst.free_gpus > 0:
-            self.open_by_kind.setdefault(inst.kind, set()).add(inst.instance_id)
+            if inst.kind not in self.open_by_kind:
+                self._kinds.clear()  # a new kind: the memo of kinds each job class may use is stale
+            self.open_by_kind.setdefault(inst.kind, {}).setdefault(inst.free_gpus, {})[inst.instance_id] = (
+                None
+            )
+
+    def _take(self, inst: OpenInstance, gpus: int, cpu: float, memory_gib: float) -> None:
+        buckets = self.open_by_kind.get(inst.kind, {})
+        buckets.get(inst.free_gpus, {}).pop(inst.instance_id, None)
+        inst.free_gpus -= gpus
+        inst.free_cpu -= cpu
+        inst.free_memory_gib -= memory_gib
+        if inst.free_gpus > 0:
+            buckets.setdefault(inst.free_gpus, {})[inst.instance_id] = None
 
     # ------------------------------------------------------------------ placing
     def defer(self, ctx: PassContext, job: PendingJob, a: CloudAssignment) -> None:
@@ -118,7 +136,6 @@ class SlotLedger:
         ctx.last_placed = a
         if not deferred:
             ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
-        ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
         if a.instance_id is None:
             return
         inst = self.instances.get(a.instance_id)
@@ -130,11 +147,25 @@ class SlotLedger:
             )  # fmt: skip
             self._open(inst)
         assert inst is not None
-        inst.free_gpus -= job.gpus
-        inst.free_cpu -= job.cpu
-        inst.free_memory_gib -= job.memory_gib
-        if inst.free_gpus <= 0:
-            self.open_by_kind.get(inst.kind, set()).discard(inst.instance_id)
+        self._take(inst, job.gpus, job.cpu, job.memory_gib)
+
+    def _allowed_kinds(
+        self, ctx: PassContext, job: PendingJob, residency: list[ResidencyRule], mode: bool | None
+    ) -> list[Kind]:
+        """Kinds of open instances this job may use (memoised per job class and pass)."""
+        key = (job.tenant, job.datasets, job.placement, job.gpu_type, job.regions, job.avoid_regions, mode)
+        kinds = self._kinds.get(key)
+        if kinds is None:
+            if cloud_job_exclusion(job, ctx.policy, residency) is not None:
+                kinds = []
+            else:
+                kinds = [
+                    k
+                    for k in self.open_by_kind
+                    if offer_kind_exclusion(job, ctx.policy, residency, k[0], k[2], k[1], mode) is None
+                ]
+            self._kinds[key] = kinds
+        return kinds
 
     def join_best(
         self,
@@ -147,43 +178,66 @@ class SlotLedger:
     ) -> CloudAssignment | None:
         """Best fit among open instances the job may use; with ``need_until``, only an instance
         paid until then anyway (a free-slot start). Commits and returns the assignment."""
-        if not self.open_by_kind or cloud_job_exclusion(job, ctx.policy, residency) is not None:
+        if not self.open_by_kind:
             return None
         mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
-        best: OpenInstance | None = None
-        for kind, ids in self.open_by_kind.items():
-            if not ids or offer_kind_exclusion(job, ctx.policy, residency, kind[0], kind[2], kind[1], mode):
-                continue
-            for iid in ids:
-                inst = self.instances[iid]
-                if not fits(
-                    inst.free_gpus, inst.free_cpu, inst.free_memory_gib, job.gpus, job.cpu, job.memory_gib
-                ):
-                    continue
-                if (
-                    need_until is not None
-                    and max(ctx.now, inst.ready_at) + (need_until - ctx.now) > inst.paid_until
-                ):
-                    continue
-                if best is None or (inst.free_gpus, inst.ready_at, iid) < (
-                    best.free_gpus,
-                    best.ready_at,
-                    best.instance_id,
-                ):
-                    best = inst
-        if best is None or ctx.circuits.state(best.region, best.instance_type) is CircuitState.OPEN:
+        best: tuple[int, float, str] | None = None
+        for kind in self._allowed_kinds(ctx, job, residency, mode):
+            buckets = self.open_by_kind[kind]
+            for free in sorted(b for b in buckets if b >= job.gpus and buckets[b]):
+                if best is not None and free > best[0]:
+                    break
+                found = self._first_in_bucket(ctx, job, buckets[free], horizon_s, need_until)
+                if found is not None:
+                    cand = (free, self.instances[found].ready_at, found)
+                    if best is None or cand < best:
+                        best = cand
+                    break
+        if best is None:
             return None
-        share = best.hourly_usd * job.gpus / best.gpus
-        where = f"a slot of {best.instance_type} in {best.zone}"
-        if price_exclusion(job, ctx.policy, where, best.hourly_usd / best.gpus, share, horizon_s) is not None:
-            return None
+        inst = self.instances[best[2]]
+        share = inst.hourly_usd * job.gpus / inst.gpus
         committed = ctx.committed_usd.get(job.tenant, 0.0)
         if budget_exclusion(tenant, share, committed, horizon_s) is not None:
             return None
         ctx.committed_usd[job.tenant] = committed + share * horizon_s / 3600.0
-        a = _slot_assignment(job, best, share)
+        a = _slot_assignment(job, inst, share)
         self.place(ctx, job, a)
         return a
+
+    def _first_in_bucket(
+        self,
+        ctx: PassContext,
+        job: PendingJob,
+        bucket: dict[str, None],
+        horizon_s: float,
+        need_until: float | None,
+    ) -> str | None:
+        """The first instance of a bucket (in launch order) that holds the job under every rule."""
+        for tried, iid in enumerate(bucket):
+            if tried >= _SCAN_LIMIT:
+                break
+            inst = self.instances[iid]
+            if not fits(
+                inst.free_gpus, inst.free_cpu, inst.free_memory_gib, job.gpus, job.cpu, job.memory_gib
+            ):
+                continue
+            if (
+                need_until is not None
+                and max(ctx.now, inst.ready_at) + (need_until - ctx.now) > inst.paid_until
+            ):
+                continue
+            if ctx.circuits.state(inst.region, inst.instance_type) is CircuitState.OPEN:
+                continue
+            share = inst.hourly_usd * job.gpus / inst.gpus
+            where = f"a slot of {inst.instance_type} in {inst.zone}"
+            if (
+                price_exclusion(job, ctx.policy, where, inst.hourly_usd / inst.gpus, share, horizon_s)
+                is not None
+            ):
+                continue
+            return iid
+        return None
 
     # ------------------------------------------------------------------ packing
     def pack(self, ctx: PassContext) -> None:
@@ -204,7 +258,7 @@ class SlotLedger:
                     chosen = _first_fit(ctx, items, offer, price)
                     if not chosen:
                         continue
-                    value = sum(items[i][1].hourly_usd for i in chosen)
+                    value = sum(_alone_price(items[i][1]) for i in chosen)
                     until = ctx.now + max(run[items[i][0].job_id] for i in chosen)
                     value += self._rider_value(ctx, items, chosen, offer, riders, kind, until)
                     saving = value - price
@@ -266,7 +320,7 @@ class SlotLedger:
             # The job's commitment was its own offer's price; it now pays its share instead.
             horizon = ctx.cost_horizon_s(job)
             ctx.committed_usd[job.tenant] = (
-                ctx.committed_usd.get(job.tenant, 0.0) + (share - own.hourly_usd) * horizon / 3600.0
+                ctx.committed_usd.get(job.tenant, 0.0) + (share - _alone_price(own)) * horizon / 3600.0
             )
             a = _slot_assignment(job, inst, share, launch=True)
             self.place(ctx, job, a, deferred=True)
@@ -353,6 +407,11 @@ class SlotLedger:
             )
             ctx.outcomes[job.job_id] = JobOutcome(a, (*steps, note))
         self.waiting = still
+
+
+def _alone_price(a: CloudAssignment) -> float:
+    """What a job's own choice costs per hour alone: the whole instance it would launch."""
+    return a.instance_hourly_usd if a.instance_id is not None else a.hourly_usd
 
 
 def _slot_assignment(
