@@ -35,13 +35,26 @@ class CloudLedger:
     def __init__(self, ctx: PassContext) -> None:
         offers = ctx.snapshot.offers
         self.left: dict[int, int] = {i: o.available for i, o in enumerate(offers) if o.available is not None}
-        self.pos = {id(o): i for i, o in enumerate(offers)}
+        self.pos, self.by_model = _offer_index(offers)
         self.probes: dict[tuple[str, str], int] = {}
         self.memo: dict[tuple[object, ...], Candidates] = {}
-        self.by_model: dict[str, list[CloudOffer]] = {}
-        for offer in offers:
-            self.by_model.setdefault(offer.gpu_type, []).append(offer)
         self.ends: dict[str, tuple[list[float], list[int]]] | None = None
+
+
+_INDEX: list[tuple[tuple[CloudOffer, ...], dict[int, int], dict[str, list[CloudOffer]]]] = []
+
+
+def _offer_index(offers: tuple[CloudOffer, ...]) -> tuple[dict[int, int], dict[str, list[CloudOffer]]]:
+    """Offer positions and offers by GPU model. Callers pass the same catalog tuple pass after
+    pass, so the last index is kept (read only; it depends on nothing but that tuple)."""
+    if _INDEX and _INDEX[0][0] is offers:
+        return _INDEX[0][1], _INDEX[0][2]
+    pos = {id(o): i for i, o in enumerate(offers)}
+    by_model: dict[str, list[CloudOffer]] = {}
+    for offer in offers:
+        by_model.setdefault(offer.gpu_type, []).append(offer)
+    _INDEX[:] = [(offers, pos, by_model)]
+    return pos, by_model
 
 
 def spot_mode(ctx: PassContext, job: PendingJob) -> bool | None:

@@ -20,7 +20,7 @@ from berth.scheduler.outcomes import Step
 from berth.scheduler.placement_onprem import OnPremIndex
 from berth.scheduler.policy import ResidencyRule, SchedulingPolicy
 from berth.scheduler.predictor import Runtime, fallback_runtime
-from berth.scheduler.snapshot import CloudOffer, PendingJob, RunningJob, Snapshot, TenantState
+from berth.scheduler.snapshot import PendingJob, RunningJob, Snapshot, TenantState
 
 if TYPE_CHECKING:
     from berth.scheduler.cloud_step import CloudLedger
@@ -82,7 +82,6 @@ class PassContext:
         self.cloud: CloudLedger
         self.slots: SlotLedger
         self.packs = False
-        self.offer_by_key: dict[tuple[str, str, str], CloudOffer] = {}
         self.waiting_gpus: dict[str, int] = {}
         """GPUs of jobs left waiting so far in this pass, per model (``burst.estimate_wait``)."""
 

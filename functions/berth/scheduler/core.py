@@ -58,7 +58,6 @@ class SchedulingPass:
         ctx.cloud = cloud_step.CloudLedger(ctx)
         ctx.slots = SlotLedger.build(ctx)
         ctx.packs = policy.burst is not None and policy.burst.pack_instances
-        ctx.offer_by_key = {(o.region, o.zone, o.instance_type): o for o in snapshot.offers}
         ctx.waiting_gpus = {}
         self._onprem_only_fast = (
             policy.burst is None and policy.use_onprem and not policy.residency and ctx.preempt_budget == 0

@@ -140,7 +140,11 @@ class SlotLedger:
             return
         inst = self.instances.get(a.instance_id)
         if inst is None and a.launch:
-            offer = ctx.offer_by_key[(a.region, a.zone, a.instance_type)]
+            offer = next(
+                o
+                for o in ctx.cloud.by_model.get(a.gpu_type, ())
+                if (o.region, o.zone, o.instance_type) == (a.region, a.zone, a.instance_type)
+            )
             inst = OpenInstance(
                 a.instance_id, a.region, a.zone, a.instance_type, a.gpu_type, a.spot, offer.gpus,
                 a.instance_hourly_usd, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, a.queue,

@@ -114,6 +114,8 @@ class RuntimePredictor:
     calibration: dict[str, LogStats] = field(default_factory=dict)
     """Per tenant: log(actual / estimate) over finished jobs that had an estimate."""
     observed: int = 0
+    _memo: dict[tuple[object, ...], Runtime | None] = field(default_factory=dict, repr=False, compare=False)
+    """Predictions since the last observation (a scheduler asks the same keys pass after pass)."""
 
     # ------------------------------------------------------------------ learning
     def observe(
@@ -122,6 +124,7 @@ class RuntimePredictor:
         """A job finished after ``actual_s`` seconds of work; ``estimate_s`` is what its user said."""
         if actual_s <= 0:
             return
+        self._memo.clear()
         x = math.log(max(actual_s, 1.0))
         for key in _keys(tenant, family, gpu_type, gpus):
             stats = self.levels.get(key)
@@ -173,6 +176,23 @@ class RuntimePredictor:
         return mu, max(math.sqrt(var), MIN_SIGMA), n_last / (n_last + PRIOR_N)
 
     def predict(
+        self,
+        tenant: str,
+        family: str,
+        gpu_type: str,
+        gpus: int,
+        estimate_s: float | None,
+        timeout_s: float | None,
+    ) -> Runtime | None:
+        key = (tenant, family, gpu_type, gpus, estimate_s, timeout_s)
+        hit = self._memo.get(key, self)
+        if hit is not self:
+            return hit  # type: ignore[return-value]
+        rt = self._predict(tenant, family, gpu_type, gpus, estimate_s, timeout_s)
+        self._memo[key] = rt
+        return rt
+
+    def _predict(
         self,
         tenant: str,
         family: str,
