@@ -20,8 +20,8 @@ from berth.scheduler.eligibility import (
     wants_spot,
 )
 from berth.scheduler.outcomes import SHORTAGE_RULES, Exclusion, Rule, Step
-from berth.scheduler.packing import SlotLedger, new_instance_id
 from berth.scheduler.policy import ResidencyRule
+from berth.scheduler.slots import SlotLedger, new_instance_id
 from berth.scheduler.snapshot import CloudOffer, PendingJob, TenantState
 
 Candidates = tuple[list[tuple[PricedOffer, CircuitState]], tuple[tuple[CloudOffer, Exclusion], ...], str]

@@ -24,7 +24,7 @@ from berth.scheduler.snapshot import PendingJob, RunningJob, Snapshot, TenantSta
 
 if TYPE_CHECKING:
     from berth.scheduler.cloud_step import CloudLedger
-    from berth.scheduler.packing import SlotLedger
+    from berth.scheduler.slots import SlotLedger
 
 RANK = {p: p.rank for p in Priority}
 

@@ -26,9 +26,10 @@ from berth.scheduler.eligibility import cloud_job_exclusion, onprem_job_exclusio
 from berth.scheduler.onprem_step import try_onprem
 from berth.scheduler.ordering import job_order_key, ordered, submit_order
 from berth.scheduler.outcomes import JobOutcome, Rule, Step, step_from
-from berth.scheduler.packing import SlotLedger
+from berth.scheduler.packing import pack
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.repatriation import repatriate
+from berth.scheduler.slots import SlotLedger
 from berth.scheduler.snapshot import PendingJob, Snapshot
 
 __all__ = ["SchedulingPass", "job_order_key", "schedule"]
@@ -78,7 +79,7 @@ class SchedulingPass:
         else:
             self._run_ordered()
         if ctx.packs:
-            ctx.slots.pack(ctx)
+            pack(ctx.slots, ctx)
             ctx.slots.fill_free_slots(ctx)
         repatriate(ctx)
         ctx.decisions.shares = dict(sorted(ctx.fair.shares.items()))

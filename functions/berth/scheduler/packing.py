@@ -1,441 +1,181 @@
-"""Shared cloud instances: free slots, and packing the jobs that burst in one pass.
+"""Packing the jobs that burst in one pass onto shared cloud instances (``burst.pack_instances``).
 
-AWS Batch places several containers on one instance, so a running instance with free GPUs is
-capacity: a single-node job of its kind (GPU model, spot mode, region) may join it, paying its
-GPU share. Every policy fills free slots first (best fit). With ``burst.pack_instances`` the
-single-node jobs sent to the cloud in a pass are, after the queue, packed (longest predicted
-run first, first fit) onto the multi-GPU offer of their kind that saves the most per hour
-against each job's own cheapest offer, counting the waiting jobs that would take its remaining
-slots at once; then a waiting job starts in a free slot that the instance's paying jobs keep
-paid (by their predicted ends, ``runtime.pack_q``) at least as long as it needs
-(``runtime.slot_need_q``). Every placement here passes the same rules as any cloud placement:
-burst tenants, residency, regions, avoided regions, spot rule, open circuits, offer capacity,
-``max_usd_per_gpu_hour``, ``max_hourly_usd``, ``max_cost_usd`` and the tenant's budget.
+The single-node jobs sent to the cloud in a pass on an instance of their own are, after the
+queue, packed (longest predicted run first, ``runtime.pack_q``, first fit) onto the multi-GPU
+offer of their kind that saves the most per hour against each job's own choice, counting the
+waiting jobs that would take its remaining slots at once (``slots.SlotLedger.fill_free_slots``).
+Only jobs whose share passes their price limits are packed; the budget is charged the
+difference; offers need a closed circuit and capacity left.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from berth.domain.placement import Site
 from berth.scheduler.circuit import CircuitState
 from berth.scheduler.decisions import CloudAssignment
-from berth.scheduler.eligibility import (
-    budget_exclusion,
-    cloud_job_exclusion,
-    offer_kind_exclusion,
-    price_exclusion,
-    wants_spot,
-)
+from berth.scheduler.eligibility import cloud_job_exclusion, offer_kind_exclusion, price_exclusion, wants_spot
 from berth.scheduler.fits import fits
-from berth.scheduler.outcomes import JobOutcome, Rule, Step
-from berth.scheduler.policy import ResidencyRule
-from berth.scheduler.snapshot import CloudOffer, PendingJob, TenantState
+from berth.scheduler.outcomes import JobOutcome
+from berth.scheduler.slots import (
+    Kind,
+    OpenInstance,
+    SlotLedger,
+    alone_price,
+    new_instance_id,
+    slot_assignment,
+)
+from berth.scheduler.snapshot import CloudOffer, PendingJob
 
 if TYPE_CHECKING:
     from berth.scheduler.context import PassContext
 
-_SCAN_LIMIT = 256
-"""Instances of one bucket tried before giving up on it (bounds a pass with many instances)."""
-
-Kind = tuple[str, bool, str]
-"""(GPU model, spot, region): instances a job may share."""
+__all__ = ["pack"]
 
 
-def new_instance_id(job: PendingJob, now: float) -> str:
-    """A new shared instance is named after the job that launches it and the pass."""
-    return f"i-{job.job_id}@{now:.0f}"
-
-
-@dataclass(slots=True)
-class OpenInstance:
-    instance_id: str
-    region: str
-    zone: str
-    instance_type: str
-    gpu_type: str
-    spot: bool
-    gpus: int
-    hourly_usd: float
-    free_gpus: int
-    free_cpu: float
-    free_memory_gib: float
-    ready_at: float
-    queue: str = ""
-    paid_until: float = 0.0
-    """The latest predicted end of its paying jobs: how long it runs anyway."""
-
-    @property
-    def kind(self) -> Kind:
-        return (self.gpu_type, self.spot, self.region)
-
-
-@dataclass(slots=True)
-class SlotLedger:
-    """Open shared instances (the snapshot's and those launched in this pass) and the jobs
-    deferred to the packing step."""
-
-    instances: dict[str, OpenInstance] = field(default_factory=dict)
-    open_by_kind: dict[Kind, dict[int, dict[str, None]]] = field(default_factory=dict)
-    """Open instances by kind, then by free GPUs (best fit looks at the smallest bucket that fits)."""
-    _kinds: dict[tuple[object, ...], list[Kind]] = field(default_factory=dict)
-    deferred: list[tuple[PendingJob, CloudAssignment]] = field(default_factory=list)
-    waiting: list[PendingJob] = field(default_factory=list)
-    """Jobs left waiting for on-prem that could start in a free slot (``pack_instances``)."""
-    _alone: dict[tuple[int, str, bool, str], float] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, ctx: PassContext) -> SlotLedger:
-        led = cls()
-        for i in ctx.snapshot.instances:
-            led._open(
-                OpenInstance(
-                    i.instance_id, i.region, i.zone, i.instance_type, i.gpu_type, i.spot, i.gpus,
-                    i.hourly_usd, i.free_gpus, i.free_cpu, i.free_memory_gib, i.ready_at,
-                )
-            )  # fmt: skip
-        q = ctx.policy.runtime.pack_q
-        for r in ctx.snapshot.running:
-            inst = led.instances.get(r.instance_id or "")
+def pack(led: SlotLedger, ctx: PassContext) -> None:
+    """Resolve the deferred single-node cloud jobs (``burst.pack_instances``)."""
+    groups: dict[Kind, list[tuple[PendingJob, CloudAssignment]]] = {}
+    for job, a in led.deferred:
+        groups.setdefault((a.gpu_type, a.spot, a.region), []).append((job, a))
+    led.deferred = []
+    q = ctx.policy.runtime.pack_q
+    for kind, items in groups.items():
+        run = {job.job_id: ctx.remaining_s(job, q) or 0.0 for job, _ in items}
+        items.sort(key=lambda ja: (-run[ja[0].job_id], ja[0].job_id))
+        offers = _pack_offers(ctx, kind)
+        riders = [w for w in led.waiting if _rider_kind_ok(ctx, w, kind)]
+        while items and offers:
+            best: tuple[float, CloudOffer, float, list[int]] | None = None
+            for offer, price in offers:
+                chosen = _first_fit(ctx, items, offer, price)
+                if not chosen:
+                    continue
+                value = sum(alone_price(items[i][1]) for i in chosen)
+                until = ctx.now + max(run[items[i][0].job_id] for i in chosen)
+                value += _rider_value(led, ctx, items, chosen, offer, riders, kind, until)
+                saving = value - price
+                if saving > 1e-9 and (best is None or saving > best[0]):
+                    best = (saving, offer, price, chosen)
+            if best is None:
+                break
+            _, offer, price, chosen = best
+            _launch_packed(led, ctx, offer, price, [items[i] for i in chosen])
+            taken = set(chosen)
+            items = [ja for i, ja in enumerate(items) if i not in taken]
+            if riders:
+                led.fill_free_slots(ctx)
+                riders = [r for r in riders if ctx.outcomes[r.job_id].placed is None]
+        for job, a in items:
+            led.place(ctx, job, a, deferred=True)
+            inst = led.instances.get(a.instance_id or "")
             if inst is not None:
-                end = ctx.expected_end(r, q)
-                if end is not None:
-                    inst.paid_until = max(inst.paid_until, end)
-        return led
-
-    def _open(self, inst: OpenInstance) -> None:
-        self.instances[inst.instance_id] = inst
-        if inst.free_gpus > 0:
-            if inst.kind not in self.open_by_kind:
-                self._kinds.clear()  # a new kind: the memo of kinds each job class may use is stale
-            self.open_by_kind.setdefault(inst.kind, {}).setdefault(inst.free_gpus, {})[inst.instance_id] = (
-                None
-            )
-
-    def _take(self, inst: OpenInstance, gpus: int, cpu: float, memory_gib: float) -> None:
-        buckets = self.open_by_kind.get(inst.kind, {})
-        buckets.get(inst.free_gpus, {}).pop(inst.instance_id, None)
-        inst.free_gpus -= gpus
-        inst.free_cpu -= cpu
-        inst.free_memory_gib -= memory_gib
-        if inst.free_gpus > 0:
-            buckets.setdefault(inst.free_gpus, {})[inst.instance_id] = None
-
-    # ------------------------------------------------------------------ placing
-    def defer(self, ctx: PassContext, job: PendingJob, a: CloudAssignment) -> None:
-        self.deferred.append((job, a))
-        ctx.last_placed = a
-        # Counted in fair share now, so the rest of the pass sees the tenant's cloud GPUs.
-        ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
-
-    def place(self, ctx: PassContext, job: PendingJob, a: CloudAssignment, deferred: bool = False) -> None:
-        """Commit a cloud assignment: the decision, fair share, and a new shared instance's slots."""
-        ctx.decisions.placements.append(a)
-        ctx.last_placed = a
-        if not deferred:
-            ctx.fair.add(job.tenant, {"gpu:" + a.gpu_type: float(job.gpus)})
-        if a.instance_id is None:
-            return
-        inst = self.instances.get(a.instance_id)
-        if inst is None and a.launch:
-            offer = next(
-                o
-                for o in ctx.cloud.by_model.get(a.gpu_type, ())
-                if (o.region, o.zone, o.instance_type) == (a.region, a.zone, a.instance_type)
-            )
-            inst = OpenInstance(
-                a.instance_id, a.region, a.zone, a.instance_type, a.gpu_type, a.spot, offer.gpus,
-                a.instance_hourly_usd, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, a.queue,
-            )  # fmt: skip
-            self._open(inst)
-        assert inst is not None
-        self._take(inst, job.gpus, job.cpu, job.memory_gib)
-
-    def _allowed_kinds(
-        self, ctx: PassContext, job: PendingJob, residency: list[ResidencyRule], mode: bool | None
-    ) -> list[Kind]:
-        """Kinds of open instances this job may use (memoised per job class and pass)."""
-        key = (job.tenant, job.datasets, job.placement, job.gpu_type, job.regions, job.avoid_regions, mode)
-        kinds = self._kinds.get(key)
-        if kinds is None:
-            if cloud_job_exclusion(job, ctx.policy, residency) is not None:
-                kinds = []
-            else:
-                kinds = [
-                    k
-                    for k in self.open_by_kind
-                    if offer_kind_exclusion(job, ctx.policy, residency, k[0], k[2], k[1], mode) is None
-                ]
-            self._kinds[key] = kinds
-        return kinds
-
-    def join_best(
-        self,
-        ctx: PassContext,
-        job: PendingJob,
-        tenant: TenantState,
-        residency: list[ResidencyRule],
-        horizon_s: float,
-        need_until: float | None = None,
-    ) -> CloudAssignment | None:
-        """Best fit among open instances the job may use; with ``need_until``, only an instance
-        paid until then anyway (a free-slot start). Commits and returns the assignment."""
-        if not self.open_by_kind:
-            return None
-        mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
-        best: tuple[int, float, str] | None = None
-        for kind in self._allowed_kinds(ctx, job, residency, mode):
-            buckets = self.open_by_kind[kind]
-            for free in sorted(b for b in buckets if b >= job.gpus and buckets[b]):
-                if best is not None and free > best[0]:
-                    break
-                found = self._first_in_bucket(ctx, job, buckets[free], horizon_s, need_until)
-                if found is not None:
-                    cand = (free, self.instances[found].ready_at, found)
-                    if best is None or cand < best:
-                        best = cand
-                    break
-        if best is None:
-            return None
-        inst = self.instances[best[2]]
-        share = inst.hourly_usd * job.gpus / inst.gpus
-        committed = ctx.committed_usd.get(job.tenant, 0.0)
-        if budget_exclusion(tenant, share, committed, horizon_s) is not None:
-            return None
-        ctx.committed_usd[job.tenant] = committed + share * horizon_s / 3600.0
-        a = _slot_assignment(job, inst, share)
-        self.place(ctx, job, a)
-        return a
-
-    def _first_in_bucket(
-        self,
-        ctx: PassContext,
-        job: PendingJob,
-        bucket: dict[str, None],
-        horizon_s: float,
-        need_until: float | None,
-    ) -> str | None:
-        """The first instance of a bucket (in launch order) that holds the job under every rule."""
-        for tried, iid in enumerate(bucket):
-            if tried >= _SCAN_LIMIT:
-                break
-            inst = self.instances[iid]
-            if not fits(
-                inst.free_gpus, inst.free_cpu, inst.free_memory_gib, job.gpus, job.cpu, job.memory_gib
-            ):
-                continue
-            if (
-                need_until is not None
-                and max(ctx.now, inst.ready_at) + (need_until - ctx.now) > inst.paid_until
-            ):
-                continue
-            if ctx.circuits.state(inst.region, inst.instance_type) is CircuitState.OPEN:
-                continue
-            share = inst.hourly_usd * job.gpus / inst.gpus
-            where = f"a slot of {inst.instance_type} in {inst.zone}"
-            if (
-                price_exclusion(job, ctx.policy, where, inst.hourly_usd / inst.gpus, share, horizon_s)
-                is not None
-            ):
-                continue
-            return iid
-        return None
-
-    # ------------------------------------------------------------------ packing
-    def pack(self, ctx: PassContext) -> None:
-        """Resolve the deferred single-node cloud jobs (``burst.pack_instances``)."""
-        groups: dict[Kind, list[tuple[PendingJob, CloudAssignment]]] = {}
-        for job, a in self.deferred:
-            groups.setdefault((a.gpu_type, a.spot, a.region), []).append((job, a))
-        self.deferred = []
-        q = ctx.policy.runtime.pack_q
-        for kind, items in groups.items():
-            run = {job.job_id: ctx.remaining_s(job, q) or 0.0 for job, _ in items}
-            items.sort(key=lambda ja: (-run[ja[0].job_id], ja[0].job_id))
-            offers = self._pack_offers(ctx, kind)
-            riders = [w for w in self.waiting if _rider_kind_ok(ctx, w, kind)]
-            while items and offers:
-                best: tuple[float, CloudOffer, float, list[int]] | None = None
-                for offer, price in offers:
-                    chosen = _first_fit(ctx, items, offer, price)
-                    if not chosen:
-                        continue
-                    value = sum(_alone_price(items[i][1]) for i in chosen)
-                    until = ctx.now + max(run[items[i][0].job_id] for i in chosen)
-                    value += self._rider_value(ctx, items, chosen, offer, riders, kind, until)
-                    saving = value - price
-                    if saving > 1e-9 and (best is None or saving > best[0]):
-                        best = (saving, offer, price, chosen)
-                if best is None:
-                    break
-                _, offer, price, chosen = best
-                self._launch_packed(ctx, offer, price, [items[i] for i in chosen])
-                taken = set(chosen)
-                items = [ja for i, ja in enumerate(items) if i not in taken]
-                if riders:
-                    self.fill_free_slots(ctx)
-                    riders = [r for r in riders if ctx.outcomes[r.job_id].placed is None]
-            for job, a in items:
-                self.place(ctx, job, a, deferred=True)
-                inst = self.instances.get(a.instance_id or "")
-                if inst is not None:
-                    inst.paid_until = max(inst.paid_until, ctx.now + run[job.job_id])
-
-    def _pack_offers(self, ctx: PassContext, kind: Kind) -> list[tuple[CloudOffer, float]]:
-        """The cheapest zone of each multi-GPU instance type of this kind with a closed circuit
-        and capacity left."""
-        gpu_type, spot, region = kind
-        best: dict[str, tuple[CloudOffer, float]] = {}
-        for o in ctx.cloud.by_model.get(gpu_type, ()):
-            if o.region != region or o.gpus < 2:
-                continue
-            price = o.spot_usd_h if spot else o.on_demand_usd_h
-            if price is None or ctx.circuits.state(o.region, o.instance_type) is not CircuitState.CLOSED:
-                continue
-            left = ctx.cloud.left.get(ctx.cloud.pos[id(o)])
-            if left is not None and left < 1:
-                continue
-            cur = best.get(o.instance_type)
-            if cur is None or (price, o.zone) < (cur[1], cur[0].zone):
-                best[o.instance_type] = (o, price)
-        return sorted(best.values(), key=lambda op: (op[1] / op[0].gpus, op[0].instance_type))
-
-    def _launch_packed(
-        self,
-        ctx: PassContext,
-        offer: CloudOffer,
-        price: float,
-        chosen: list[tuple[PendingJob, CloudAssignment]],
-    ) -> None:
-        pos = ctx.cloud.pos[id(offer)]
-        if pos in ctx.cloud.left:
-            ctx.cloud.left[pos] -= 1
-        iid = new_instance_id(chosen[0][0], ctx.now)
-        q = ctx.policy.runtime.pack_q
-        inst = OpenInstance(
-            iid, offer.region, offer.zone, offer.instance_type, offer.gpu_type, chosen[0][1].spot, offer.gpus,
-            price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, chosen[0][1].queue,
-        )  # fmt: skip
-        self._open(inst)
-        for job, own in chosen:
-            share = price * job.gpus / offer.gpus
-            # The job's commitment was its own offer's price; it now pays its share instead.
-            horizon = ctx.cost_horizon_s(job)
-            ctx.committed_usd[job.tenant] = (
-                ctx.committed_usd.get(job.tenant, 0.0) + (share - _alone_price(own)) * horizon / 3600.0
-            )
-            a = _slot_assignment(job, inst, share, launch=True)
-            self.place(ctx, job, a, deferred=True)
-            inst.paid_until = max(inst.paid_until, ctx.now + (ctx.remaining_s(job, q) or 0.0))
-            ctx.outcomes[job.job_id] = JobOutcome(a, ctx.outcomes[job.job_id].steps)
-
-    def _alone_usd_h(self, ctx: PassContext, gpus: int, kind: Kind) -> float:
-        """The cheapest hourly price of instances holding ``gpus`` GPUs for one job alone."""
-        key = (gpus, *kind)
-        hit = self._alone.get(key)
-        if hit is not None:
-            return hit
-        gpu_type, spot, region = kind
-        best = math.inf
-        for o in ctx.cloud.by_model.get(gpu_type, ()):
-            price = o.spot_usd_h if spot else o.on_demand_usd_h
-            if o.region != region or price is None:
-                continue
-            n = 1 if o.gpus >= gpus else (gpus // o.gpus if gpus % o.gpus == 0 else 0)
-            if n:
-                best = min(best, price * n)
-        self._alone[key] = best
-        return best
-
-    def _rider_value(
-        self,
-        ctx: PassContext,
-        items: list[tuple[PendingJob, CloudAssignment]],
-        chosen: list[int],
-        offer: CloudOffer,
-        riders: list[PendingJob],
-        kind: Kind,
-        until: float,
-    ) -> float:
-        """What the waiting jobs that would fill the rest of this instance cost alone per hour
-        (only jobs the packed jobs keep it paid long enough for)."""
-        if not riders:
-            return 0.0
-        gpus = offer.gpus - sum(items[i][0].gpus for i in chosen)
-        cpu = offer.vcpus - sum(items[i][0].cpu for i in chosen)
-        mem = offer.memory_gib - sum(items[i][0].memory_gib for i in chosen)
-        need_q = ctx.policy.runtime.slot_need_q
-        value = 0.0
-        for job in riders:
-            if gpus <= 0:
-                break
-            need = ctx.remaining_s(job, need_q)
-            if (
-                need is not None
-                and ctx.now + need <= until
-                and fits(gpus, cpu, mem, job.gpus, job.cpu, job.memory_gib)
-            ):
-                gpus -= job.gpus
-                cpu -= job.cpu
-                mem -= job.memory_gib
-                value += self._alone_usd_h(ctx, job.gpus, kind)
-        return value
-
-    def fill_free_slots(self, ctx: PassContext) -> None:
-        """A job waiting for on-prem starts in a free slot of an instance that its paying jobs keep
-        running at least as long as this job is predicted to need: it adds nothing to the bill
-        while the instance runs anyway, and leaves on-prem room to the others."""
-        if not self.waiting or not self.open_by_kind:
-            return
-        need_q = ctx.policy.runtime.slot_need_q
-        still: list[PendingJob] = []
-        for job in self.waiting:
-            if ctx.outcomes[job.job_id].placed is not None:
-                continue
-            need = ctx.remaining_s(job, need_q)
-            tenant = ctx.tenant(job.tenant)
-            a = None
-            if need is not None:
-                a = self.join_best(
-                    ctx, job, tenant, ctx.residency(job), ctx.cost_horizon_s(job), ctx.now + need
-                )
-            if a is None:
-                still.append(job)
-                continue
-            old = ctx.outcomes[job.job_id].steps
-            steps = tuple(s for s in old if s.rule is not Rule.BURST_WAIT)
-            note = Step(
-                Site.CLOUD, Rule.FREE_SLOT, f"started in a free slot of {a.instance_type} paid for anyway"
-            )
-            ctx.outcomes[job.job_id] = JobOutcome(a, (*steps, note))
-        self.waiting = still
+                inst.paid_until = max(inst.paid_until, ctx.now + run[job.job_id])
 
 
-def _alone_price(a: CloudAssignment) -> float:
-    """What a job's own choice costs per hour alone: the whole instance it would launch."""
-    return a.instance_hourly_usd if a.instance_id is not None else a.hourly_usd
+def _pack_offers(ctx: PassContext, kind: Kind) -> list[tuple[CloudOffer, float]]:
+    """The cheapest zone of each multi-GPU instance type of this kind with a closed circuit
+    and capacity left."""
+    gpu_type, spot, region = kind
+    best: dict[str, tuple[CloudOffer, float]] = {}
+    for o in ctx.cloud.by_model.get(gpu_type, ()):
+        if o.region != region or o.gpus < 2:
+            continue
+        price = o.spot_usd_h if spot else o.on_demand_usd_h
+        if price is None or ctx.circuits.state(o.region, o.instance_type) is not CircuitState.CLOSED:
+            continue
+        left = ctx.cloud.left.get(ctx.cloud.pos[id(o)])
+        if left is not None and left < 1:
+            continue
+        cur = best.get(o.instance_type)
+        if cur is None or (price, o.zone) < (cur[1], cur[0].zone):
+            best[o.instance_type] = (o, price)
+    return sorted(best.values(), key=lambda op: (op[1] / op[0].gpus, op[0].instance_type))
 
 
-def _slot_assignment(
-    job: PendingJob, inst: OpenInstance, share: float, launch: bool = False
-) -> CloudAssignment:
-    return CloudAssignment(
-        job_id=job.job_id,
-        tenant=job.tenant,
-        region=inst.region,
-        zone=inst.zone,
-        queue=inst.queue,
-        instance_type=inst.instance_type,
-        instances=1,
-        gpu_type=inst.gpu_type,
-        spot=inst.spot,
-        hourly_usd=share,
-        instance_id=inst.instance_id,
-        launch=launch,
-        instance_hourly_usd=inst.hourly_usd,
-    )
+def _launch_packed(
+    led: SlotLedger,
+    ctx: PassContext,
+    offer: CloudOffer,
+    price: float,
+    chosen: list[tuple[PendingJob, CloudAssignment]],
+) -> None:
+    pos = ctx.cloud.pos[id(offer)]
+    if pos in ctx.cloud.left:
+        ctx.cloud.left[pos] -= 1
+    iid = new_instance_id(chosen[0][0], ctx.now)
+    q = ctx.policy.runtime.pack_q
+    inst = OpenInstance(
+        iid, offer.region, offer.zone, offer.instance_type, offer.gpu_type, chosen[0][1].spot, offer.gpus,
+        price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, chosen[0][1].queue,
+    )  # fmt: skip
+    led.open(inst)
+    for job, own in chosen:
+        share = price * job.gpus / offer.gpus
+        # The job's commitment was its own offer's price; it now pays its share instead.
+        horizon = ctx.cost_horizon_s(job)
+        ctx.committed_usd[job.tenant] = (
+            ctx.committed_usd.get(job.tenant, 0.0) + (share - alone_price(own)) * horizon / 3600.0
+        )
+        a = slot_assignment(job, inst, share, launch=True)
+        led.place(ctx, job, a, deferred=True)
+        inst.paid_until = max(inst.paid_until, ctx.now + (ctx.remaining_s(job, q) or 0.0))
+        ctx.outcomes[job.job_id] = JobOutcome(a, ctx.outcomes[job.job_id].steps)
+
+
+def _alone_usd_h(led: SlotLedger, ctx: PassContext, gpus: int, kind: Kind) -> float:
+    """The cheapest hourly price of instances holding ``gpus`` GPUs for one job alone."""
+    key = (gpus, *kind)
+    hit = led.alone_memo.get(key)
+    if hit is not None:
+        return hit
+    gpu_type, spot, region = kind
+    best = math.inf
+    for o in ctx.cloud.by_model.get(gpu_type, ()):
+        price = o.spot_usd_h if spot else o.on_demand_usd_h
+        if o.region != region or price is None:
+            continue
+        n = 1 if o.gpus >= gpus else (gpus // o.gpus if gpus % o.gpus == 0 else 0)
+        if n:
+            best = min(best, price * n)
+    led.alone_memo[key] = best
+    return best
+
+
+def _rider_value(
+    led: SlotLedger,
+    ctx: PassContext,
+    items: list[tuple[PendingJob, CloudAssignment]],
+    chosen: list[int],
+    offer: CloudOffer,
+    riders: list[PendingJob],
+    kind: Kind,
+    until: float,
+) -> float:
+    """What the waiting jobs that would fill the rest of this instance cost alone per hour
+    (only jobs the packed jobs keep it paid long enough for)."""
+    if not riders:
+        return 0.0
+    gpus = offer.gpus - sum(items[i][0].gpus for i in chosen)
+    cpu = offer.vcpus - sum(items[i][0].cpu for i in chosen)
+    mem = offer.memory_gib - sum(items[i][0].memory_gib for i in chosen)
+    need_q = ctx.policy.runtime.slot_need_q
+    value = 0.0
+    for job in riders:
+        if gpus <= 0:
+            break
+        need = ctx.remaining_s(job, need_q)
+        if (
+            need is not None
+            and ctx.now + need <= until
+            and fits(gpus, cpu, mem, job.gpus, job.cpu, job.memory_gib)
+        ):
+            gpus -= job.gpus
+            cpu -= job.cpu
+            mem -= job.memory_gib
+            value += _alone_usd_h(led, ctx, job.gpus, kind)
+    return value
 
 
 def _first_fit(
