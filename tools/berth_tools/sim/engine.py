@@ -31,14 +31,15 @@ from berth.domain.job_spec import SpotPolicy
 from berth.domain.placement import Site
 from berth.scheduler.core import schedule
 from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignment
-from berth.scheduler.fairshare import decay_factor
 from berth.scheduler.outcomes import Rule
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.predictor import RuntimePredictor
-from berth.scheduler.snapshot import CircuitRecord, Host, PendingJob, RunningJob, Snapshot, TenantState
+from berth.scheduler.snapshot import CircuitRecord, PendingJob, RunningJob, Snapshot
+from berth_tools.sim.accounting import TenantLedger
 from berth_tools.sim.cloud_fleet import CloudFleet
 from berth_tools.sim.cluster import ClusterSpec
 from berth_tools.sim.estimates import EstimateMode, UserEstimates
+from berth_tools.sim.fleet import OnPremFleet
 from berth_tools.sim.trace import TraceJob, split_nodes
 
 FINISH, INTERRUPT, ARRIVE, PASS = 0, 1, 2, 3
@@ -115,26 +116,8 @@ class Simulator:
         self.timeout_s = cluster.jobs.timeout_s
         self.offers = cluster.offers()
         self.ckpt = cluster.jobs.checkpoint_interval_s
-        max_host = max((p.gpus_per_host for p in cluster.pools), default=8)
-        self.host_specs: dict[str, Host] = {}
-        for pool in cluster.pools:
-            for i in range(pool.hosts):
-                hid = f"{pool.name}-{i:04d}"
-                self.host_specs[hid] = Host(
-                    hid,
-                    pool.name,
-                    pool.gpu_type,
-                    pool.gpus_per_host,
-                    pool.gpus_per_host,
-                    pool.cpu,
-                    pool.cpu,
-                    pool.memory_gib,
-                    pool.memory_gib,
-                )
-        self.free: dict[str, list[float]] = {
-            hid: [h.gpus, h.cpu, h.memory_gib] for hid, h in self.host_specs.items()
-        }
-        self._hosts_cache: tuple[Host, ...] | None = None
+        self.fleet = OnPremFleet(cluster)
+        max_host = self.fleet.max_gpus_per_host if self.fleet.specs else 8
         jobs: dict[str, SimJob] = {}
         for t in trace:
             nodes = split_nodes(t.gpus, max_host)
@@ -151,11 +134,7 @@ class Simulator:
         self.running: dict[str, RunningJob] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
-        self.tenant_names = sorted({t.tenant for t in trace})
-        self.alloc: dict[str, dict[str, float]] = {n: {} for n in self.tenant_names}
-        self.usage: dict[str, dict[str, float]] = {n: {} for n in self.tenant_names}
-        self.usage_at = 0.0
-        self.spend_month: dict[tuple[str, int], float] = {}
+        self.ledger = TenantLedger(cluster, sorted({t.tenant for t in trace}), policy.fair_share)
         self._pass_at: float | None = None
         self._last_pass: float | None = None
         self._wake_at: float | None = None
@@ -210,7 +189,7 @@ class Simulator:
             if (
                 self._static_onprem_only
                 and not self._onprem_freed
-                and self._arrived_min_gpn > self._largest_free_block()
+                and self._arrived_min_gpn > self.fleet.largest_free_block()
             ):
                 # Only arrivals since the last pass, none of which fits any host's free GPUs, and
                 # this policy can neither burst nor preempt: the pass could place nothing (the
@@ -235,9 +214,6 @@ class Simulator:
             self.state.predictions.append((job.predicted_s, t.duration_s))
         if self.predictor is not None:
             self.predictor.observe(t.tenant, t.model, t.gpu_type, t.gpus, t.duration_s, job.estimate_s)
-
-    def _largest_free_block(self) -> float:
-        return max((f[0] for f in self.free.values()), default=0)
 
     def _cloud_running(self) -> bool:
         return self._cloud_jobs > 0
@@ -285,12 +261,11 @@ class Simulator:
         job.predicted_s = None if rt is None else rt.quantile(0.5)
 
     def _alloc_delta(self, job: SimJob, sign: float) -> None:
-        a = self.alloc[job.trace.tenant]
-        gk = "gpu:" + job.trace.gpu_type
-        a[gk] = a.get(gk, 0.0) + sign * job.trace.gpus
-        if job.site is Site.ONPREM:
-            a["cpu"] = a.get("cpu", 0.0) + sign * job.cpu * job.nodes
-            a["memory"] = a.get("memory", 0.0) + sign * job.memory_gib * job.nodes
+        onprem = job.site is Site.ONPREM
+        t = job.trace
+        cpu = job.cpu * job.nodes if onprem else 0.0
+        mem = job.memory_gib * job.nodes if onprem else 0.0
+        self.ledger.allocate(t.tenant, t.gpu_type, t.gpus, cpu, mem, sign)
 
     def _begin(self, job: SimJob, start: float, **placement: Any) -> float:
         """Record a started attempt (on either site): the running job, its usage and its finish,
@@ -322,14 +297,7 @@ class Simulator:
         return end
 
     def _start_onprem(self, job: SimJob, a: OnPremAssignment, now: float) -> None:
-        for hid, g in a.hosts:
-            f = self.free[hid]
-            if f[0] < g or f[1] < a.cpu - 1e-9 or f[2] < a.memory_gib - 1e-9:
-                raise AssertionError(f"over-allocation of {hid} for {job.trace.job_id}")
-            f[0] -= g
-            f[1] -= a.cpu
-            f[2] -= a.memory_gib
-        self._hosts_cache = None
+        self.fleet.take(a.hosts, a.cpu, a.memory_gib, job.trace.job_id)
         job.site, job.hosts, job.placed_at, job.work_start, job.hourly_usd = (
             Site.ONPREM,
             a.hosts,
@@ -398,19 +366,12 @@ class Simulator:
         if job.site is Site.ONPREM:
             job.onprem_gpu_s += job.trace.gpus * elapsed
             self._onprem_freed = True
-            for hid, g in job.hosts:
-                f = self.free[hid]
-                f[0] += g
-                f[1] += job.cpu
-                f[2] += job.memory_gib
-            self._hosts_cache = None
+            self.fleet.give_back(job.hosts, job.cpu, job.memory_gib)
         else:
             self._cloud_jobs -= 1
             job.cloud_gpu_s += job.trace.gpus * elapsed
             cost = job.hourly_usd * elapsed / 3600.0
-            job.cost_usd += cost
-            month = (job.trace.tenant, int(now // (30 * 86400)))
-            self.spend_month[month] = self.spend_month.get(month, 0.0) + cost
+            self._charge(job, cost, now)
             if job.instance is not None:
                 extra = self.cloud.leave(
                     job.instance, job.trace.job_id, job.trace.gpus, job.cpu, job.memory_gib, cost, now
@@ -433,8 +394,7 @@ class Simulator:
 
     def _charge(self, job: SimJob, usd: float, now: float) -> None:
         job.cost_usd += usd
-        month = (job.trace.tenant, int(now // (30 * 86400)))
-        self.spend_month[month] = self.spend_month.get(month, 0.0) + usd
+        self.ledger.charge(job.trace.tenant, usd, now)
 
     def _requeue(self, job: SimJob) -> None:
         self.pending[job.trace.job_id] = self._pending_job(job)
@@ -449,43 +409,6 @@ class Simulator:
         self._requeue(job)
 
     # ------------------------------------------------------------------ the pass
-    def _hosts(self) -> tuple[Host, ...]:
-        if self._hosts_cache is None:
-            self._hosts_cache = tuple(
-                Host(h.host_id, h.pool, h.gpu_type, h.gpus, int(f[0]), h.cpu, f[1], h.memory_gib, f[2])
-                for h, f in ((h, self.free[hid]) for hid, h in self.host_specs.items())
-            )
-        return self._hosts_cache
-
-    def _tenants(self, now: float) -> dict[str, TenantState]:
-        rule = self.policy.fair_share
-        if rule.history_weight > 0 and now > self.usage_at:
-            f = decay_factor(now - self.usage_at, rule.half_life_s)
-            tau = rule.half_life_s / math.log(2)
-            for name in self.tenant_names:
-                u = self.usage[name]
-                for k in u:
-                    u[k] *= f
-                for k, v in self.alloc[name].items():
-                    u[k] = u.get(k, 0.0) + v * tau * (1.0 - f)
-            self.usage_at = now
-        month = int(now // (30 * 86400))
-        out = {}
-        for name in self.tenant_names:
-            base = self.cluster.tenant_state(name)
-            out[name] = TenantState(
-                name=name,
-                weight=base.weight,
-                guaranteed_gpus=base.guaranteed_gpus,
-                borrow_limit_gpus=base.borrow_limit_gpus,
-                default_borrow_limit=base.default_borrow_limit,
-                monthly_budget_usd=base.monthly_budget_usd,
-                cloud_spend_month_usd=self.spend_month.get((name, month), 0.0),
-                usage=dict(self.usage[name]),
-                usage_as_of=now,
-            )
-        return out
-
     def _circuits(self, now: float) -> tuple[CircuitRecord, ...]:
         horizon = self.policy.circuit.window_s + self.policy.circuit.open_s
         records = []
@@ -499,9 +422,9 @@ class Simulator:
         return Snapshot(
             pending=tuple(self.pending.values()),
             running=tuple(self.running.values()),
-            hosts=self._hosts(),
+            hosts=self.fleet.hosts(),
             offers=self.offers,
-            tenants=self._tenants(now),
+            tenants=self.ledger.tenants(now),
             circuits=self._circuits(now),
             instances=self.cloud.snapshot(),
             runtimes=self.predictor,
