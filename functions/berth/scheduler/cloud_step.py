@@ -259,23 +259,8 @@ def try_cloud(
         if state is CircuitState.HALF_OPEN:
             led.probes[ckey] = led.probes.get(ckey, 0) + 1
         ctx.committed_usd[job.tenant] = committed + priced.hourly_usd * horizon / 3600.0
-        shared = job.nodes == 1 and priced.instances == 1
-        a = CloudAssignment(
-            job_id=job.job_id,
-            tenant=job.tenant,
-            region=offer.region,
-            zone=offer.zone,
-            queue=offer.queue_name(priced.spot),
-            instance_type=offer.instance_type,
-            instances=priced.instances,
-            gpu_type=offer.gpu_type,
-            spot=priced.spot,
-            # On a shared instance the job pays its GPU share; idle slots are billed to its users.
-            hourly_usd=priced.hourly_usd * job.gpus / offer.gpus if shared else priced.hourly_usd,
-            instance_id=new_instance_id(job, ctx.now) if shared else None,
-            launch=shared,
-            instance_hourly_usd=priced.hourly_usd if shared else 0.0,
-        )
+        a = offer_assignment(job, priced, ctx.now)
+        shared = a.instance_id is not None
         if shared and ctx.packs:
             # Provisional: the packing step may put it on a larger shared instance instead.
             slots.defer(ctx, job, a)
@@ -283,3 +268,26 @@ def try_cloud(
             slots.place(ctx, job, a)
         return None
     return why or Step(Site.CLOUD, Rule.NO_OFFERS, "no eligible offer")
+
+
+def offer_assignment(job: PendingJob, priced: PricedOffer, now: float) -> CloudAssignment:
+    """The assignment for a new offer: a single-node job on one instance launches a shared
+    instance (others may join its free slots) and pays its GPU share, idle slots being billed to
+    its users; a gang gets instances of its own at their whole price."""
+    offer = priced.offer
+    shared = job.nodes == 1 and priced.instances == 1
+    return CloudAssignment(
+        job_id=job.job_id,
+        tenant=job.tenant,
+        region=offer.region,
+        zone=offer.zone,
+        queue=offer.queue_name(priced.spot),
+        instance_type=offer.instance_type,
+        instances=priced.instances,
+        gpu_type=offer.gpu_type,
+        spot=priced.spot,
+        hourly_usd=priced.hourly_usd * job.gpus / offer.gpus if shared else priced.hourly_usd,
+        instance_id=new_instance_id(job, now) if shared else None,
+        launch=shared,
+        instance_hourly_usd=priced.hourly_usd if shared else 0.0,
+    )

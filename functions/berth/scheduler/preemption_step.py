@@ -3,6 +3,8 @@ capacity for a tenant below its guarantee; its own lower-priority jobs) that los
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from berth.domain.placement import Site
 from berth.scheduler.context import RANK, PassContext
 from berth.scheduler.decisions import Preemption
@@ -20,19 +22,12 @@ def _victim_index(ctx: PassContext) -> dict[str, list[RunningJob]]:
     return on_host
 
 
-def preempt_for(
-    ctx: PassContext,
-    job: PendingJob,
-    tenant: TenantState,
-    models: tuple[str, ...],
-    pools: frozenset[str] | None,
-) -> tuple[str, str, tuple[str, ...]] | None:
+def _kinds(
+    ctx: PassContext, job: PendingJob, tenant: TenantState, models: tuple[str, ...]
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The preemption rules that may apply to this job, with the models each allows."""
     rule = ctx.policy.preemption
-    if ctx.preempt_budget <= 0 or not ctx.policy.use_onprem:
-        return None
-    now = ctx.now
     kinds: list[tuple[str, tuple[str, ...]]] = []
-    job_rank = RANK[job.priority]
     if rule.reclaim and ctx.any_borrowed:
         own = tuple(
             m
@@ -41,50 +36,52 @@ def preempt_for(
         )
         if own:
             kinds.append(("reclaim", own))
-    if rule.priority and ctx.lowest_rank.get(job.tenant, 99) < job_rank:
+    if rule.priority and ctx.lowest_rank.get(job.tenant, 99) < RANK[job.priority]:
         kinds.append(("priority", models))
-    for kind, kind_models in kinds:
-        memo = (
-            kind,
-            job.tenant if kind == "priority" else "",
-            job.priority.rank,
-            kind_models,
-            job.gpus_per_node,
-            job.nodes,
-            job.cpu,
-            job.memory_gib,
-            pools,
-        )
+    return kinds
+
+
+def _eligible(ctx: PassContext, job: PendingJob, kind: str) -> Callable[[RunningJob], bool]:
+    """Who may be stopped for ``job`` under rule ``kind``: reclaim takes other tenants' borrowed
+    jobs while their owner is above its guarantee; priority takes the tenant's own lower-priority
+    jobs. Never a job younger than ``min_runtime_s`` (no thrashing)."""
+    now, min_runtime = ctx.now, ctx.policy.preemption.min_runtime_s
+    job_rank = RANK[job.priority]
+
+    def eligible(v: RunningJob) -> bool:
+        if v.job_id in ctx.preempted or now - v.started_at < min_runtime:
+            return False
+        if kind == "reclaim":
+            owner = ctx.tenant(v.tenant)
+            return (
+                v.borrowed
+                and v.tenant != job.tenant
+                and ctx.onprem_used.get((v.tenant, v.gpu_type), 0) > owner.guaranteed_gpus.get(v.gpu_type, 0)
+            )
+        return v.tenant == job.tenant and RANK[v.priority] < job_rank
+
+    return eligible
+
+
+def preempt_for(
+    ctx: PassContext,
+    job: PendingJob,
+    tenant: TenantState,
+    models: tuple[str, ...],
+    pools: frozenset[str] | None,
+) -> tuple[str, str, tuple[str, ...]] | None:
+    """Stop the cheapest victims a rule allows so that the job fits; its fit, or None."""
+    if ctx.preempt_budget <= 0 or not ctx.policy.use_onprem:
+        return None
+    for kind, kind_models in _kinds(ctx, job, tenant, models):
+        shape = (kind_models, job.gpus_per_node, job.nodes, job.cpu, job.memory_gib, pools)
+        memo = (kind, job.tenant if kind == "priority" else "", job.priority.rank, *shape)
         if memo in ctx.no_victims:
             continue
-
-        def eligible(v: RunningJob, kind: str = kind) -> bool:
-            if v.job_id in ctx.preempted or now - v.started_at < rule.min_runtime_s:
-                return False
-            if kind == "reclaim":
-                owner = ctx.tenant(v.tenant)
-                return (
-                    v.borrowed
-                    and v.tenant != job.tenant
-                    and ctx.onprem_used.get((v.tenant, v.gpu_type), 0)
-                    > owner.guaranteed_gpus.get(v.gpu_type, 0)
-                )
-            return v.tenant == job.tenant and RANK[v.priority] < job_rank
-
         if ctx.victims_on_host is None:
             ctx.victims_on_host = _victim_index(ctx)
         victims = find_victims(
-            ctx.index,
-            ctx.victims_on_host,
-            eligible,
-            kind_models,
-            job.gpus_per_node,
-            job.nodes,
-            job.cpu,
-            job.memory_gib,
-            pools,
-            ctx.preempt_budget,
-            now,
+            ctx.index, ctx.victims_on_host, _eligible(ctx, job, kind), *shape, ctx.preempt_budget, ctx.now
         )
         if victims is None:
             ctx.no_victims.add(memo)
@@ -97,14 +94,12 @@ def preempt_for(
                     tenant=v.tenant,
                     for_job=job.job_id,
                     rule=f"policy.preemption.{kind}",
-                    lost_progress_s=v.lost_progress_s(now),
+                    lost_progress_s=v.lost_progress_s(ctx.now),
                 )
             )
         ctx.preempt_budget -= len(victims)
         ctx.no_fit.clear()
-        fit = ctx.index.find(
-            kind_models, job.gpus_per_node, job.nodes, job.cpu, job.memory_gib, pools, job.avoid_hosts
-        )
+        fit = ctx.index.find(*shape, job.avoid_hosts)
         if fit is not None:
             return fit
     return None
