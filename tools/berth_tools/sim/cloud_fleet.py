@@ -5,11 +5,38 @@ used it (pro rata), so tenant costs add up to the total."""
 
 from __future__ import annotations
 
+import math
+import random
+import zlib
 from dataclasses import dataclass, field
 
 from berth.scheduler.decisions import CloudAssignment
 from berth.scheduler.fits import fits
-from berth.scheduler.snapshot import CloudInstance, CloudOffer
+from berth.scheduler.policy import CircuitRule
+from berth.scheduler.snapshot import CircuitRecord, CloudInstance, CloudOffer
+from berth_tools.sim.cluster import SpotSpec
+
+
+def interruption_at(spot: SpotSpec, job_id: str, nth: int, start: float, instances: int) -> float:
+    """When a spot attempt is interrupted: Poisson per instance, from a random stream seeded per
+    job and attempt, so every policy meets the same luck for the same job (inf: never)."""
+    if spot.interruptions_per_hour <= 0:
+        return math.inf
+    u = random.Random(zlib.crc32(f"{spot.seed}:{job_id}:{nth}".encode())).random()
+    return start + (-math.log(1.0 - u) / (spot.interruptions_per_hour * instances)) * 3600.0
+
+
+def circuit_records(
+    failures: dict[tuple[str, str], list[float]], rule: CircuitRule, now: float
+) -> tuple[CircuitRecord, ...]:
+    """The capacity errors (spot interruptions) the circuit breakers still remember."""
+    horizon = rule.window_s + rule.open_s
+    records = []
+    for (region, itype), times in failures.items():
+        times[:] = [t for t in times if now - t <= horizon]
+        if times:
+            records.append(CircuitRecord(region, itype, tuple(times)))
+    return tuple(records)
 
 
 @dataclass(slots=True)

@@ -21,9 +21,6 @@ Model (docs/scheduling.md, "Simulator"):
 from __future__ import annotations
 
 import heapq
-import math
-import random
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +31,9 @@ from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignme
 from berth.scheduler.outcomes import Rule
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.predictor import RuntimePredictor
-from berth.scheduler.snapshot import CircuitRecord, PendingJob, RunningJob, Snapshot
+from berth.scheduler.snapshot import PendingJob, RunningJob, Snapshot
 from berth_tools.sim.accounting import TenantLedger
-from berth_tools.sim.cloud_fleet import CloudFleet
+from berth_tools.sim.cloud_fleet import CloudFleet, circuit_records, interruption_at
 from berth_tools.sim.cluster import ClusterSpec
 from berth_tools.sim.estimates import EstimateMode, UserEstimates
 from berth_tools.sim.fleet import OnPremFleet
@@ -348,13 +345,10 @@ class Simulator:
             hourly_usd=a.hourly_usd,
         )
         self._cloud_jobs += 1
-        rate = self.cluster.cloud.spot.interruptions_per_hour
-        if a.spot and rate > 0:
-            seed = zlib.crc32(
-                f"{self.cluster.cloud.spot.seed}:{job.trace.job_id}:{job.interruptions}".encode()
+        if a.spot:
+            t_int = interruption_at(
+                self.cluster.cloud.spot, job.trace.job_id, job.interruptions, start, a.instances
             )
-            u = random.Random(seed).random()
-            t_int = start + (-math.log(1.0 - u) / (rate * a.instances)) * 3600.0
             if t_int < end:
                 self._push(t_int, INTERRUPT, job.trace.job_id, job.epoch)
                 key = (a.region, a.instance_type)
@@ -409,15 +403,6 @@ class Simulator:
         self._requeue(job)
 
     # ------------------------------------------------------------------ the pass
-    def _circuits(self, now: float) -> tuple[CircuitRecord, ...]:
-        horizon = self.policy.circuit.window_s + self.policy.circuit.open_s
-        records = []
-        for (region, itype), times in self.state.circuit_failures.items():
-            times[:] = [t for t in times if now - t <= horizon]
-            if times:
-                records.append(CircuitRecord(region, itype, tuple(times)))
-        return tuple(records)
-
     def snapshot(self, now: float) -> Snapshot:
         return Snapshot(
             pending=tuple(self.pending.values()),
@@ -425,7 +410,7 @@ class Simulator:
             hosts=self.fleet.hosts(),
             offers=self.offers,
             tenants=self.ledger.tenants(now),
-            circuits=self._circuits(now),
+            circuits=circuit_records(self.state.circuit_failures, self.policy.circuit, now),
             instances=self.cloud.snapshot(),
             runtimes=self.predictor,
         )
