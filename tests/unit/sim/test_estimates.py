@@ -10,6 +10,7 @@ from berth.scheduler.snapshot import Snapshot
 from berth_tools.sim import engine
 from berth_tools.sim.estimates import EstimateMode, UserEstimates
 from berth_tools.sim.policies import resolve_policy
+from berth_tools.sim.records import SimJob
 from berth_tools.sim.runner import simulate
 from berth_tools.sim.trace import TraceJob
 
@@ -28,7 +29,7 @@ def _spy_run(monkeypatch: pytest.MonkeyPatch, sigma: float | None, mode: Estimat
     learnt: set[str] = set()
     learn = sim._learn
 
-    def spy_learn(job: engine.SimJob) -> None:
+    def spy_learn(job: SimJob) -> None:
         learnt.add(job.trace.job_id)
         learn(job)
 

@@ -21,76 +21,23 @@ Model (docs/scheduling.md, "Simulator"):
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from typing import Any
 
-from berth.domain.job_spec import SpotPolicy
 from berth.domain.placement import Site
 from berth.scheduler.core import schedule
 from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignment
 from berth.scheduler.outcomes import Rule
 from berth.scheduler.policy import SchedulingPolicy
-from berth.scheduler.predictor import RuntimePredictor
 from berth.scheduler.snapshot import PendingJob, RunningJob, Snapshot
 from berth_tools.sim.accounting import TenantLedger
 from berth_tools.sim.cloud_fleet import CloudFleet, circuit_records, interruption_at
 from berth_tools.sim.cluster import ClusterSpec
-from berth_tools.sim.estimates import EstimateMode, UserEstimates
+from berth_tools.sim.estimates import EstimateMode, ServiceKnowledge, UserEstimates
 from berth_tools.sim.fleet import OnPremFleet
+from berth_tools.sim.records import SimJob, SimState
 from berth_tools.sim.trace import TraceJob, split_nodes
 
 FINISH, INTERRUPT, ARRIVE, PASS = 0, 1, 2, 3
-
-
-@dataclass(slots=True)
-class SimJob:
-    trace: TraceJob
-    nodes: int
-    cpu: float
-    memory_gib: float
-    progress_s: float = 0.0
-    first_start_s: float | None = None
-    end_s: float | None = None
-    epoch: int = 0
-    site: Site | None = None
-    placed_at: float = 0.0
-    work_start: float = 0.0
-    hosts: tuple[tuple[str, int], ...] = ()
-    hourly_usd: float = 0.0
-    cost_usd: float = 0.0
-    onprem_gpu_s: float = 0.0
-    cloud_gpu_s: float = 0.0
-    preemptions: int = 0
-    interruptions: int = 0
-    repatriations: int = 0
-    attempts: int = 0
-    instance: str | None = None
-    estimate_s: float | None = None
-    """The user's estimate of the whole run time (None: the user gave none)."""
-    predicted_s: float | None = None
-    """The scheduler's median prediction at submission (for the predictor's error)."""
-
-    @property
-    def remaining_s(self) -> float:
-        return max(0.0, self.trace.duration_s - self.progress_s)
-
-
-@dataclass(slots=True)
-class SimState:
-    jobs: dict[str, SimJob]
-    onprem_gpus: int
-    span_end_s: float = 0.0
-    passes: int = 0
-    preemptions: int = 0
-    interruptions: int = 0
-    repatriations: int = 0
-    circuit_failures: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    instances_launched: int = 0
-    free_rides: int = 0
-    idle_instance_usd: float = 0.0
-    max_instance_gpus_used: int = 0
-    predictions: list[tuple[float, float]] = field(default_factory=list)
-    """(predicted median at submission, actual run time) of every finished job."""
 
 
 class Simulator:
@@ -106,11 +53,8 @@ class Simulator:
         self.policy = policy
         self.trace = trace
         self.mode = estimates
-        self.oracle = estimates is EstimateMode.ORACLE
-        # The service's run-time knowledge: learns from finished jobs only (never in oracle mode).
-        self.predictor = None if self.oracle else RuntimePredictor()
+        self.knows = ServiceKnowledge(estimates, cluster.jobs.timeout_s, cluster.jobs.checkpoint_interval_s)
         user = UserEstimates(estimate_noise, cluster.cloud.spot.seed)
-        self.timeout_s = cluster.jobs.timeout_s
         self.offers = cluster.offers()
         self.ckpt = cluster.jobs.checkpoint_interval_s
         self.fleet = OnPremFleet(cluster)
@@ -206,56 +150,20 @@ class Simulator:
 
     def _learn(self, job: SimJob) -> None:
         """A job finished: the service learns its run time (and how its estimate compared)."""
-        t = job.trace
-        if job.predicted_s is not None:
-            self.state.predictions.append((job.predicted_s, t.duration_s))
-        if self.predictor is not None:
-            self.predictor.observe(t.tenant, t.model, t.gpu_type, t.gpus, t.duration_s, job.estimate_s)
+        self.knows.learn(job, self.state)
 
     def _cloud_running(self) -> bool:
         return self._cloud_jobs > 0
 
     # ------------------------------------------------------------------ transitions
-    def _pending_job(self, job: SimJob) -> PendingJob:
-        t = job.trace
-        # The oracle hands over the true remaining work; the service knows the user's estimate of
-        # the whole run and the progress saved by checkpoints.
-        estimate = job.remaining_s if self.oracle else job.estimate_s
-        progress = 0.0 if self.oracle else job.progress_s
-        return PendingJob(
-            job_id=t.job_id,
-            tenant=t.tenant,
-            gpu_type=t.gpu_type,
-            gpus=t.gpus,
-            submitted_at=t.submit_s,
-            nodes=job.nodes,
-            cpu=job.cpu,
-            memory_gib=job.memory_gib,
-            spot=SpotPolicy.ALLOWED,
-            checkpointing=self.ckpt is not None,
-            family=t.model,
-            timeout_s=self.timeout_s,
-            expected_duration_s=estimate,
-            progress_s=progress,
-        )
-
     def _arrive(self, job_id: str, now: float) -> None:
         job = self.state.jobs[job_id]
         if job.trace.duration_s <= 0:
             job.first_start_s = job.end_s = now
             return
-        self.pending[job_id] = self._pending_job(job)
-        self._predict_at_submit(job)
+        self.pending[job_id] = self.knows.pending_job(job)
+        self.knows.predict_at_submit(job)
         self._arrived_min_gpn = min(self._arrived_min_gpn, job.trace.gpus // job.nodes)
-
-    def _predict_at_submit(self, job: SimJob) -> None:
-        """The median run time the service predicts when the job is submitted (for the error)."""
-        t = job.trace
-        if self.predictor is None:
-            job.predicted_s = t.duration_s
-            return
-        rt = self.predictor.predict(t.tenant, t.model, t.gpu_type, t.gpus, job.estimate_s, self.timeout_s)
-        job.predicted_s = None if rt is None else rt.quantile(0.5)
 
     def _alloc_delta(self, job: SimJob, sign: float) -> None:
         onprem = job.site is Site.ONPREM
@@ -278,15 +186,8 @@ class Simulator:
             gpus=t.gpus,
             started_at=start,
             nodes=job.nodes,
-            checkpointing=self.ckpt is not None,
-            checkpoint_interval_s=self.ckpt,
-            # Only the oracle knows when a job will end; the service predicts it.
-            expected_end_at=end if self.oracle else None,
-            family=t.model,
-            expected_duration_s=None if self.oracle else job.estimate_s,
-            timeout_s=self.timeout_s,
-            progress_s=job.progress_s,
             instance_id=job.instance,
+            **self.knows.running_fields(job, end),
             **placement,
         )
         self._alloc_delta(job, 1.0)
@@ -391,7 +292,7 @@ class Simulator:
         self.ledger.charge(job.trace.tenant, usd, now)
 
     def _requeue(self, job: SimJob) -> None:
-        self.pending[job.trace.job_id] = self._pending_job(job)
+        self.pending[job.trace.job_id] = self.knows.pending_job(job)
 
     def _interrupt(self, job: SimJob, now: float) -> None:
         key = self._interrupt_at.pop(job.trace.job_id, None)
@@ -412,7 +313,7 @@ class Simulator:
             tenants=self.ledger.tenants(now),
             circuits=circuit_records(self.state.circuit_failures, self.policy.circuit, now),
             instances=self.cloud.snapshot(),
-            runtimes=self.predictor,
+            runtimes=self.knows.predictor,
         )
 
     def _pass(self, now: float) -> None:

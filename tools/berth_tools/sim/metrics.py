@@ -7,8 +7,8 @@ from typing import Any
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.snapshot import CloudOffer
 from berth_tools.sim.cluster import ClusterSpec
-from berth_tools.sim.engine import SimState
 from berth_tools.sim.estimates import relative_errors
+from berth_tools.sim.records import SimState
 from berth_tools.sim.trace import TraceJob
 
 MIN_DURATION_FOR_SLOWDOWN_S = 60.0
