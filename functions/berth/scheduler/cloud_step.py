@@ -30,31 +30,34 @@ Candidates = tuple[list[tuple[PricedOffer, CircuitState]], tuple[tuple[CloudOffe
 class CloudLedger:
     """What the cloud step has given out in this pass: offer counts, circuit probes, memos."""
 
-    __slots__ = ("by_model", "ends", "left", "memo", "pos", "probes")
+    __slots__ = ("by_key", "by_model", "ends", "left", "memo", "pos", "probes")
 
     def __init__(self, ctx: PassContext) -> None:
         offers = ctx.snapshot.offers
         self.left: dict[int, int] = {i: o.available for i, o in enumerate(offers) if o.available is not None}
-        self.pos, self.by_model = _offer_index(offers)
+        self.pos, self.by_model, self.by_key = _offer_index(offers)
         self.probes: dict[tuple[str, str], int] = {}
         self.memo: dict[tuple[object, ...], Candidates] = {}
         self.ends: dict[str, tuple[list[float], list[int]]] | None = None
 
 
-_INDEX: list[tuple[tuple[CloudOffer, ...], dict[int, int], dict[str, list[CloudOffer]]]] = []
+OfferIndex = tuple[dict[int, int], dict[str, list[CloudOffer]], dict[tuple[str, str, str], CloudOffer]]
+_INDEX: list[tuple[tuple[CloudOffer, ...], OfferIndex]] = []
 
 
-def _offer_index(offers: tuple[CloudOffer, ...]) -> tuple[dict[int, int], dict[str, list[CloudOffer]]]:
-    """Offer positions and offers by GPU model. Callers pass the same catalog tuple pass after
-    pass, so the last index is kept (read only; it depends on nothing but that tuple)."""
+def _offer_index(offers: tuple[CloudOffer, ...]) -> OfferIndex:
+    """Offer positions, offers by GPU model and by (region, zone, instance type). Callers pass the
+    same catalog tuple pass after pass, so the last index is kept (read only; it depends on
+    nothing but that tuple)."""
     if _INDEX and _INDEX[0][0] is offers:
-        return _INDEX[0][1], _INDEX[0][2]
+        return _INDEX[0][1]
     pos = {id(o): i for i, o in enumerate(offers)}
     by_model: dict[str, list[CloudOffer]] = {}
     for offer in offers:
         by_model.setdefault(offer.gpu_type, []).append(offer)
-    _INDEX[:] = [(offers, pos, by_model)]
-    return pos, by_model
+    index = (pos, by_model, {(o.region, o.zone, o.instance_type): o for o in offers})
+    _INDEX[:] = [(offers, index)]
+    return index
 
 
 def spot_mode(ctx: PassContext, job: PendingJob) -> bool | None:
@@ -67,7 +70,8 @@ def cloud_candidates(ctx: PassContext, job: PendingJob, residency: list[Residenc
     led = ctx.cloud
     models = ctx.accepted(job.gpu_type)
     mode = spot_mode(ctx, job)
-    horizon = ctx.cost_horizon_s(job)
+    # The horizon only bounds max_cost_usd here (the budget is checked at placement).
+    horizon = ctx.cost_horizon_s(job) if job.max_cost_usd is not None else 3600.0
     key = (
         models,
         job.gpus,
@@ -77,7 +81,7 @@ def cloud_candidates(ctx: PassContext, job: PendingJob, residency: list[Residenc
         job.regions,
         job.max_hourly_usd,
         job.max_cost_usd,
-        horizon if job.max_cost_usd else None,
+        horizon if job.max_cost_usd is not None else None,
         tuple(id(r) for r in residency),
         job.avoid_regions,
         mode,
@@ -225,7 +229,7 @@ def try_cloud(
     """Place ``job`` in the cloud (None) or say why not: a free slot of a running shared
     instance first, else the cheapest eligible offer with capacity left."""
     slots: SlotLedger = ctx.slots
-    if job.nodes == 1 and slots.join_best(ctx, job, tenant, residency, ctx.cost_horizon_s(job)) is not None:
+    if job.nodes == 1 and slots.join_best(ctx, job, tenant, ctx.cost_horizon_s(job)) is not None:
         return None
     candidates, out, summary = cloud_candidates(ctx, job, residency)
     if not candidates:

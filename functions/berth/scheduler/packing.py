@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from berth.scheduler.circuit import CircuitState
 from berth.scheduler.decisions import CloudAssignment
-from berth.scheduler.eligibility import cloud_job_exclusion, offer_kind_exclusion, price_exclusion, wants_spot
+from berth.scheduler.eligibility import price_exclusion, wants_spot
 from berth.scheduler.fits import fits
 from berth.scheduler.outcomes import JobOutcome
 from berth.scheduler.slots import (
@@ -45,7 +45,7 @@ def pack(led: SlotLedger, ctx: PassContext) -> None:
         run = {job.job_id: ctx.remaining_s(job, q) or 0.0 for job, _ in items}
         items.sort(key=lambda ja: (-run[ja[0].job_id], ja[0].job_id))
         offers = _pack_offers(ctx, kind)
-        riders = [w for w in led.waiting if _rider_kind_ok(ctx, w, kind)]
+        riders = [w for w in led.waiting if _rider_kind_ok(led, ctx, w, kind)]
         while items and offers:
             best: tuple[float, CloudOffer, float, list[int]] | None = None
             for offer, price in offers:
@@ -203,9 +203,6 @@ def _first_fit(
     return chosen
 
 
-def _rider_kind_ok(ctx: PassContext, job: PendingJob, kind: Kind) -> bool:
-    residency = ctx.residency(job)
-    if cloud_job_exclusion(job, ctx.policy, residency) is not None:
-        return False
+def _rider_kind_ok(led: SlotLedger, ctx: PassContext, job: PendingJob, kind: Kind) -> bool:
     mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
-    return offer_kind_exclusion(job, ctx.policy, residency, kind[0], kind[2], kind[1], mode) is None
+    return led.kind_ok(ctx, job, kind, mode)

@@ -26,7 +26,6 @@ from berth.scheduler.eligibility import (
 )
 from berth.scheduler.fits import fits
 from berth.scheduler.outcomes import JobOutcome, Rule, Step
-from berth.scheduler.policy import ResidencyRule
 from berth.scheduler.snapshot import PendingJob, TenantState
 
 if TYPE_CHECKING:
@@ -76,6 +75,7 @@ class SlotLedger:
     open_by_kind: dict[Kind, dict[int, dict[str, None]]] = field(default_factory=dict)
     """Open instances by kind, then by free GPUs (best fit looks at the smallest bucket that fits)."""
     _kinds: dict[tuple[object, ...], list[Kind]] = field(default_factory=dict)
+    _kind_ok: dict[tuple[object, ...], bool] = field(default_factory=dict)
     deferred: list[tuple[PendingJob, CloudAssignment]] = field(default_factory=list)
     waiting: list[PendingJob] = field(default_factory=list)
     """Jobs left waiting for on-prem that could start in a free slot (``pack_instances``)."""
@@ -136,11 +136,7 @@ class SlotLedger:
             return
         inst = self.instances.get(a.instance_id)
         if inst is None and a.launch:
-            offer = next(
-                o
-                for o in ctx.cloud.by_model.get(a.gpu_type, ())
-                if (o.region, o.zone, o.instance_type) == (a.region, a.zone, a.instance_type)
-            )
+            offer = ctx.cloud.by_key[(a.region, a.zone, a.instance_type)]
             inst = OpenInstance(
                 a.instance_id, a.region, a.zone, a.instance_type, a.gpu_type, a.spot, offer.gpus,
                 a.instance_hourly_usd, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, a.queue,
@@ -149,22 +145,33 @@ class SlotLedger:
         assert inst is not None
         self._take(inst, job.gpus, job.cpu, job.memory_gib)
 
-    def _allowed_kinds(
-        self, ctx: PassContext, job: PendingJob, residency: list[ResidencyRule], mode: bool | None
-    ) -> list[Kind]:
+    def kind_ok(self, ctx: PassContext, job: PendingJob, kind: Kind, mode: bool | None) -> bool:
+        """May this job run on capacity of this kind (every job-level and kind-level cloud rule)?
+        Memoised per job class, kind and pass: queues repeat a few classes."""
+        key = (
+            job.tenant,
+            job.datasets,
+            job.placement,
+            job.gpu_type,
+            job.regions,
+            job.avoid_regions,
+            mode,
+            kind,
+        )
+        ok = self._kind_ok.get(key)
+        if ok is None:
+            residency = ctx.residency(job)
+            ok = self._kind_ok[key] = cloud_job_exclusion(job, ctx.policy, residency) is None and (
+                offer_kind_exclusion(job, ctx.policy, residency, kind[0], kind[2], kind[1], mode) is None
+            )
+        return ok
+
+    def _allowed_kinds(self, ctx: PassContext, job: PendingJob, mode: bool | None) -> list[Kind]:
         """Kinds of open instances this job may use (memoised per job class and pass)."""
         key = (job.tenant, job.datasets, job.placement, job.gpu_type, job.regions, job.avoid_regions, mode)
         kinds = self._kinds.get(key)
         if kinds is None:
-            if cloud_job_exclusion(job, ctx.policy, residency) is not None:
-                kinds = []
-            else:
-                kinds = [
-                    k
-                    for k in self.open_by_kind
-                    if offer_kind_exclusion(job, ctx.policy, residency, k[0], k[2], k[1], mode) is None
-                ]
-            self._kinds[key] = kinds
+            kinds = self._kinds[key] = [k for k in self.open_by_kind if self.kind_ok(ctx, job, k, mode)]
         return kinds
 
     def join_best(
@@ -172,7 +179,6 @@ class SlotLedger:
         ctx: PassContext,
         job: PendingJob,
         tenant: TenantState,
-        residency: list[ResidencyRule],
         horizon_s: float,
         need_until: float | None = None,
     ) -> CloudAssignment | None:
@@ -182,12 +188,14 @@ class SlotLedger:
             return None
         mode = wants_spot(job, ctx.policy, ctx.remaining_s(job, ctx.policy.runtime.spot_q))
         best: tuple[int, float, str] | None = None
-        for kind in self._allowed_kinds(ctx, job, residency, mode):
+        for kind in self._allowed_kinds(ctx, job, mode):
             buckets = self.open_by_kind[kind]
-            for free in sorted(b for b in buckets if b >= job.gpus and buckets[b]):
-                if best is not None and free > best[0]:
-                    break
-                found = self._first_in_bucket(ctx, job, buckets[free], horizon_s, need_until)
+            top = best[0] if best is not None else max(buckets, default=0)
+            for free in range(job.gpus, top + 1):
+                bucket = buckets.get(free)
+                if not bucket:
+                    continue
+                found = self._first_in_bucket(ctx, job, bucket, horizon_s, need_until)
                 if found is not None:
                     cand = (free, self.instances[found].ready_at, found)
                     if best is None or cand < best:
@@ -248,17 +256,24 @@ class SlotLedger:
         if not self.waiting or not self.open_by_kind:
             return
         need_q = ctx.policy.runtime.slot_need_q
+        # No slot is paid beyond the latest paid-until of an open instance: a cheap first test.
+        latest = max(
+            (
+                self.instances[i].paid_until
+                for b in self.open_by_kind.values()
+                for ids in b.values()
+                for i in ids
+            ),
+            default=0.0,
+        )
         still: list[PendingJob] = []
         for job in self.waiting:
             if ctx.outcomes[job.job_id].placed is not None:
                 continue
             need = ctx.remaining_s(job, need_q)
-            tenant = ctx.tenant(job.tenant)
             a = None
-            if need is not None:
-                a = self.join_best(
-                    ctx, job, tenant, ctx.residency(job), ctx.cost_horizon_s(job), ctx.now + need
-                )
+            if need is not None and ctx.now + need <= latest:
+                a = self.join_best(ctx, job, ctx.tenant(job.tenant), ctx.cost_horizon_s(job), ctx.now + need)
             if a is None:
                 still.append(job)
                 continue
