@@ -309,3 +309,18 @@ def test_estimate_wait_bursts_at_once_only_when_onprem_is_out_of_reach() -> None
     # Not before min_wait_s.
     early = job("e", submitted_at=NOW - 100, expected_duration_s=100_000.0, checkpointing=True)
     assert schedule(snap([early], fleet(50_000), hosts, offers), est, NOW).placements == []
+
+
+def test_the_pass_restores_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    s = snap([job("g")], hosts=[host("h1")])
+    assert gc.isenabled()
+    schedule(s, policy(), NOW)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        schedule(s, policy(), NOW)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

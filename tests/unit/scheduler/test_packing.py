@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -120,3 +121,26 @@ def test_explain_and_the_pass_agree_on_every_job(case: tuple[Snapshot, Schedulin
             assert ex.summary == d.reasons[job.job_id]
         chosen = [c for c in ex.candidates if c.chosen]
         assert len(chosen) == (0 if o.placed is None else 1)
+
+
+def test_jobs_bursting_together_share_one_larger_instance_and_rules_still_hold() -> None:
+    from berth.scheduler.outcomes import Rule
+    from berth.scheduler.snapshot import CloudOffer, TenantState
+
+    from .helpers import job, policy, snap
+
+    one = CloudOffer("us-east-1", "e1", "p3.2xlarge", "V100", 1, 8, 61, 3.06, 0.9)
+    eight = CloudOffer("us-east-1", "e1", "p3.16xlarge", "V100", 8, 64, 488, 24.48, 2.75)
+    west = CloudOffer("us-west-2", "w1", "p3.2xlarge", "V100", 1, 8, 61, 3.06, 0.95)
+    jobs = [job(f"j{i}", checkpointing=True, cpu=4.0, memory_gib=32.0) for i in range(6)]
+    jobs.append(job("avoid", checkpointing=True, avoid_regions=("us-east-1",)))
+    jobs.append(job("poor", tenant="b", checkpointing=True))
+    tenants = {"b": TenantState("b", monthly_budget_usd=0.01)}
+    pol = policy(burst={"min_wait_s": 0, "wait_fraction": 0, "pack_instances": True})
+    d = schedule(snap(jobs, offers=[one, eight, west], tenants=tenants), pol, NOW)
+    placed = {a.job_id: a for a in d.placements if isinstance(a, CloudAssignment)}
+    shared = {placed[f"j{i}"].instance_id for i in range(6)}
+    assert len(shared) == 1 and all(placed[f"j{i}"].instance_type == "p3.16xlarge" for i in range(6))
+    assert all(placed[f"j{i}"].hourly_usd == pytest.approx(2.75 / 8) for i in range(6))
+    assert placed["avoid"].region == "us-west-2"
+    assert "poor" not in placed and d.outcomes["poor"].rules[-1] is Rule.BUDGET
