@@ -9,7 +9,15 @@ import re
 from enum import StrEnum
 from typing import Annotated, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import JsonDict, JsonValue, SkipJsonSchema
 
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -239,6 +247,33 @@ class JobSpec(Strict):
     constraints: Constraints = Field(default_factory=Constraints)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     timeout_minutes: Annotated[int, Field(strict=True, ge=1, le=60 * 24 * 30), INTEGRAL] = 24 * 60
+    expected_duration_minutes: (
+        Annotated[
+            int,
+            Field(
+                strict=True,
+                ge=1,
+                le=60 * 24 * 30,
+                description="A hint of the run time, never a limit; at most timeout_minutes",
+            ),
+            INTEGRAL,
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+    """The user's guess of the run time: a hint for placement (burst wait, spot, cost), never a
+    limit (``timeout_minutes`` is the limit). The scheduler calibrates it per tenant."""
+
+    @field_validator("expected_duration_minutes")
+    @classmethod
+    def _estimate_within_timeout(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # A hint longer than the limit describes a job the timeout would kill: say so at submit.
+        timeout = info.data.get("timeout_minutes")
+        if v is not None and isinstance(timeout, int) and v > timeout:
+            raise ValueError(
+                f"expected_duration_minutes ({v}) is longer than timeout_minutes ({timeout}): "
+                "the job would be stopped at the timeout; raise timeout_minutes or lower the estimate"
+            )
+        return v
 
     @field_validator("code")
     @classmethod

@@ -15,13 +15,14 @@ def pending_from_spec(
     tenant: str,
     spec: JobSpec,
     submitted_at: float,
-    expected_duration_s: float | None = None,
     *,
     checkpointing: bool = False,
     avoid_hosts: tuple[str, ...] = (),
     avoid_regions: tuple[str, ...] = (),
 ) -> PendingJob:
-    """A PendingJob for a submitted spec. ``cpu`` and ``memory_gib`` of the spec are per node."""
+    """A PendingJob for a submitted spec. ``cpu`` and ``memory_gib`` of the spec are per node; the
+    user's ``expected_duration_minutes`` is the estimate (a hint the predictor calibrates) and the
+    spec's name is the job's family in the predictor's history."""
     r = spec.resources
     c = spec.constraints
     return PendingJob(
@@ -39,7 +40,10 @@ def pending_from_spec(
         priority=c.priority,
         max_hourly_usd=c.max_hourly_usd,
         max_cost_usd=c.max_cost_usd,
-        expected_duration_s=expected_duration_s,
+        expected_duration_s=(
+            spec.expected_duration_minutes * 60.0 if spec.expected_duration_minutes is not None else None
+        ),
+        family=spec.name,
         timeout_s=spec.timeout_minutes * 60.0,
         checkpointing=checkpointing,
         datasets=tuple(d.source for d in spec.data),

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
+
+if TYPE_CHECKING:
+    from berth.scheduler.outcomes import JobOutcome
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,7 +48,15 @@ class CloudAssignment:
     gpu_type: str
     spot: bool
     hourly_usd: float
+    """What this job costs per hour: the whole price of its own instances, or its GPU share of a
+    shared instance."""
     site: Site = Site.CLOUD
+    instance_id: str | None = None
+    """A shared instance: one of ``Snapshot.instances`` to join, or a new one (``launch``) that
+    other assignments of the same pass may name too."""
+    launch: bool = False
+    instance_hourly_usd: float = 0.0
+    """The shared instance's whole price per hour (set with ``instance_id``)."""
 
     def record(self) -> CloudPlacement:
         """The placement as the job stores it and the API returns it."""
@@ -91,13 +103,27 @@ class Decisions:
     placements: list[Assignment] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     repatriations: list[Repatriation] = field(default_factory=list)
-    reasons: dict[str, str] = field(default_factory=dict)
-    """Every job left pending, with a human reason."""
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    """Every pending job of the snapshot: where it went, or what it tried and why it stopped."""
     shares: dict[str, float] = field(default_factory=dict)
     """Each tenant's weighted dominant share at the end of the pass."""
     wake_at: float | None = None
     """The earliest time a pending job's eligibility changes by the clock alone (run a pass then)."""
 
     @property
+    def reasons(self) -> dict[str, str]:
+        """Every job left pending, with a human reason rendered from its outcome (jobs that share
+        an outcome share the string)."""
+        rendered: dict[int, str] = {}
+        out: dict[str, str] = {}
+        for job_id, o in self.outcomes.items():
+            if o.placed is None:
+                text = rendered.get(id(o))
+                if text is None:
+                    text = rendered[id(o)] = o.reason()
+                out[job_id] = text
+        return out
+
+    @property
     def decided(self) -> int:
-        return len(self.placements) + len(self.reasons)
+        return len(self.outcomes)

@@ -1,26 +1,20 @@
-"""Why a job is where it is: every candidate site, the rule or shortage excluding it, and the
-job's position in fair share. Backs ``berth explain`` / ``GET /v1/jobs/{id}/explain``."""
+"""Why a job is where it is, rendered from the pass's own outcome for it (never re-derived):
+its outcome and steps, every candidate site with the rule that kept the job off it (or its price
+when eligible), and its position in fair share. Backs ``berth explain`` / ``GET /v1/jobs/{id}/explain``."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from berth.scheduler.circuit import CircuitState
+from berth.domain.placement import Site
+from berth.scheduler.cloud_step import cloud_candidates
 from berth.scheduler.core import SchedulingPass
 from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
-from berth.scheduler.eligibility import (
-    Exclusion,
-    budget_exclusion,
-    burst_eligible_at,
-    cloud_job_exclusion,
-    onprem_job_exclusion,
-    pool_exclusion,
-    price_offer,
-)
-from berth.scheduler.placement_onprem import OnPremIndex
+from berth.scheduler.eligibility import cloud_job_exclusion, onprem_job_exclusion, pool_exclusion
+from berth.scheduler.outcomes import Exclusion, JobOutcome, Rule
 from berth.scheduler.policy import SchedulingPolicy
-from berth.scheduler.snapshot import Snapshot
+from berth.scheduler.snapshot import PendingJob, Snapshot
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,6 +38,8 @@ class JobExplanation:
     fair_share: float
     fair_share_rank: int
     tenants: int
+    rules: list[str] = field(default_factory=list)
+    """The pass's rule ids for this job, in the order it met them."""
     candidates: list[CandidateSite] = field(default_factory=list)
     preempts: list[str] = field(default_factory=list)
 
@@ -52,132 +48,105 @@ class JobExplanation:
 
 
 def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id: str) -> JobExplanation:
-    """Replay the pass and explain ``job_id`` (a pending job of ``snapshot``). KeyError if absent."""
+    """Run the pass and explain ``job_id`` (a pending job of ``snapshot``). KeyError if absent."""
     job = next((j for j in snapshot.pending if j.job_id == job_id), None)
     if job is None:
         raise KeyError(job_id)
-    before = OnPremIndex(snapshot.hosts)
     p = SchedulingPass(snapshot, policy, now)
     decisions = p.run()
-    outcome_a = p.outcome.get(job_id)
+    outcome = decisions.outcomes[job_id]
     ranked = sorted(decisions.shares.items(), key=lambda kv: (kv[1], kv[0]))
     rank = next((i + 1 for i, (t, _) in enumerate(ranked) if t == job.tenant), len(ranked) + 1)
-    share = decisions.shares.get(job.tenant, 0.0)
-    tenant = snapshot.tenant(job.tenant)
-    residency = policy.residency_for(job.tenant, job.datasets)
-    candidates: list[CandidateSite] = []
-
-    # On-prem: one row per (pool, model) the job could use.
-    oex = onprem_job_exclusion(job, policy)
-    pools_seen = sorted({(h.pool, h.gpu_type) for h in snapshot.hosts})
-    accepted = policy.accepted_gpus(job.gpu_type)
-    for pool, model in pools_seen:
-        site = f"onprem:{pool}/{model}"
-        chosen = (
-            isinstance(outcome_a, OnPremAssignment) and outcome_a.pool == pool and outcome_a.gpu_type == model
+    candidates = _onprem_rows(p, job, outcome) + _cloud_rows(p, job, outcome)
+    placed = outcome.placed
+    if isinstance(placed, OnPremAssignment):
+        kind, summary = (
+            "onprem",
+            f"placed on-prem in pool {placed.pool} on {', '.join(h for h, _ in placed.hosts)}",
         )
-        ex: Exclusion | None = oex
-        if ex is None and model not in accepted:
-            ex = Exclusion("gpu_type", f"{model} hosts; the job needs {' or '.join(accepted)}")
-        if ex is None:
-            ex = pool_exclusion(pool, residency)
-        if ex is None:
-            limit = tenant.onprem_limit(model)
-            used = sum(
-                r.gpus
-                for r in snapshot.running
-                if r.site == "onprem" and r.tenant == job.tenant and r.gpu_type == model
-            )
-            if limit is not None and used + job.gpus > limit:
-                ex = Exclusion(
-                    "tenant.quota", f"tenant uses {used} of its {limit} {model} GPUs; needs {job.gpus}"
-                )
-        if ex is None and not chosen:
-            fits = before.find(
-                (model,), job.gpus_per_node, job.nodes, job.cpu, job.memory_gib, (pool,), job.avoid_hosts
-            )
-            if fits is None:
-                block = before.largest_block(model, pool)
-                ex = Exclusion(
-                    "capacity",
-                    f"no room: needs {job.nodes} x {job.gpus_per_node} GPUs, "
-                    f"largest free block is {block} GPUs",
-                )
-            else:
-                ex = Exclusion(
-                    "fair-share", "free capacity went to jobs ahead of it in fair-share order this pass"
-                )
-        if chosen:
-            candidates.append(CandidateSite(site, True, None, "placed here", 0.0, True))
-        else:
-            assert ex is not None
-            candidates.append(CandidateSite(site, False, ex.rule, ex.message))
-
-    # Cloud: one row per offer.
-    cex = cloud_job_exclusion(job, policy, residency)
-    eligible_at = burst_eligible_at(job, policy, p._cheapest_per_gpu_hour(job, residency))
-    for offer in snapshot.offers:
-        site = f"cloud:{offer.region}/{offer.instance_type}/{offer.zone}"
-        if cex is not None:
-            candidates.append(CandidateSite(site, False, cex.rule, cex.message))
-            continue
-        priced = price_offer(job, offer, policy, residency)
-        if isinstance(priced, Exclusion):
-            candidates.append(CandidateSite(site, False, priced.rule, priced.message))
-            continue
-        chosen = (
-            isinstance(outcome_a, CloudAssignment)
-            and outcome_a.zone == offer.zone
-            and outcome_a.instance_type == offer.instance_type
-        )
-        state = p.circuits.state(offer.region, offer.instance_type)
-        ex2: Exclusion | None = None
-        if state is CircuitState.OPEN:
-            ex2 = Exclusion(
-                "circuit",
-                f"circuit open: recent capacity/API errors for {offer.instance_type} in {offer.region}",
-            )
-        elif now < eligible_at:
-            ex2 = Exclusion("policy.burst", f"waits for on-prem until {eligible_at - now:.0f} s from now")
-        else:
-            ex2 = budget_exclusion(job, tenant, priced.hourly_usd, 0.0)
-        if chosen:
-            candidates.append(CandidateSite(site, True, None, "placed here", priced.hourly_usd, True))
-        elif ex2 is not None:
-            candidates.append(CandidateSite(site, False, ex2.rule, ex2.message, priced.hourly_usd))
-        else:
-            candidates.append(
-                CandidateSite(
-                    site,
-                    True,
-                    None,
-                    f"eligible at {priced.hourly_usd:.2f} USD/h "
-                    f"({'spot' if priced.spot else 'on-demand'}, circuit {state})",
-                    priced.hourly_usd,
-                )
-            )
-
-    if isinstance(outcome_a, OnPremAssignment):
-        outcome = "onprem"
-        summary = f"placed on-prem in pool {outcome_a.pool} on {', '.join(h for h, _ in outcome_a.hosts)}"
-    elif isinstance(outcome_a, CloudAssignment):
-        outcome = "cloud"
+    elif isinstance(placed, CloudAssignment):
+        kind = "cloud"
         summary = (
-            f"placed in {outcome_a.region} on {outcome_a.instances} x {outcome_a.instance_type} "
-            f"({'spot' if outcome_a.spot else 'on-demand'}, {outcome_a.hourly_usd:.2f} USD/h)"
+            f"placed in {placed.region} on {placed.instances} x {placed.instance_type} "
+            f"({'spot' if placed.spot else 'on-demand'}, {placed.hourly_usd:.2f} USD/h)"
         )
     else:
-        outcome = "pending"
-        summary = decisions.reasons.get(job_id, "pending")
-    preempts = [pr.job_id for pr in decisions.preemptions if pr.for_job == job_id]
+        kind, summary = "pending", outcome.reason()
     return JobExplanation(
         job_id=job_id,
         tenant=job.tenant,
-        outcome=outcome,
+        outcome=kind,
         summary=summary,
-        fair_share=share,
+        fair_share=decisions.shares.get(job.tenant, 0.0),
         fair_share_rank=rank,
         tenants=len(ranked),
+        rules=[str(r) for r in outcome.rules],
         candidates=candidates,
-        preempts=preempts,
+        preempts=[pr.job_id for pr in decisions.preemptions if pr.for_job == job_id],
     )
+
+
+def _onprem_rows(p: SchedulingPass, job: PendingJob, outcome: JobOutcome) -> list[CandidateSite]:
+    ctx = p.ctx
+    placed = outcome.placed
+    step = outcome.step(Site.ONPREM)
+    residency = ctx.residency(job)
+    accepted = ctx.accepted(job.gpu_type)
+    oex = onprem_job_exclusion(job, ctx.policy)
+    rows = []
+    for pool, model in sorted({(h.pool, h.gpu_type) for h in ctx.snapshot.hosts}):
+        site = f"onprem:{pool}/{model}"
+        if isinstance(placed, OnPremAssignment) and (placed.pool, placed.gpu_type) == (pool, model):
+            rows.append(CandidateSite(site, True, None, "placed here", 0.0, True))
+            continue
+        ex: Exclusion | None = oex
+        if ex is None and model not in accepted:
+            ex = Exclusion(Rule.GPU_TYPE, f"{model} hosts; the job needs {' or '.join(accepted)}")
+        ex = ex or pool_exclusion(pool, residency)
+        if ex is not None:
+            rows.append(CandidateSite(site, False, str(ex.rule), ex.message))
+        elif step is not None:
+            rows.append(CandidateSite(site, False, str(step.rule), step.detail))
+        else:
+            rows.append(CandidateSite(site, True, None, "eligible; the pass placed the job elsewhere"))
+    return rows
+
+
+def _cloud_rows(p: SchedulingPass, job: PendingJob, outcome: JobOutcome) -> list[CandidateSite]:
+    ctx = p.ctx
+    placed = outcome.placed
+    step = outcome.step(Site.CLOUD)
+    residency = ctx.residency(job)
+    cex = cloud_job_exclusion(job, ctx.policy, residency)
+    rows: list[CandidateSite] = []
+    ok, out, _ = cloud_candidates(ctx, job, residency) if cex is None else ([], (), "")
+    excluded = {id(o): ex for o, ex in out}
+    priced = {id(po.offer): po for po, _ in ok}
+    for offer in ctx.snapshot.offers:
+        site = f"cloud:{offer.region}/{offer.instance_type}/{offer.zone}"
+        if isinstance(placed, CloudAssignment) and (placed.zone, placed.instance_type) == (
+            offer.zone,
+            offer.instance_type,
+        ):
+            rows.append(CandidateSite(site, True, None, "placed here", placed.hourly_usd, True))
+            continue
+        ex = cex or excluded.get(id(offer))
+        po = priced.get(id(offer))
+        if ex is not None:
+            rows.append(CandidateSite(site, False, str(ex.rule), ex.message))
+        elif po is None:
+            rows.append(
+                CandidateSite(
+                    site, False, str(Rule.GPU_TYPE), f"offers {offer.gpu_type}; the job needs {job.gpu_type}"
+                )
+            )
+        elif step is not None:
+            rows.append(CandidateSite(site, False, str(step.rule), step.detail, po.hourly_usd))
+        else:
+            what = "spot" if po.spot else "on-demand"
+            rows.append(
+                CandidateSite(
+                    site, True, None, f"eligible at {po.hourly_usd:.2f} USD/h ({what})", po.hourly_usd
+                )
+            )
+    return rows

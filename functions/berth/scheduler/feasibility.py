@@ -1,35 +1,38 @@
 """Submit-time feasibility: refuse a job no site could ever take, naming the rule that forbids it.
 
 Only static facts count (fleet sizes, offers, rules, quotas, budget); transient ones (busy
-hosts, open circuits, the burst wait) do not make a job infeasible.
+hosts, open circuits, the burst wait, quota already in use) do not make a job infeasible. The
+checks are the pass's own (``eligibility``): the same functions and the same rule ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from berth.domain.job_spec import JobSpec, PlacementConstraint
 from berth.scheduler.adapter import pending_from_spec
 from berth.scheduler.eligibility import (
-    Exclusion,
+    budget_exclusion,
     cloud_job_exclusion,
     onprem_job_exclusion,
     pool_exclusion,
     price_offer,
+    quota_exclusion,
+    wants_spot,
 )
+from berth.scheduler.fits import fits
+from berth.scheduler.outcomes import SHORTAGE_RULES, Exclusion, Rule
 from berth.scheduler.policy import SchedulingPolicy
+from berth.scheduler.predictor import fallback_runtime
 from berth.scheduler.snapshot import CloudOffer, Host, PendingJob, TenantState
-
-# Rules that are a shortage of hardware or offers rather than a policy or constraint.
-_SHORTAGE_RULES = frozenset({"capacity", "gpu_type", "shape", "offers"})
 
 
 @dataclass(slots=True, frozen=True)
 class Infeasible:
     """Why a job can never be placed: ``rule`` is the deciding rule, ``details`` every site's."""
 
-    rule: str
+    rule: Rule
     message: str
     details: tuple[Exclusion, ...] = ()
 
@@ -41,18 +44,17 @@ def _onprem_exclusion(
     if ex is not None:
         return ex
     residency = policy.residency_for(job.tenant, job.datasets)
-    models = policy.accepted_gpus(job.gpu_type)
     quota_ok = []
-    for m in models:
-        limit = tenant.onprem_limit(m)
-        if limit is None or limit >= job.gpus:
+    first: Exclusion | None = None
+    for m in policy.accepted_gpus(job.gpu_type):
+        qex = quota_exclusion(job, tenant, m, 0)
+        if qex is None:
             quota_ok.append(m)
+        else:
+            first = first or qex
     if not quota_ok:
-        return Exclusion(
-            "tenant.quota",
-            f"tenant {tenant.name} may use at most "
-            f"{tenant.onprem_limit(job.gpu_type)} {job.gpu_type} GPUs on-prem; the job needs {job.gpus}",
-        )
+        assert first is not None
+        return first
     per_pool: dict[str, int] = {}
     pool_ex: Exclusion | None = None
     any_model = False
@@ -64,16 +66,16 @@ def _onprem_exclusion(
         if pex is not None:
             pool_ex = pool_ex or pex
             continue
-        if h.gpus >= job.gpus_per_node and h.cpu >= job.cpu and h.memory_gib >= job.memory_gib:
+        if fits(h.gpus, h.cpu, h.memory_gib, job.gpus_per_node, job.cpu, job.memory_gib):
             per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
     if any(n >= job.nodes for n in per_pool.values()):
         return None
     if pool_ex is not None and not per_pool:
         return pool_ex
     if not any_model:
-        return Exclusion("gpu_type", f"the fleet has no {' or '.join(quota_ok)} hosts")
+        return Exclusion(Rule.GPU_TYPE, f"the fleet has no {' or '.join(quota_ok)} hosts")
     return Exclusion(
-        "capacity",
+        Rule.CAPACITY,
         f"no pool has {job.nodes} host(s) with {job.gpus_per_node} {job.gpu_type} GPUs, "
         f"{job.cpu:g} CPUs and {job.memory_gib:g} GiB each",
     )
@@ -86,27 +88,24 @@ def _cloud_exclusion(
     ex = cloud_job_exclusion(job, policy, residency)
     if ex is not None:
         return ex
+    # Statically, only the user's estimate or the timeout is known (no history is assumed).
+    rt = fallback_runtime(job.expected_duration_s, job.timeout_s)
+    horizon = 3600.0 if rt is None else rt.quantile(policy.runtime.cost_q)
+    mode = wants_spot(job, policy, None if rt is None else rt.quantile(policy.runtime.spot_q))
     best: Exclusion | None = None
     cheapest: float | None = None
     for offer in offers:
-        priced = price_offer(job, offer, policy, residency)
+        priced = price_offer(job, offer, policy, residency, horizon, mode)
         if isinstance(priced, Exclusion):
             # Prefer reporting a policy/constraint rule over a plain mismatch.
-            if best is None or (best.rule in _SHORTAGE_RULES and priced.rule not in _SHORTAGE_RULES):
+            if best is None or (best.rule in SHORTAGE_RULES and priced.rule not in SHORTAGE_RULES):
                 best = priced
             continue
         cheapest = priced.hourly_usd if cheapest is None else min(cheapest, priced.hourly_usd)
     if cheapest is None:
-        return best or Exclusion("offers", "there are no cloud offers")
-    if tenant.monthly_budget_usd is not None:
-        est = cheapest * job.cost_horizon_s / 3600.0
-        if est > tenant.monthly_budget_usd:
-            return Exclusion(
-                "tenant.monthly_budget_usd",
-                f"the cheapest offer would cost about {est:.0f} USD, "
-                f"above tenant {tenant.name}'s monthly budget of {tenant.monthly_budget_usd:.0f} USD",
-            )
-    return None
+        return best or Exclusion(Rule.NO_OFFERS, "there are no cloud offers")
+    # A fresh month: spend so far is transient.
+    return budget_exclusion(replace(tenant, cloud_spend_month_usd=0.0), cheapest, 0.0, horizon)
 
 
 def check_feasible(
@@ -131,7 +130,7 @@ def check_feasible(
         decisive = cloud
     elif pj.placement is PlacementConstraint.ONPREM:
         decisive = onprem
-    elif onprem.rule in _SHORTAGE_RULES and cloud.rule not in _SHORTAGE_RULES:
+    elif onprem.rule in SHORTAGE_RULES and cloud.rule not in SHORTAGE_RULES:
         decisive = cloud
     else:
         decisive = onprem

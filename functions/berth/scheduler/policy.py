@@ -43,7 +43,8 @@ class BurstRule(_Rule):
     one pass are packed onto larger instances, cheaper per GPU-hour, when the jobs packed onto
     one (plus the waiting jobs it would take at once) cost more per hour alone than the
     instance, and a waiting job goes at once into a free slot that the instance's other jobs
-    keep paid for at least as long as it needs. Modelled by the simulator (``berth_tools.sim``)."""
+    keep paid for at least as long as it needs (``runtime`` quantiles). Decided by the pass
+    (``berth.scheduler.packing``), under every rule a cloud placement obeys."""
 
     def allows(self, tenant: str) -> bool:
         return "*" in self.tenants or tenant in self.tenants
@@ -55,6 +56,26 @@ class BurstRule(_Rule):
         if self.max_wait_s is not None:
             relative = min(relative, self.max_wait_s)
         return max(self.min_wait_s, relative)
+
+
+class RuntimeRule(_Rule):
+    """Which quantile of a job's predicted run time each decision reads. A low quantile is a
+    bet that the job is short, a high one that it is long; each is chosen so that a wrong guess
+    costs little (a job that runs past its prediction is re-predicted, conditioned on the work
+    done, at every pass)."""
+
+    wait_q: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    """The burst wait's relative part."""
+    spot_q: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    """The short-job test for spot (``spot.short_job_s``): only jobs likely short."""
+    cost_q: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    """``max_cost_usd`` and the monthly budget: bound the cost of a long guess."""
+    pack_q: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    """Packing: order of the jobs packed, and how long a shared instance's jobs keep it paid."""
+    slot_need_q: Annotated[float, Field(gt=0, lt=1)] = 0.75
+    """A waiting job starts in a free slot only if the instance is paid that long anyway."""
+    repatriate_q: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    """The remaining run time counted in a repatriation's saving."""
 
 
 class ResidencyRule(_Rule):
@@ -155,6 +176,7 @@ class SchedulingPolicy(_Rule):
     repatriation: RepatriationRule = Field(default_factory=RepatriationRule)
     circuit: CircuitRule = Field(default_factory=CircuitRule)
     fair_share: FairShareRule = Field(default_factory=FairShareRule)
+    runtime: RuntimeRule = Field(default_factory=RuntimeRule)
 
     def accepted_gpus(self, gpu_type: str) -> tuple[str, ...]:
         """The job's own model first, then its equivalents in order of preference."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
+from berth.scheduler.fits import fits
 from berth.scheduler.placement_onprem import OnPremIndex
 from berth.scheduler.snapshot import RunningJob
 
@@ -32,7 +33,7 @@ def _host_plan(
     free_g = index.free_gpus[hid]
     free_c = index.free_cpu[hid]
     free_m = index.free_mem[hid]
-    if free_g >= gpus and free_c >= cpu and free_m >= memory_gib:
+    if fits(free_g, free_c, free_m, gpus, cpu, memory_gib):
         return (0.0, [])
     victims: list[RunningJob] = []
     loss = 0.0
@@ -43,7 +44,7 @@ def _host_plan(
         free_m += v.memory_gib
         victims.append(v)
         loss += v.lost_progress_s(now) * v.gpus
-        if free_g >= gpus and free_c >= cpu and free_m >= memory_gib:
+        if fits(free_g, free_c, free_m, gpus, cpu, memory_gib):
             return (loss, victims)
     return None
 

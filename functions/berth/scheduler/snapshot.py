@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.domain.placement import Site
+from berth.scheduler.predictor import RuntimePredictor
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,24 +33,20 @@ class PendingJob:
     max_hourly_usd: float | None = None
     max_cost_usd: float | None = None
     expected_duration_s: float | None = None
+    """The user's estimate of the whole run time (a hint): the predictor calibrates it."""
     timeout_s: float | None = None
     checkpointing: bool = False
     datasets: tuple[str, ...] = ()
     avoid_hosts: tuple[str, ...] = ()
     avoid_regions: tuple[str, ...] = ()
+    family: str = ""
+    """What the job is (its name or model family): the predictor's history key."""
+    progress_s: float = 0.0
+    """Work already saved by checkpoints in earlier attempts (the service knows it)."""
 
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
-
-    @property
-    def cost_horizon_s(self) -> float:
-        """Run time used to bound its cost: the estimate, else the timeout, else one hour."""
-        if self.expected_duration_s is not None:
-            return self.expected_duration_s
-        if self.timeout_s is not None:
-            return self.timeout_s
-        return 3600.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,8 +73,17 @@ class RunningJob:
     checkpoint_interval_s: float | None = None
     last_checkpoint_at: float | None = None
     expected_end_at: float | None = None
+    """An end time the caller knows for sure (None: the pass predicts it from the run time)."""
     placement: PlacementConstraint = PlacementConstraint.AUTO
     datasets: tuple[str, ...] = ()
+    family: str = ""
+    expected_duration_s: float | None = None
+    """The user's estimate of the whole run time."""
+    timeout_s: float | None = None
+    progress_s: float = 0.0
+    """Work saved before this attempt started (its run time so far is that plus now - started_at)."""
+    instance_id: str | None = None
+    """The shared cloud instance it runs on (``Snapshot.instances``), if any."""
 
     def last_checkpoint(self, now: float) -> float:
         """When its progress was last saved (its start when it does not checkpoint)."""
@@ -133,6 +139,27 @@ class CloudOffer:
 
 
 @dataclass(slots=True, frozen=True)
+class CloudInstance:
+    """A running cloud instance that hosts several jobs' containers (AWS Batch places them so):
+    its free GPU, vCPU and memory slots can take more single-node jobs of its kind."""
+
+    instance_id: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    spot: bool
+    gpus: int
+    vcpus: float
+    memory_gib: float
+    hourly_usd: float
+    free_gpus: int
+    free_cpu: float
+    free_memory_gib: float
+    ready_at: float = 0.0
+
+
+@dataclass(slots=True, frozen=True)
 class CircuitRecord:
     """Recent capacity or API errors for one (region, instance type); ``instance_type`` '*' = region."""
 
@@ -177,6 +204,9 @@ class Snapshot:
     offers: tuple[CloudOffer, ...]
     tenants: Mapping[str, TenantState]
     circuits: tuple[CircuitRecord, ...] = ()
+    instances: tuple[CloudInstance, ...] = ()
+    runtimes: RuntimePredictor | None = None
+    """What the service has learnt of run times (read only here). None: estimates as given."""
 
     def tenant(self, name: str) -> TenantState:
         found = self.tenants.get(name)

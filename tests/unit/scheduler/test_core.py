@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
+from berth.domain.placement import Site
 from berth.scheduler import schedule
-from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
+from berth.scheduler.decisions import CloudAssignment, Decisions, OnPremAssignment
 from berth.scheduler.explain import explain_job
+from berth.scheduler.outcomes import Rule
 from berth.scheduler.policy import load_policy
 from berth.scheduler.snapshot import CircuitRecord, RunningJob, TenantState
 
@@ -24,6 +26,7 @@ def test_gang_multi_node_only_within_one_pool() -> None:
     hosts = [host("a1", pool="a"), host("b1", pool="b")]
     d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
     assert d.placements == []
+    assert d.outcomes["big"].rules == (Rule.CAPACITY, Rule.BURST)
     assert "2 hosts with 8 free V100 GPUs" in d.reasons["big"]
     hosts.append(host("a2", pool="a"))
     d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
@@ -36,7 +39,8 @@ def test_cloud_after_burst_wait_with_cheapest_offer_and_spot() -> None:
     offers = [offer(zone="z1", spot=1.2), offer(zone="z2", spot=0.8), offer(zone="z3", spot=None, od=2.0)]
     j = job("c1", submitted_at=NOW - 100, checkpointing=True)
     d = schedule(snap([j], offers=offers), pol, NOW)
-    assert d.placements == [] and "may burst in 8 min" in d.reasons["c1"]
+    assert d.placements == [] and d.outcomes["c1"].rules == (Rule.CAPACITY, Rule.BURST_WAIT)
+    assert "may burst in 8 min" in d.reasons["c1"]
     assert d.wake_at == NOW + 500
     d = schedule(snap([j], offers=offers), pol, NOW + 500)
     (a,) = d.placements
@@ -67,14 +71,18 @@ def test_open_circuit_steers_elsewhere_until_half_open() -> None:
     ]
 
 
+def _cloud_rules(d: Decisions, job_id: str) -> tuple[Rule, ...]:
+    return tuple(s.rule for s in d.outcomes[job_id].steps if s.site is Site.CLOUD)
+
+
 def test_job_constraints_and_policy_rules_exclude_offers_with_reason() -> None:
     offers = [offer(zone="z1", od=3.0, spot=None)]
     d = schedule(snap([job("r", regions=("us-west-2",))], offers=offers), policy(), NOW)
-    assert "job.regions" in d.reasons["r"]
+    assert Rule.REGIONS in _cloud_rules(d, "r")
     d = schedule(snap([job("m", max_hourly_usd=1.0)], offers=offers), policy(), NOW)
-    assert "job.max_hourly_usd" in d.reasons["m"]
+    assert Rule.MAX_HOURLY_USD in _cloud_rules(d, "m")
     d = schedule(snap([job("p")], offers=offers), policy(max_usd_per_gpu_hour=2.0), NOW)
-    assert "policy.max_usd_per_gpu_hour" in d.reasons["p"]
+    assert Rule.MAX_USD_PER_GPU_HOUR in _cloud_rules(d, "p")
     d = schedule(snap([job("o", placement=PlacementConstraint.ONPREM)], offers=offers), policy(), NOW)
     assert d.placements == [] and "cloud" not in d.reasons["o"]
 
@@ -87,8 +95,9 @@ def test_residency_and_burst_tenants() -> None:
     )
     d = schedule(snap([job("s", datasets=("s3://secret/x",)), job("b", tenant="b")], offers=offers), pol, NOW)
     assert d.placements == []
+    assert d.outcomes["s"].rules[-1] is Rule.RESIDENCY
     assert "residency[dataset s3://secret/] keeps the job on-prem" in d.reasons["s"]
-    assert "tenant b may not burst" in d.reasons["b"]
+    assert d.outcomes["b"].rules[-1] is Rule.BURST_TENANTS
 
 
 def test_quota_limits_onprem_and_marks_borrowed() -> None:
@@ -98,7 +107,7 @@ def test_quota_limits_onprem_and_marks_borrowed() -> None:
     placed = [a for a in d.placements if isinstance(a, OnPremAssignment)]
     assert len(placed) == 4
     assert [a.borrowed for a in placed] == [False, False, True, True]
-    assert "quota" in d.reasons["j4"]
+    assert d.outcomes["j4"].rules[0] is Rule.BORROW_LIMIT
 
 
 def test_reclaim_preempts_borrowed_least_loss_first() -> None:
@@ -191,7 +200,8 @@ def test_explain_names_candidates_and_causes() -> None:
     by_site = {c.site: c for c in ex.candidates}
     assert by_site["onprem:p1/V100"].rule == "capacity"
     assert by_site["cloud:us-east-1/p3.2xlarge/z1"].rule == "job.regions"
-    assert by_site["cloud:us-west-2/p3.2xlarge/w1"].rule == "policy.burst"
+    assert by_site["cloud:us-west-2/p3.2xlarge/w1"].rule == Rule.BURST_WAIT
+    assert ex.rules == [Rule.CAPACITY, Rule.BURST_WAIT]
     assert ex.fair_share_rank == 1
     placed = explain_job(s, pol, NOW + 600, "e")
     assert placed.outcome == "cloud" and by_site.keys() == {c.site for c in placed.candidates}
@@ -299,3 +309,18 @@ def test_estimate_wait_bursts_at_once_only_when_onprem_is_out_of_reach() -> None
     # Not before min_wait_s.
     early = job("e", submitted_at=NOW - 100, expected_duration_s=100_000.0, checkpointing=True)
     assert schedule(snap([early], fleet(50_000), hosts, offers), est, NOW).placements == []
+
+
+def test_the_pass_restores_the_garbage_collector_as_it_found_it() -> None:
+    import gc
+
+    s = snap([job("g")], hosts=[host("h1")])
+    assert gc.isenabled()
+    schedule(s, policy(), NOW)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        schedule(s, policy(), NOW)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from berth.domain.job_spec import JobSpec
 from berth.scheduler import check_feasible
+from berth.scheduler.outcomes import Rule
 from berth.scheduler.snapshot import TenantState
 
 from .helpers import host, job, offer, policy
@@ -35,7 +36,8 @@ def test_residency_forbids_cloud_for_a_job_the_fleet_cannot_hold() -> None:
     pol = policy(residency=[{"dataset_prefix": "s3://secret/", "onprem_only": True}])
     s = spec(resources={"gpu_type": "H100", "gpus": 8}, data=[{"source": "s3://secret/d", "mount": "/data"}])
     res = check_feasible(s, "a", pol, [host("h1")], [offer(gpu="H100", gpus=8, itype="p5.48xlarge")])
-    assert res is not None and res.rule == "residency[dataset s3://secret/]"
+    assert res is not None and res.rule is Rule.RESIDENCY
+    assert res.details[-1].subject == "residency[dataset s3://secret/]"
     assert "keeps the job on-prem" in res.message
 
 

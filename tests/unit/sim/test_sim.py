@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from berth_tools.sim.cluster import load_cluster, parse_cluster
+from berth_tools.sim.estimates import EstimateMode
 from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
 from berth_tools.sim.runner import simulate
 from berth_tools.sim.trace import TraceJob, load_trace, parse_trace, split_nodes
@@ -163,30 +164,33 @@ def test_shared_cloud_instances_stay_within_capacity_and_are_paid_until_the_last
     trace = [TraceJob(f"j{i}", 0.0, "t", 1, "V100", 7200.0 if i == 0 else 3600.0) for i in range(8)]
     trace.append(TraceJob("late", 4000.0, "t", 1, "V100", 1000.0))
     packing = load_policy({**BUILTIN["cloud-cheapest"], "burst": {"tenants": ["*"], "pack_instances": True}})
-    sim = Simulator(trace, cluster, packing)
+    # Mechanics of shared instances, with run times known (the oracle), so the packing is fixed.
+    sim = Simulator(trace, cluster, packing, EstimateMode.ORACLE)
     seen: list[int] = []
-    join = sim._join
+    join = sim.cloud.join
 
-    def checked_join(job: Any, a: Any, inst: Any, now: float) -> None:
-        join(job, a, inst, now)
-        assert 0 <= inst.free_gpus <= inst.gpus and inst.free_cpu >= -1e-9 and inst.free_memory_gib >= -1e-9
-        seen.append(inst.gpus - inst.free_gpus)
+    def checked_join(a: Any, job_id: str, gpus: int, cpu: float, mem: float, now: float) -> Any:
+        inst = join(a, job_id, gpus, cpu, mem, now)
+        assert 0 <= inst.free_gpus <= inst.offer.gpus
+        assert inst.free_cpu >= -1e-9 and inst.free_memory_gib >= -1e-9
+        seen.append(inst.offer.gpus - inst.free_gpus)
+        return inst
 
-    sim._join = checked_join  # type: ignore[method-assign]
+    sim.cloud.join = checked_join  # type: ignore[method-assign]
     state = sim.run()
     result = summarise(trace, cluster, packing, state)
     _check(result, 9)
     # One p3.16xlarge (spot 2.7531 USD/h in use1-az5) holds all nine jobs, never more than 8 GPUs,
     # and is paid from launch until its last job leaves (2 h), idle slots included.
     assert state.instances_launched == 1 and max(seen) == 8 and state.max_instance_gpus_used <= 8
-    assert not sim.instances
+    assert not sim.cloud.instances
     assert result["total_cost_usd"] == pytest.approx(2 * 2.7531, rel=1e-3)
     # The late job used a free slot of the running instance: no start-up, no new instance.
     assert state.jobs["late"].first_start_s == 4000.0
 
     # The baseline launches the cheapest instance for each job alone (p3.2xlarge spot, 0.5197 USD/h)
     # and pays it until that job leaves.
-    base = simulate(trace, cluster, resolve_policy("cloud-cheapest"))
+    base = simulate(trace, cluster, resolve_policy("cloud-cheapest"), EstimateMode.ORACLE)
     _check(base, 9)
     gpu_h = 2 + 7 * 1 + 1000 / 3600
     assert base["total_cost_usd"] == pytest.approx(gpu_h * 0.5197, rel=1e-3)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from berth.domain.placement import Site
 from berth.scheduler.core import schedule
+from berth.scheduler.decisions import CloudAssignment
 from berth.scheduler.policy import SchedulingPolicy
 from berth_tools.bench.snapshot_gen import NOW, generate_snapshot
 
@@ -25,7 +27,10 @@ def bench_scheduler(
         decisions = schedule(snap, policy, NOW)
         best = min(best, time.perf_counter() - start)
     assert decisions is not None
-    onprem = sum(1 for p in decisions.placements if p.site == "onprem")
+    onprem = sum(1 for p in decisions.placements if p.site is Site.ONPREM)
+    shared = sum(
+        1 for p in decisions.placements if isinstance(p, CloudAssignment) and p.instance_id is not None
+    )
     return {
         "nodes": nodes,
         "pending": pending,
@@ -38,6 +43,8 @@ def bench_scheduler(
         "placed": len(decisions.placements),
         "placed_onprem": onprem,
         "placed_cloud": len(decisions.placements) - onprem,
+        "placed_shared_instances": shared,
+        "outcomes": len(decisions.outcomes),
         "preemptions": len(decisions.preemptions),
         "repatriations": len(decisions.repatriations),
         "left_pending": len(decisions.reasons),

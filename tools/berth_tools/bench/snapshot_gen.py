@@ -7,9 +7,19 @@ import random
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.domain.placement import Site
 from berth.pricing.catalog import load_offers
-from berth.scheduler.snapshot import Host, PendingJob, RunningJob, Snapshot, TenantState
+from berth.scheduler.predictor import RuntimePredictor
+from berth.scheduler.snapshot import (
+    CloudInstance,
+    CloudOffer,
+    Host,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    TenantState,
+)
 
 MODELS = ("H100", "A100", "V100", "L4")
+FAMILIES = ("resnet50", "bert-large", "gpt2", "vit-b16", "dlrm", "whisper")
 SHAPES = ((1, 1), (1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (8, 1), (16, 2))
 NOW = 10_000_000.0
 
@@ -50,7 +60,8 @@ def generate_snapshot(
                     borrowed=rng.random() < 0.3,
                     checkpointing=rng.random() < 0.7,
                     checkpoint_interval_s=1800.0,
-                    expected_end_at=started + rng.uniform(3600, 10 * 86400),
+                    family=rng.choice(FAMILIES),
+                    timeout_s=10 * 86400.0,
                 )
             )
             n_running += 1
@@ -104,8 +115,10 @@ def generate_snapshot(
                 else SpotPolicy.NEVER,
                 priority=rng.choice((Priority.LOW, Priority.NORMAL, Priority.NORMAL, Priority.HIGH)),
                 max_hourly_usd=rng.choice((None, None, 50.0, 200.0)),
-                expected_duration_s=expected,
+                expected_duration_s=expected if rng.random() < 0.5 else None,
+                timeout_s=7 * 86400.0,
                 checkpointing=rng.random() < 0.7,
+                family=rng.choice(FAMILIES),
             )
         )
     tstates = {}
@@ -118,6 +131,55 @@ def generate_snapshot(
             monthly_budget_usd=None if i % 4 else 50_000.0,
             cloud_spend_month_usd=rng.uniform(0, 40_000),
         )
+    offers = load_offers()
+    instances, cloud_running = _shared_instances(rng, offers, names, max(1, nodes // 20))
     return Snapshot(
-        pending=tuple(jobs), running=tuple(running), hosts=tuple(hosts), offers=load_offers(), tenants=tstates
+        pending=tuple(jobs),
+        running=(*running, *cloud_running),
+        hosts=tuple(hosts),
+        offers=offers,
+        tenants=tstates,
+        instances=instances,
+        runtimes=_history(rng, names),
     )
+
+
+def _history(rng: random.Random, names: list[str]) -> RuntimePredictor:
+    """What the service has learnt: a dozen finished jobs per tenant, with estimates half the time."""
+    p = RuntimePredictor()
+    for name in names:
+        bias = rng.lognormvariate(0.0, 0.5)
+        for _ in range(12):
+            actual = rng.lognormvariate(9.0, 1.5)
+            est = actual / bias * rng.lognormvariate(0.0, 0.5) if rng.random() < 0.5 else None
+            p.observe(name, rng.choice(FAMILIES), rng.choice(MODELS), rng.choice((1, 2, 4, 8)), actual, est)
+    return p
+
+
+def _shared_instances(
+    rng: random.Random, offers: tuple[CloudOffer, ...], names: list[str], n: int
+) -> tuple[tuple[CloudInstance, ...], list[RunningJob]]:
+    """``n`` running multi-GPU cloud instances, each with one job on part of it."""
+    multi = [o for o in offers if o.gpus >= 4 and o.spot_usd_h is not None]
+    instances = []
+    running = []
+    for i in range(n):
+        o = rng.choice(multi)
+        used = rng.randint(1, o.gpus - 1)
+        iid = f"i{i:06d}"
+        price = o.spot_usd_h or o.on_demand_usd_h
+        instances.append(
+            CloudInstance(
+                iid, o.region, o.zone, o.instance_type, o.gpu_type, True, o.gpus, o.vcpus, o.memory_gib,
+                price, o.gpus - used, o.vcpus - 4.0 * used, o.memory_gib - 32.0 * used, NOW - 600.0,
+            )
+        )  # fmt: skip
+        running.append(
+            RunningJob(
+                f"c{i:07d}", rng.choice(names), o.gpu_type, used, NOW - rng.uniform(600, 86400),
+                Site.CLOUD, region=o.region, instance_type=o.instance_type, spot=True,
+                hourly_usd=price * used / o.gpus, cpu=4.0 * used, memory_gib=32.0 * used, checkpointing=True,
+                checkpoint_interval_s=1800.0, family=rng.choice(FAMILIES), instance_id=iid,
+            )
+        )  # fmt: skip
+    return tuple(instances), running

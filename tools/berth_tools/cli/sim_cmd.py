@@ -12,12 +12,14 @@ from rich.table import Table
 
 from berth_tools.bench.scheduler_bench import bench_scheduler
 from berth_tools.sim.cluster import load_cluster
+from berth_tools.sim.estimates import EstimateMode
 from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
 from berth_tools.sim.runner import simulate
 from berth_tools.sim.trace import load_trace
 
 _SUMMARY_COLUMNS = (
     ("policy", "policy"),
+    ("estimates", "estimates"),
     ("completed", "done"),
     ("avg_wait_s", "avg wait s"),
     ("p95_wait_s", "p95 wait s"),
@@ -85,10 +87,20 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         policy: list[str] = typer.Option(
             ["berth"], "--policy", help=f"{', '.join(POLICY_NAMES)}, 'all', or a policy file; repeatable"
         ),
+        estimates: str = typer.Option(
+            "predictor",
+            "--estimates",
+            help="predictor: what the service would know (default); oracle: true run times (an upper bound)",
+        ),
+        estimate_noise: float | None = typer.Option(
+            None, "--estimate-noise", min=0.0, help="Users give estimates: true run time x lognormal(sigma)"
+        ),
         output: str = typer.Option("table", "--output", "-o", help="json or table"),
     ) -> None:
         """Replay a workload trace through the scheduler core and print the metrics."""
         _check_output(output)
+        if estimates not in tuple(EstimateMode):
+            raise typer.BadParameter("--estimates must be predictor or oracle")
         try:
             jobs = load_trace(trace)
             spec = load_cluster(cluster)
@@ -97,7 +109,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
         results = []
         for pol in policies:
-            result = simulate(jobs, spec, pol)
+            result = simulate(jobs, spec, pol, EstimateMode(estimates), estimate_noise)
             results.append(result)
             if output == "json":
                 typer.echo(json.dumps(result))

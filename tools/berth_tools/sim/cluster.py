@@ -44,6 +44,8 @@ class JobDefaults(_M):
     """None: trace jobs do not checkpoint."""
     cpu_per_gpu: Annotated[float, Field(gt=0)] = 4.0
     memory_gib_per_gpu: Annotated[float, Field(gt=0)] = 32.0
+    timeout_s: Annotated[float | None, Field(gt=0)] = None
+    """The trace jobs' timeout (a limit the service knows); None: none is known."""
 
 
 class TenantSpec(_M):

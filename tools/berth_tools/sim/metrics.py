@@ -7,7 +7,8 @@ from typing import Any
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.snapshot import CloudOffer
 from berth_tools.sim.cluster import ClusterSpec
-from berth_tools.sim.engine import SimState
+from berth_tools.sim.estimates import relative_errors
+from berth_tools.sim.records import SimState
 from berth_tools.sim.trace import TraceJob
 
 MIN_DURATION_FOR_SLOWDOWN_S = 60.0
@@ -64,7 +65,12 @@ def cost_lower_bound(trace: list[TraceJob], cluster: ClusterSpec, spot_ok: bool)
 
 
 def summarise(
-    trace: list[TraceJob], cluster: ClusterSpec, policy: SchedulingPolicy, state: SimState
+    trace: list[TraceJob],
+    cluster: ClusterSpec,
+    policy: SchedulingPolicy,
+    state: SimState,
+    estimates: str = "predictor",
+    estimate_noise: float | None = None,
 ) -> dict[str, Any]:
     jobs = list(state.jobs.values())
     done = [j for j in jobs if j.end_s is not None]
@@ -118,8 +124,13 @@ def summarise(
     # Jain over tenants of 1 / mean slowdown (JCT / run time): 1 = every tenant slowed down alike.
     speed = [1.0 / (sum(v) / len(v)) for v in slow.values() if v]
     spot_ok = cluster.jobs.checkpoint_interval_s is not None or policy.spot.use == "always"
+    errors = relative_errors(state.predictions)
     return {
         "policy": policy.name,
+        "estimates": estimates,
+        "estimate_noise": estimate_noise,
+        "predictor_error_median": round(percentile(errors, 50), 4),
+        "predictor_error_p90": round(percentile(errors, 90), 4),
         "jobs": len(jobs),
         "completed": len(done),
         "avg_wait_s": round(sum(waits) / len(waits), 1) if waits else 0.0,

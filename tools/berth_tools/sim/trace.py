@@ -1,4 +1,4 @@
-"""Workload traces: CSV ``job_id, submit_s, tenant, gpus, gpu_type, duration_s[, model]``."""
+"""Workload traces: CSV ``job_id, submit_s, tenant, gpus, gpu_type, duration_s[, model, estimate_s]``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ class TraceJob:
     gpu_type: str
     duration_s: float
     model: str = ""
+    estimate_s: float | None = None
+    """The user's estimate of the run time, when the trace has one (column ``estimate_s``)."""
 
 
 REQUIRED = ("job_id", "submit_s", "tenant", "gpus", "gpu_type", "duration_s")
@@ -39,6 +41,7 @@ def parse_trace(text: str) -> list[TraceJob]:
                 gpu_type=row["gpu_type"],
                 duration_s=float(row["duration_s"]),
                 model=row.get("model") or "",
+                estimate_s=float(row["estimate_s"]) if row.get("estimate_s") else None,
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"trace line {n}: {exc}") from exc

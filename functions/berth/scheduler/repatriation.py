@@ -1,0 +1,85 @@
+"""Repatriation: move checkpointing cloud jobs back on-prem when capacity no pending job took
+would save more than restarting costs. The remaining run time is predicted
+(``runtime.repatriate_q``, conditioned on the work done), so a job running past its prediction
+is re-scored at every pass."""
+
+from __future__ import annotations
+
+from berth.domain.job_spec import PlacementConstraint
+from berth.domain.placement import Site
+from berth.scheduler.context import PassContext
+from berth.scheduler.decisions import Repatriation
+from berth.scheduler.onprem_step import allowed_pools, assign_onprem, quota_models
+from berth.scheduler.snapshot import PendingJob, RunningJob
+
+
+def repatriate(ctx: PassContext) -> None:
+    rule = ctx.policy.repatriation
+    if not rule.enabled or not ctx.policy.use_onprem or not any(ctx.index.free_total.values()):
+        return
+    now = ctx.now
+    scored: list[tuple[float, str, RunningJob, float]] = []
+    for r in ctx.snapshot.running:
+        if (
+            r.site != Site.CLOUD
+            or not r.checkpointing
+            or r.placement is PlacementConstraint.CLOUD
+            or r.job_id in ctx.preempted
+            or r.job_id in ctx.repatriated
+        ):
+            continue
+        end = ctx.expected_end(r, ctx.policy.runtime.repatriate_q)
+        if end is None:
+            continue
+        lost = r.lost_progress_s(now)
+        if lost > rule.max_lost_progress_s:
+            continue
+        saving = r.hourly_usd * (end - now - lost - rule.restart_overhead_s) / 3600.0
+        if saving >= rule.min_saving_usd:
+            scored.append((-saving, r.job_id, r, lost))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    moved = len(ctx.repatriated)
+    for neg_saving, _, r, lost in scored:
+        if moved >= rule.max_per_pass or not any(ctx.index.free_total.values()):
+            break
+        if _move(ctx, r, -neg_saving, lost):
+            moved += 1
+
+
+def _move(ctx: PassContext, r: RunningJob, saving: float, lost: float) -> bool:
+    job = PendingJob(
+        job_id=r.job_id,
+        tenant=r.tenant,
+        gpu_type=r.gpu_type,
+        gpus=r.gpus,
+        submitted_at=r.started_at,
+        nodes=max(1, r.nodes),
+        cpu=r.cpu,
+        memory_gib=r.memory_gib,
+        priority=r.priority,
+        datasets=r.datasets,
+    )
+    if job.gpus % job.nodes:
+        return False
+    models, _ = quota_models(ctx, job, ctx.tenant(r.tenant))
+    if not models:
+        return False
+    pools = allowed_pools(ctx.residency(job))
+    fit = ctx.index.find(models, job.gpus_per_node, job.nodes, job.cpu, job.memory_gib, pools)
+    if fit is None:
+        return False
+    pool, model, host_ids = fit
+    a = assign_onprem(ctx, job, pool, model, host_ids, record=False)
+    ctx.fair.remove(r.tenant, {"gpu:" + r.gpu_type: float(r.gpus)})
+    ctx.decisions.repatriations.append(
+        Repatriation(
+            job_id=r.job_id,
+            tenant=r.tenant,
+            from_region=r.region or "",
+            to=a,
+            saving_usd=saving,
+            lost_progress_s=lost,
+        )
+    )
+    ctx.repatriated.add(r.job_id)
+    return True
