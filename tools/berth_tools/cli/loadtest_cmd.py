@@ -24,7 +24,7 @@ def api(
     pid: Annotated[
         int | None,
         typer.Option(
-            "--pid", help="Process whose RSS/CPU to sample (default: the local cloud's, when it serves the API)"
+            "--pid", help="Process whose RSS/CPU to sample (default: the local cloud serving the API)"
         ),
     ] = None,
     keep: Annotated[

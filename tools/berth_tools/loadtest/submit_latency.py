@@ -12,6 +12,7 @@ never make a second job. The loop is bounded: exactly N submits, then (unless `k
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -224,10 +225,8 @@ def _listed_names(client: BerthClient, prefix: str) -> list[str]:
 
 
 def _cancel(client: BerthClient, job_id: str) -> None:
-    try:
+    with contextlib.suppress(ClientError):  # already finished or canceled: nothing to give back
         client.cancel(job_id)
-    except ClientError:
-        pass  # already finished or canceled: nothing to give back
 
 
 def as_dict(report: LatencyReport) -> dict[str, Any]:

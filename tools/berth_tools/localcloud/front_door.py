@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import sys
 import threading
@@ -37,6 +38,8 @@ from werkzeug.wrappers import Request, Response
 from berth_tools.localcloud.moto_server import LOCAL_HOST
 from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_request
 
+#: Outside any stage: the local cloud's process id and memory, for `berth bench api` (127.0.0.1 only).
+LOCAL_STATS_PATH = "/_local/stats"
 #: API Gateway's payload limit for REST APIs.
 MAX_BODY_BYTES = 10 * 1024 * 1024
 _LAMBDA_URI = re.compile(
@@ -263,6 +266,20 @@ def proxy_response(payload: Any) -> Response | None:
     return response
 
 
+def _local_stats() -> Response:
+    """The local cloud's pid, resident memory and thread count (not an AWS API: a local-only probe)."""
+    rss: int | None = None
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass  # not Linux: the pid is what `berth bench api` needs
+    body = {"pid": os.getpid(), "rss_bytes": rss, "threads": threading.active_count()}
+    return Response(json.dumps(body), status=200, content_type="application/json")
+
+
 @dataclass
 class FrontDoor:
     """Serves stage `stage` of REST API `rest_api_id` (deployed in moto at `endpoint_url`)."""
@@ -346,6 +363,8 @@ class FrontDoor:
     def _handle(self, request: Request, request_id: str) -> tuple[Response, Principal | None]:
         assert self.routes is not None
         raw_path = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.full_path
+        if request.path == LOCAL_STATS_PATH and request.method == "GET":
+            return _local_stats(), None
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
             return _error(

@@ -47,10 +47,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from moto.awslambda.models import LambdaBackend, LambdaFunction
-from moto.awslambda_simple.models import LambdaSimpleBackend
+from berth_tools.localcloud import moto_compat
+
+if TYPE_CHECKING:
+    from moto.awslambda.models import LambdaFunction
 
 #: The environment of the invocation running in the current context (None: the process environment).
 _SANDBOX_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
@@ -230,16 +232,9 @@ class InProcessLambdaRuntime:
             cached = self._credentials.get(fn.function_arn)
             if cached is not None and cached.expires_at - time.time() > 300:
                 return cached
-            from moto.sts.models import sts_backends
-
             duration = 3600
-            assumed = sts_backends[fn.account_id]["aws"].assume_role(
-                region_name=fn.region,
-                role_session_name=fn.function_name[:64],
-                role_arn=fn.role,
-                policy="",
-                duration=duration,
-                external_id="",
+            assumed = moto_compat.assume_role(
+                fn.account_id, fn.region, fn.function_name[:64], fn.role, duration
             )
             creds = _RoleCredentials(
                 access_key_id=assumed.access_key_id,
@@ -377,6 +372,7 @@ def _base_environ() -> Mapping[str, str]:
 
 # -- patching moto ------------------------------------------------------------------------------
 _ORIGINALS: dict[str, Any] = {}
+_PATCHES: list[moto_compat.Patch] = []
 _ACTIVE: list[InProcessLambdaRuntime] = []
 
 
@@ -409,17 +405,25 @@ def _route_std_streams() -> None:
         sys.stderr = _RoutingStream(sys.stderr)
 
 
+_LAMBDA_FUNCTION = "moto.awslambda.models:LambdaFunction"
+
+
 def install(runtime: InProcessLambdaRuntime) -> None:
-    """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins)."""
-    if not _ORIGINALS:
-        _ORIGINALS["invoke"] = LambdaFunction.invoke
-        _ORIGINALS["_invoke_lambda"] = LambdaFunction._invoke_lambda
-        _ORIGINALS["simple_invoke"] = LambdaSimpleBackend.invoke
-        _ORIGINALS["environ"] = os.environ
-        LambdaFunction.invoke = _patched_function_invoke  # type: ignore[method-assign]
-        LambdaFunction._invoke_lambda = _patched_invoke_lambda  # type: ignore[method-assign]
+    """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins).
+
+    Raises `moto_compat.MotoCompatError` when moto's invoke path is not the one this module replaces."""
+    if not _PATCHES:
+        moto_compat.check()
+        _PATCHES.append(moto_compat.replace(f"{_LAMBDA_FUNCTION}.invoke", _patched_function_invoke))
+        _PATCHES.append(moto_compat.replace(f"{_LAMBDA_FUNCTION}._invoke_lambda", _patched_invoke_lambda))
         # The docker-less backend answers canned payloads; make it run the function like the real one.
-        LambdaSimpleBackend.invoke = LambdaBackend.invoke  # type: ignore[method-assign]
+        _PATCHES.append(
+            moto_compat.replace(
+                "moto.awslambda_simple.models:LambdaSimpleBackend.invoke",
+                moto_compat.surface("moto.awslambda.models:LambdaBackend.invoke"),
+            )
+        )
+        _ORIGINALS["environ"] = os.environ
         os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
         _route_std_streams()
     _ACTIVE.append(runtime)
@@ -430,11 +434,10 @@ def uninstall(runtime: InProcessLambdaRuntime) -> None:
     if runtime in _ACTIVE:
         _ACTIVE.remove(runtime)
     runtime.shutdown()
-    if _ACTIVE or not _ORIGINALS:
+    if _ACTIVE or not _PATCHES:
         return
-    LambdaFunction.invoke = _ORIGINALS.pop("invoke")  # type: ignore[method-assign]
-    LambdaFunction._invoke_lambda = _ORIGINALS.pop("_invoke_lambda")  # type: ignore[method-assign]
-    LambdaSimpleBackend.invoke = _ORIGINALS.pop("simple_invoke")  # type: ignore[method-assign]
+    while _PATCHES:
+        _PATCHES.pop().undo()
     environ = _ORIGINALS.pop("environ")
     if isinstance(os.environ, SandboxEnviron):
         os.environ = environ  # noqa: B003

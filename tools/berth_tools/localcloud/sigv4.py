@@ -20,6 +20,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest, HTTPHeaders
 from botocore.credentials import Credentials
 
+from berth_tools.localcloud import moto_compat
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_CLOCK_SKEW = timedelta(minutes=5)
 
@@ -59,26 +61,15 @@ class SignatureError(Exception):
 
 def lookup_secret(access_key_id: str) -> _Secret | None:
     """Find an access key in moto's IAM users, then in its STS sessions."""
-    from moto.iam.models import iam_backends
-    from moto.sts.models import sts_backends
-
-    for account_id in list(iam_backends.keys()):
-        backend = iam_backends[account_id].get("aws")
-        if backend is None:
-            continue
-        for user in list(backend.users.values()):
-            for key in user.access_keys:
-                if key.access_key_id == access_key_id and key.status == "Active":
-                    principal = Principal(access_key_id, account_id, user.arn, user.id)
-                    return _Secret(principal, key.secret_access_key, None, None)
-    for account_id in list(sts_backends.keys()):
-        sts = sts_backends[account_id].get("aws")
-        if sts is None:
-            continue
-        for role in list(sts.assumed_roles):
-            if role.access_key_id == access_key_id:
-                principal = Principal(access_key_id, role.account_id, role.arn, role.user_id)
-                return _Secret(principal, role.secret_access_key, role.session_token, role.expiration)
+    for account_id, user in moto_compat.iam_users():
+        for key in user.access_keys:
+            if key.access_key_id == access_key_id and key.status == "Active":
+                principal = Principal(access_key_id, account_id, user.arn, user.id)
+                return _Secret(principal, key.secret_access_key, None, None)
+    for role in moto_compat.sts_sessions():
+        if role.access_key_id == access_key_id:
+            principal = Principal(access_key_id, role.account_id, role.arn, role.user_id)
+            return _Secret(principal, role.secret_access_key, role.session_token, role.expiration)
     return None
 
 
