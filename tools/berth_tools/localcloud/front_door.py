@@ -36,6 +36,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
 from berth_tools.localcloud.moto_server import LOCAL_HOST
+from berth_tools.localcloud.moto_transport import InProcessTransport
 from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_request
 
 #: Outside any stage: the local cloud's process id and memory, for `berth bench api` (127.0.0.1 only).
@@ -291,6 +292,7 @@ class FrontDoor:
     account_id: str
     port: int = 0
     access_log: TextIO | None = None
+    in_process_transport: bool = True
     routes: RouteTable | None = None
     stage_variables: dict[str, str] = field(default_factory=dict)
     _server: BaseWSGIServer | None = None
@@ -322,6 +324,8 @@ class FrontDoor:
             endpoint_url=self.endpoint_url,
             config=Config(read_timeout=930, retries={"max_attempts": 0}, max_pool_connections=32),
         )
+        if self.in_process_transport:  # moto's Invoke API in this thread, without the loopback socket
+            self._lambda.meta.events.register("before-send", InProcessTransport(self.endpoint_url))
         self._server = make_server(LOCAL_HOST, self.port, self.wsgi, threaded=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="berth-front-door", daemon=True

@@ -49,7 +49,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+import botocore.handlers
+
 from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud.moto_transport import InProcessTransport
 
 if TYPE_CHECKING:
     from moto.awslambda.models import LambdaFunction
@@ -185,6 +188,9 @@ class InProcessLambdaRuntime:
     # resolver among them) keep the current request in module or class state.
     max_concurrency_per_function: int = 1
     echo_logs: TextIO | None = None  # also copy handler logs here (e.g. the console of `berth local up`)
+    # Serve the handlers' SDK calls to moto in their own thread (no loopback socket); see moto_transport.
+    in_process_transport: bool = True
+    transport: InProcessTransport | None = None
     _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = field(default_factory=dict)
     _streams: dict[str, str] = field(default_factory=dict)
     _credentials: dict[str, _RoleCredentials] = field(default_factory=dict)
@@ -348,6 +354,14 @@ class InProcessLambdaRuntime:
         self._ship_logs(fn, stream, text)
         return InvocationResult(payload=payload, function_error=function_error, log_tail=text[-4096:])
 
+    def sandbox_request(self, request: Any) -> Any:
+        """botocore `before-send` for calls made inside a sandbox: moto's answer, or None to send it."""
+        if not self.in_process_transport:
+            return None
+        if self.transport is None:
+            self.transport = InProcessTransport(self.endpoint_url)
+        return self.transport(request)
+
     def shutdown(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
@@ -397,6 +411,16 @@ def _patched_invoke_lambda(self: LambdaFunction, event: Any = None) -> tuple[str
     return result.payload.decode(), result.function_error is not None, result.log_tail
 
 
+def _sandbox_before_send(request: Any, **_: Any) -> Any:
+    """Registered on every botocore session: in-process transport for SDK calls made by a handler."""
+    if _SANDBOX_ENV.get() is None or not _ACTIVE:
+        return None
+    return _ACTIVE[-1].sandbox_request(request)
+
+
+_BUILTIN_HOOK = ("before-send", _sandbox_before_send)
+
+
 def _route_std_streams() -> None:
     """Make sys.stdout/sys.stderr route invocation output to the invocation's log buffer."""
     if not isinstance(sys.stdout, _RoutingStream):
@@ -423,6 +447,9 @@ def install(runtime: InProcessLambdaRuntime) -> None:
                 moto_compat.surface("moto.awslambda.models:LambdaBackend.invoke"),
             )
         )
+        # Every botocore session created from now on (the handlers' clients are created in the sandbox)
+        # offers its requests to the in-process transport first.
+        botocore.handlers.BUILTIN_HANDLERS.append(_BUILTIN_HOOK)
         _ORIGINALS["environ"] = os.environ
         os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
         _route_std_streams()
@@ -438,6 +465,8 @@ def uninstall(runtime: InProcessLambdaRuntime) -> None:
         return
     while _PATCHES:
         _PATCHES.pop().undo()
+    if _BUILTIN_HOOK in botocore.handlers.BUILTIN_HANDLERS:
+        botocore.handlers.BUILTIN_HANDLERS.remove(_BUILTIN_HOOK)
     environ = _ORIGINALS.pop("environ")
     if isinstance(os.environ, SandboxEnviron):
         os.environ = environ  # noqa: B003

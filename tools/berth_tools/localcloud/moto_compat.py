@@ -193,6 +193,18 @@ SURFACES: tuple[Surface, ...] = (
         ("ip_address", "port", "verbose"),
     ),
     Surface("moto.moto_server.threaded_moto_server:ThreadedMotoServer.get_host_and_port", "called", "port"),
+    Surface(
+        "moto.moto_server.werkzeug_app:DomainDispatcherApplication",
+        "called",
+        "the server's WSGI app; Lambda sandboxes' SDK calls to moto are served by it in their own thread",
+        ("create_app",),
+    ),
+    Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
+    Surface(
+        "moto.backends:list_of_moto_modules",
+        "replaced",
+        "lists moto's package directory (about 170 stat calls) on every request; computed once instead",
+    ),
 )
 
 
@@ -375,6 +387,28 @@ def cloudformation_model_map() -> dict[str, Any]:
 
 def threaded_moto_server() -> Any:
     return surface("moto.moto_server.threaded_moto_server:ThreadedMotoServer")
+
+
+def moto_wsgi_app() -> Any:
+    """A WSGI app serving moto's API, as the server's (backends are process-global: same state)."""
+    app_class = surface("moto.moto_server.werkzeug_app:DomainDispatcherApplication")
+    return app_class(surface("moto.moto_server.werkzeug_app:create_backend_app"))
+
+
+def cache_module_list() -> Patch:
+    """moto's request dispatcher lists its own package directory on every request; list it once."""
+    path = "moto.backends:list_of_moto_modules"
+    current = surface(path)
+    owner = importlib.import_module("moto.backends")
+    if getattr(current, "_berth_cached", False):
+        return Patch(owner, "list_of_moto_modules", current, current)
+    modules = tuple(current())
+
+    def list_of_moto_modules() -> Iterator[str]:
+        return iter(modules)
+
+    list_of_moto_modules._berth_cached = True  # type: ignore[attr-defined]
+    return replace(path, list_of_moto_modules)
 
 
 # -- a moto fix: models are tracked weakly ------------------------------------------------------------

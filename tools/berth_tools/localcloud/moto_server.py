@@ -56,6 +56,7 @@ class MotoServer:
         # Werkzeug logs every request at INFO; the local cloud prints its own concise lines instead.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         moto_compat.untrack_instances()
+        moto_compat.cache_module_list()
         dynamodb_isolation.install()
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
