@@ -201,6 +201,11 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
     Surface(
+        "moto.core.responses:method_names_from_class",
+        "replaced",
+        "inspect.getmembers of the response class on every request; computed once per class instead",
+    ),
+    Surface(
         "moto.backends:list_of_moto_modules",
         "replaced",
         "lists moto's package directory (about 170 stat calls) on every request; computed once instead",
@@ -393,6 +398,25 @@ def moto_wsgi_app() -> Any:
     """A WSGI app serving moto's API, as the server's (backends are process-global: same state)."""
     app_class = surface("moto.moto_server.werkzeug_app:DomainDispatcherApplication")
     return app_class(surface("moto.moto_server.werkzeug_app:create_backend_app"))
+
+
+def cache_method_names() -> Patch:
+    """moto looks up a response class's methods with inspect.getmembers on every request; once per class."""
+    path = "moto.core.responses:method_names_from_class"
+    current = surface(path)
+    owner = importlib.import_module("moto.core.responses")
+    if getattr(current, "_berth_cached", False):
+        return Patch(owner, "method_names_from_class", current, current)
+    cache: dict[type, frozenset[str]] = {}
+
+    def method_names_from_class(clazz: Any) -> frozenset[str]:
+        names = cache.get(clazz)
+        if names is None:
+            names = cache[clazz] = frozenset(current(clazz))
+        return names
+
+    method_names_from_class._berth_cached = True  # type: ignore[attr-defined]
+    return replace(path, method_names_from_class)
 
 
 def cache_module_list() -> Patch:

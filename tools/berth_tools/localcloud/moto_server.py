@@ -57,6 +57,7 @@ class MotoServer:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         moto_compat.untrack_instances()
         moto_compat.cache_module_list()
+        moto_compat.cache_method_names()
         dynamodb_isolation.install()
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
