@@ -45,7 +45,8 @@ def ddb(aws: None) -> Iterator[Any]:
 
 
 def _items(client: Any, table: str) -> list[dict[str, Any]]:
-    return sorted(client.scan(TableName=table)["Items"], key=lambda i: (i["pk"]["S"], i.get("sk", {}).get("N")))
+    items = client.scan(TableName=table)["Items"]
+    return sorted(items, key=lambda i: (i["pk"]["S"], i.get("sk", {}).get("N", "")))
 
 
 def test_the_journal_replaces_moto_s_table_copy(ddb: Any) -> None:

@@ -95,7 +95,7 @@ def test_dynamodb_isolation_no_longer_skips_a_missing_write_method(
     monkeypatch: pytest.MonkeyPatch, recheck: None
 ) -> None:
     monkeypatch.delattr(DynamoDBBackend, "batch_write_item")
-    with pytest.raises(moto_compat.MotoCompatError, match="DynamoDBBackend.batch_write_item"):
+    with pytest.raises(moto_compat.MotoCompatError, match=r"DynamoDBBackend\.batch_write_item"):
         dynamodb_isolation.install()
 
 
@@ -104,7 +104,7 @@ def test_lambda_runtime_refuses_to_install_on_a_changed_moto(
 ) -> None:
     monkeypatch.setattr(moto, "__version__", "6.0.0")
     runtime = lambda_runtime.InProcessLambdaRuntime(endpoint_url="http://127.0.0.1:1")
-    with pytest.raises(moto_compat.MotoCompatError, match="moto 6.0.0"):
+    with pytest.raises(moto_compat.MotoCompatError, match=r"moto 6\.0\.0"):
         lambda_runtime.install(runtime)
     assert runtime not in lambda_runtime._ACTIVE
 
@@ -112,7 +112,7 @@ def test_lambda_runtime_refuses_to_install_on_a_changed_moto(
 def test_the_server_fails_at_start_up_before_serving(monkeypatch: pytest.MonkeyPatch, recheck: None) -> None:
     monkeypatch.delattr(DynamoDBBackend, "transact_write_items")
     server = MotoServer()
-    with pytest.raises(moto_compat.MotoCompatError, match="DynamoDBBackend.transact_write_items"):
+    with pytest.raises(moto_compat.MotoCompatError, match=r"DynamoDBBackend\.transact_write_items"):
         server.start()
     with pytest.raises(RuntimeError, match="not started"):
         _ = server.port

@@ -18,6 +18,7 @@ copies did, without reverting other writers' items as swapping whole tables woul
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,14 +182,16 @@ def install() -> Callable[[], None]:
     patches: list[moto_compat.Patch] = []
     for name in WRITE_OPERATIONS:
         path = f"{_BACKEND}.{name}"
-        implementation = transact_write_items if name == "transact_write_items" else moto_compat.surface(path)
+        original = moto_compat.surface(path)
+        implementation = transact_write_items if name == "transact_write_items" else original
 
         def isolated(*args: Any, __implementation: Any = implementation, **kwargs: Any) -> Any:
             with lock:
                 return __implementation(*args, **kwargs)
 
-        isolated.__name__ = isolated.__qualname__ = name
-        isolated.__doc__ = implementation.__doc__
+        # name, docs and signature of moto's method (`__wrapped__`), so that `moto_compat.check()` still
+        # checks moto's own surface once this wrapper is in place
+        functools.update_wrapper(isolated, original)
         isolated._berth_isolated = True  # type: ignore[attr-defined]
         patches.append(moto_compat.replace(path, isolated))
 
