@@ -201,6 +201,16 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
     Surface(
+        "moto.core.request:normalize_request",
+        "called",
+        "the request type every moto mode hands its response classes (what the server's Flask view builds)",
+    ),
+    Surface(
+        "moto.dynamodb.responses:DynamoHandler.dispatch",
+        "called",
+        "DynamoDB's API, called as the server's Flask view calls it (without Flask) for DynamoDB requests",
+    ),
+    Surface(
         "moto.core.responses:method_names_from_class",
         "replaced",
         "inspect.getmembers of the response class on every request; computed once per class instead",

@@ -10,6 +10,11 @@ process-global backends) and returns its answer as botocore's `AWSResponse`. Eve
 unchanged: the SDK still serialises, signs and parses exactly as against AWS, and moto still routes by
 the signature's service, parses the request and serialises its answer; only the socket is gone.
 Requests to any other URL are left alone (the hook returns None and botocore sends them as usual).
+
+DynamoDB, the hot path of every API call, goes one step further: its requests are handed to moto's
+DynamoDB response class exactly as the server's Flask view does (`normalize_request`, then
+`DynamoHandler.dispatch(request, raw_url, headers)`, the call moto's `mock_aws` makes too), without
+Flask's routing and request context around it. Every other service goes through the whole WSGI app.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HTTPHeaders
+from botocore.exceptions import ClientError
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from berth_tools.localcloud import moto_compat
+
+_DYNAMODB_TARGET = "DynamoDB_20120810."
 
 
 class _RawBody(io.BytesIO):
@@ -44,6 +52,8 @@ class InProcessTransport:
         self.base_url = f"{parts.scheme}://{parts.netloc}"
         self.app = app if app is not None else moto_compat.moto_wsgi_app()
         self.served = 0  # how many requests took the in-process path (for tests and diagnostics)
+        self._normalize = moto_compat.surface("moto.core.request:normalize_request")
+        self._dynamodb_dispatch = moto_compat.surface("moto.dynamodb.responses:DynamoHandler.dispatch")
 
     def handles(self, url: str) -> bool:
         return url == self.base_url or url.startswith(self.base_url + "/")
@@ -67,6 +77,29 @@ class InProcessTransport:
             for name, value in request.headers.items()
             if name.lower() not in ("content-length", "host")
         ]
+        # moto runs here as it would in its own server thread: with the process environment and real
+        # stdout, not the Lambda sandbox's (a fresh context has no sandbox environment or log buffer).
+        target = request.headers.get("X-Amz-Target") or ""
+        if isinstance(target, bytes):
+            target = target.decode()
+        if target.startswith(_DYNAMODB_TARGET):
+            code, pairs, payload = contextvars.Context().run(self._dynamodb, request, data)
+        else:
+            code, pairs, payload = contextvars.Context().run(self._wsgi, request, parts, headers, data)
+        self.served += 1
+        answer = HTTPHeaders()
+        for name, value in pairs:
+            answer[name] = value
+        return AWSResponse(request.url, code, answer, _RawBody(payload))
+
+    def _wsgi(
+        self,
+        request: AWSPreparedRequest,
+        parts: urllib.parse.SplitResult,
+        headers: list[tuple[str, str]],
+        data: bytes,
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The request through moto's whole WSGI app, as its server thread would run it."""
         environ = EnvironBuilder(
             method=request.method,
             base_url=self.base_url,
@@ -78,17 +111,26 @@ class InProcessTransport:
         environ["RAW_URI"] = environ["REQUEST_URI"] = (parts.path or "/") + (
             f"?{parts.query}" if parts.query else ""
         )
-        # moto runs here as it would in its own server thread: with the process environment and real
-        # stdout, not the Lambda sandbox's (a fresh context has no sandbox environment or log buffer).
-        app_iter, status, response_headers = contextvars.Context().run(run_wsgi_app, self.app, environ, True)
+        app_iter, status, response_headers = run_wsgi_app(self.app, environ, True)
         try:
             payload = b"".join(app_iter)
         finally:
             close = getattr(app_iter, "close", None)
             if close is not None:
                 close()
-        self.served += 1
-        answer = HTTPHeaders()
-        for name, value in response_headers.items():
-            answer[name] = value
-        return AWSResponse(request.url, int(status.split(" ", 1)[0]), answer, _RawBody(payload))
+        return int(status.split(" ", 1)[0]), list(response_headers.items()), payload
+
+    def _dynamodb(self, request: AWSPreparedRequest, data: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        """A DynamoDB request straight to moto's DynamoDB responses, as the server's Flask view calls them."""
+        prepared = AWSPreparedRequest(
+            request.method, request.url, request.headers, data, request.stream_output
+        )
+        normalized = self._normalize(prepared)
+        try:
+            status, headers, body = self._dynamodb_dispatch(
+                normalized, normalized.raw_url, dict(normalized.headers)
+            )
+        except ClientError as exc:  # as moto's Flask view answers it
+            status, headers, body = 400, {}, exc.response["Error"]["Message"]
+        payload = body.encode() if isinstance(body, str) else bytes(body or b"")
+        return int(status), [(str(k), str(v)) for k, v in headers.items()], payload
