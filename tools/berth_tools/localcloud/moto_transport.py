@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextvars
 import io
+import sys
+import traceback
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -82,10 +84,15 @@ class InProcessTransport:
         target = request.headers.get("X-Amz-Target") or ""
         if isinstance(target, bytes):
             target = target.decode()
-        if target.startswith(_DYNAMODB_TARGET):
-            code, pairs, payload = contextvars.Context().run(self._dynamodb, request, data)
-        else:
-            code, pairs, payload = contextvars.Context().run(self._wsgi, request, parts, headers, data)
+        try:
+            if target.startswith(_DYNAMODB_TARGET):
+                code, pairs, payload = contextvars.Context().run(self._dynamodb, request, data)
+            else:
+                code, pairs, payload = contextvars.Context().run(self._wsgi, request, parts, headers, data)
+        except Exception:  # a bug in moto: answer 500 as its server would, never raise into the SDK caller
+            print(f"berth local: moto failed on {request.method} {request.url}:", file=sys.__stderr__)
+            traceback.print_exc(file=sys.__stderr__)
+            code, pairs, payload = 500, [("Content-Type", "text/plain")], b"Internal Server Error"
         self.served += 1
         answer = HTTPHeaders()
         for name, value in pairs:
