@@ -7,7 +7,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi clean
+.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi bench-api clean
 
 all: install
 
@@ -62,6 +62,18 @@ demo: install synth
 
 up: install synth
 	$(BIN)/berth local up
+
+# The local cloud under load (docs/local-cloud.md): N submits from C clients against a fresh
+# `berth local up`; prints throughput, p50/p99, lost/duplicated and the process's RSS growth per submit.
+BENCH_N ?= 1000
+BENCH_C ?= 32
+bench-api: install synth
+	@state=$$(mktemp -d); \
+	$(BIN)/berth local up --state-dir $$state --quiet > $$state/up.log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -rf $$state' EXIT; \
+	for i in $$(seq 120); do [ -f $$state/env ] && break; kill -0 $$pid 2>/dev/null || break; sleep 0.5; done; \
+	[ -f $$state/env ] || { cat $$state/up.log; echo "berth local up did not become ready" >&2; exit 1; }; \
+	. $$state/env && AWS_PROFILE=alice $(BIN)/berth bench api -n $(BENCH_N) -c $(BENCH_C) --output json
 
 openapi: install
 	$(BIN)/python -m berth.handlers.openapi > docs/openapi.json

@@ -23,6 +23,8 @@ from typing import Any
 
 import boto3
 
+from berth_tools.localcloud import moto_compat
+
 DEFAULT_STACK_NAME = "Berth"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_ACCOUNT_ID = "123456789012"  # moto's default account
@@ -153,9 +155,7 @@ def _default_method_integrations(template: dict[str, Any]) -> bool:
 
 
 def unsupported_resource_types(template: dict[str, Any]) -> list[str]:
-    from moto.cloudformation.parsing import get_model_map
-
-    supported = get_model_map()
+    supported = moto_compat.cloudformation_model_map()
     types = {res.get("Type", "") for res in template.get("Resources", {}).values()}
     return sorted(t for t in types if t not in supported and not t.startswith("Custom::"))
 
@@ -321,8 +321,6 @@ def _apply_stage_variables(
 
 def _apply_lambda_log_groups(template: dict[str, Any], deployed: DeployedStack) -> bool:
     """Fix `lambda-logging-config` on moto's in-process Lambda models."""
-    from moto.awslambda.utils import get_backend
-
     changed = False
     for logical_id, res in template.get("Resources", {}).items():
         if res.get("Type") != "AWS::Lambda::Function" or logical_id not in deployed.resources:
@@ -334,7 +332,8 @@ def _apply_lambda_log_groups(template: dict[str, Any], deployed: DeployedStack) 
             group_name = log_group
         else:
             continue
-        fn = get_backend(DEFAULT_ACCOUNT_ID, deployed.region).get_function(deployed.resources[logical_id][1])
+        name = deployed.resources[logical_id][1]
+        fn = moto_compat.lambda_function(DEFAULT_ACCOUNT_ID, deployed.region, name)
         fn.logs_group_name = group_name
         changed = True
     return changed

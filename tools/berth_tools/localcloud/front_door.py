@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import sys
 import threading
@@ -42,8 +43,11 @@ from werkzeug.wrappers import Request, Response
 from berth_tools.localcloud import resource_policy
 from berth_tools.localcloud.gateway_config import GatewayConfig
 from berth_tools.localcloud.moto_server import LOCAL_HOST
+from berth_tools.localcloud.moto_transport import InProcessTransport
 from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_request
 
+#: Outside any stage: the local cloud's process id and memory, for `berth bench api` (127.0.0.1 only).
+LOCAL_STATS_PATH = "/_local/stats"
 #: API Gateway's payload limit for REST APIs.
 MAX_BODY_BYTES = 10 * 1024 * 1024
 _LAMBDA_URI = re.compile(
@@ -253,6 +257,20 @@ def proxy_response(payload: Any) -> Response | None:
     return response
 
 
+def _local_stats() -> Response:
+    """The local cloud's pid, resident memory and thread count (not an AWS API: a local-only probe)."""
+    rss: int | None = None
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass  # not Linux: the pid is what `berth bench api` needs
+    body = {"pid": os.getpid(), "rss_bytes": rss, "threads": threading.active_count()}
+    return Response(json.dumps(body), status=200, content_type="application/json")
+
+
 @dataclass
 class FrontDoor:
     """Serves stage `stage` of REST API `rest_api_id` (deployed in moto at `endpoint_url`)."""
@@ -264,6 +282,7 @@ class FrontDoor:
     account_id: str
     port: int = 0
     access_log: TextIO | None = None
+    in_process_transport: bool = True
     routes: RouteTable | None = None
     stage_variables: dict[str, str] = field(default_factory=dict)
     #: Gateway responses and resource policy from the deployed template (none: API Gateway's defaults).
@@ -299,6 +318,8 @@ class FrontDoor:
             endpoint_url=self.endpoint_url,
             config=Config(read_timeout=930, retries={"max_attempts": 0}, max_pool_connections=32),
         )
+        if self.in_process_transport:  # moto's Invoke API in this thread, without the loopback socket
+            self._lambda.meta.events.register("before-send", InProcessTransport(self.endpoint_url))
         self._server = make_server(LOCAL_HOST, self.port, self.wsgi, threaded=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="berth-front-door", daemon=True
@@ -349,6 +370,8 @@ class FrontDoor:
         assert self.routes is not None
         refuse = self.gateway.refusal
         raw_path = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.full_path
+        if request.path == LOCAL_STATS_PATH and request.method == "GET":
+            return _local_stats(), None
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
             message = f"No stage at {request.path}; the API is served under {prefix}"

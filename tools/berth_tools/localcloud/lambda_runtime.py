@@ -47,10 +47,15 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from moto.awslambda.models import LambdaBackend, LambdaFunction
-from moto.awslambda_simple.models import LambdaSimpleBackend
+import botocore.handlers
+
+from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud.moto_transport import InProcessTransport
+
+if TYPE_CHECKING:
+    from moto.awslambda.models import LambdaFunction
 
 #: The environment of the invocation running in the current context (None: the process environment).
 _SANDBOX_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
@@ -183,6 +188,9 @@ class InProcessLambdaRuntime:
     # resolver among them) keep the current request in module or class state.
     max_concurrency_per_function: int = 1
     echo_logs: TextIO | None = None  # also copy handler logs here (e.g. the console of `berth local up`)
+    # Serve the handlers' SDK calls to moto in their own thread (no loopback socket); see moto_transport.
+    in_process_transport: bool = True
+    transport: InProcessTransport | None = None
     _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = field(default_factory=dict)
     _streams: dict[str, str] = field(default_factory=dict)
     _credentials: dict[str, _RoleCredentials] = field(default_factory=dict)
@@ -230,16 +238,9 @@ class InProcessLambdaRuntime:
             cached = self._credentials.get(fn.function_arn)
             if cached is not None and cached.expires_at - time.time() > 300:
                 return cached
-            from moto.sts.models import sts_backends
-
             duration = 3600
-            assumed = sts_backends[fn.account_id]["aws"].assume_role(
-                region_name=fn.region,
-                role_session_name=fn.function_name[:64],
-                role_arn=fn.role,
-                policy="",
-                duration=duration,
-                external_id="",
+            assumed = moto_compat.assume_role(
+                fn.account_id, fn.region, fn.function_name[:64], fn.role, duration
             )
             creds = _RoleCredentials(
                 access_key_id=assumed.access_key_id,
@@ -353,6 +354,14 @@ class InProcessLambdaRuntime:
         self._ship_logs(fn, stream, text)
         return InvocationResult(payload=payload, function_error=function_error, log_tail=text[-4096:])
 
+    def sandbox_request(self, request: Any) -> Any:
+        """botocore `before-send` for calls made inside a sandbox: moto's answer, or None to send it."""
+        if not self.in_process_transport:
+            return None
+        if self.transport is None:
+            self.transport = InProcessTransport(self.endpoint_url)
+        return self.transport(request)
+
     def shutdown(self) -> None:
         with self._lock:
             pools, self._pools = list(self._pools.values()), {}
@@ -377,6 +386,7 @@ def _base_environ() -> Mapping[str, str]:
 
 # -- patching moto ------------------------------------------------------------------------------
 _ORIGINALS: dict[str, Any] = {}
+_PATCHES: list[moto_compat.Patch] = []
 _ACTIVE: list[InProcessLambdaRuntime] = []
 
 
@@ -401,6 +411,16 @@ def _patched_invoke_lambda(self: LambdaFunction, event: Any = None) -> tuple[str
     return result.payload.decode(), result.function_error is not None, result.log_tail
 
 
+def _sandbox_before_send(request: Any, **_: Any) -> Any:
+    """Registered on every botocore session: in-process transport for SDK calls made by a handler."""
+    if _SANDBOX_ENV.get() is None or not _ACTIVE:
+        return None
+    return _ACTIVE[-1].sandbox_request(request)
+
+
+_BUILTIN_HOOK = ("before-send", _sandbox_before_send)
+
+
 def _route_std_streams() -> None:
     """Make sys.stdout/sys.stderr route invocation output to the invocation's log buffer."""
     if not isinstance(sys.stdout, _RoutingStream):
@@ -409,17 +429,28 @@ def _route_std_streams() -> None:
         sys.stderr = _RoutingStream(sys.stderr)
 
 
+_LAMBDA_FUNCTION = "moto.awslambda.models:LambdaFunction"
+
+
 def install(runtime: InProcessLambdaRuntime) -> None:
-    """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins)."""
-    if not _ORIGINALS:
-        _ORIGINALS["invoke"] = LambdaFunction.invoke
-        _ORIGINALS["_invoke_lambda"] = LambdaFunction._invoke_lambda
-        _ORIGINALS["simple_invoke"] = LambdaSimpleBackend.invoke
-        _ORIGINALS["environ"] = os.environ
-        LambdaFunction.invoke = _patched_function_invoke  # type: ignore[method-assign]
-        LambdaFunction._invoke_lambda = _patched_invoke_lambda  # type: ignore[method-assign]
+    """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins).
+
+    Raises `moto_compat.MotoCompatError` when moto's invoke path is not the one this module replaces."""
+    if not _PATCHES:
+        moto_compat.check()
+        _PATCHES.append(moto_compat.replace(f"{_LAMBDA_FUNCTION}.invoke", _patched_function_invoke))
+        _PATCHES.append(moto_compat.replace(f"{_LAMBDA_FUNCTION}._invoke_lambda", _patched_invoke_lambda))
         # The docker-less backend answers canned payloads; make it run the function like the real one.
-        LambdaSimpleBackend.invoke = LambdaBackend.invoke  # type: ignore[method-assign]
+        _PATCHES.append(
+            moto_compat.replace(
+                "moto.awslambda_simple.models:LambdaSimpleBackend.invoke",
+                moto_compat.surface("moto.awslambda.models:LambdaBackend.invoke"),
+            )
+        )
+        # Every botocore session created from now on (the handlers' clients are created in the sandbox)
+        # offers its requests to the in-process transport first.
+        botocore.handlers.BUILTIN_HANDLERS.append(_BUILTIN_HOOK)
+        _ORIGINALS["environ"] = os.environ
         os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
         _route_std_streams()
     _ACTIVE.append(runtime)
@@ -430,11 +461,12 @@ def uninstall(runtime: InProcessLambdaRuntime) -> None:
     if runtime in _ACTIVE:
         _ACTIVE.remove(runtime)
     runtime.shutdown()
-    if _ACTIVE or not _ORIGINALS:
+    if _ACTIVE or not _PATCHES:
         return
-    LambdaFunction.invoke = _ORIGINALS.pop("invoke")  # type: ignore[method-assign]
-    LambdaFunction._invoke_lambda = _ORIGINALS.pop("_invoke_lambda")  # type: ignore[method-assign]
-    LambdaSimpleBackend.invoke = _ORIGINALS.pop("simple_invoke")  # type: ignore[method-assign]
+    while _PATCHES:
+        _PATCHES.pop().undo()
+    if _BUILTIN_HOOK in botocore.handlers.BUILTIN_HANDLERS:
+        botocore.handlers.BUILTIN_HANDLERS.remove(_BUILTIN_HOOK)
     environ = _ORIGINALS.pop("environ")
     if isinstance(os.environ, SandboxEnviron):
         os.environ = environ  # noqa: B003

@@ -15,8 +15,9 @@
   the upload (BadDigest) when the content does not hash to it; Berth's presigned bundle uploads
   depend on that to keep content-addressed bundles honest.
 
-Both are patches of moto internals; ``install()`` checks each target exists and fails loudly, and
-returns a function that undoes them (tests install and undo around themselves).
+All are patches of moto internals declared in ``moto_compat.SURFACES`` (checked at start-up: a moto
+without them fails loudly); ``install()`` returns a function that undoes them (tests install and
+undo around themselves).
 """
 
 from __future__ import annotations
@@ -27,45 +28,37 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from moto.core.utils import utcnow
-from moto.iam import access_control
-from moto.s3 import responses as s3_responses
-from moto.s3.exceptions import S3ClientError
-from moto.secretsmanager import responses as sm_responses
-from moto.sts.models import sts_backends
+from berth_tools.localcloud import moto_compat
+
+_AC = "moto.iam.access_control"
 
 
-class MotoPatchError(RuntimeError):
-    pass
-
-
-class BadDigest(S3ClientError):
-    code = "BadDigest"
-
-    def __init__(self) -> None:
-        super().__init__("BadDigest", "The SHA256 you specified did not match the calculated checksum.")
-
-
-def _target(owner: Any, name: str) -> Any:
-    original = getattr(owner, name, None)
-    if original is None:
-        raise MotoPatchError(f"moto has no {owner.__name__}.{name}; the local cloud's patch cannot apply")
-    return original
+def _bad_digest() -> Exception:
+    error_type = moto_compat.surface("moto.s3.exceptions:S3ClientError")
+    return error_type("BadDigest", "The SHA256 you specified did not match the calculated checksum.")
 
 
 def _check_action_permitted(original: Callable[..., None]) -> Callable[..., None]:
+    assumed_key = moto_compat.surface(f"{_AC}:AssumedRoleAccessKey")
+    policy_type = moto_compat.surface(f"{_AC}:IAMPolicy")
+    permitted = moto_compat.surface(f"{_AC}:PermissionResult").PERMITTED
+    sts_backends = moto_compat.surface("moto.sts.models:sts_backends")
+    utcnow = moto_compat.surface("moto.core.utils:utcnow")
+
     def check(self: Any, resource: str) -> None:
         key = self._access_key
-        if isinstance(key, access_control.AssumedRoleAccessKey):
+        if isinstance(key, assumed_key):
             backend = sts_backends[key.account_id][key.partition]
             session = backend.get_assumed_role_from_access_key(key._access_key_id)
             if session is not None and session.expiration <= utcnow():
                 self._raise_invalid_access_key("ExpiredToken")
             original(self, resource)
-            if session is not None and session.policy and self._action != "sts:GetCallerIdentity":
-                verdict = access_control.IAMPolicy(session.policy).is_action_permitted(self._action, resource)
-                if verdict != access_control.PermissionResult.PERMITTED:
-                    self._raise_access_denied()
+            scoped = session is not None and session.policy and self._action != "sts:GetCallerIdentity"
+            if (
+                scoped
+                and policy_type(session.policy).is_action_permitted(self._action, resource) != permitted
+            ):
+                self._raise_access_denied()
             return
         original(self, resource)
 
@@ -78,7 +71,7 @@ def _get_checksum(original: Callable[..., tuple[str, str | None]]) -> Callable[.
         if claimed and self.method == "PUT":
             actual = base64.b64encode(hashlib.sha256(self.body or b"").digest()).decode()
             if claimed != actual:
-                raise BadDigest()
+                raise _bad_digest()
         return original(self, response_headers)
 
     return get_checksum
@@ -103,30 +96,24 @@ def _secret_resource(self: Any) -> str:
 
 def install() -> Callable[[], None]:
     """Apply the patches; returns the undo."""
-    check_owner = access_control.IAMRequestBase
-    checksum_owner = s3_responses.S3Response
-    check = _target(check_owner, "check_action_permitted")
-    checksum = _target(checksum_owner, "_get_checksum")
-    _target(check_owner, "_raise_access_denied")
-    _target(check_owner, "_raise_invalid_access_key")
-    _target(access_control, "AssumedRoleAccessKey")
-    _target(access_control, "IAMPolicy")
-    match_owner = access_control.IAMPolicyStatement
-    _target(match_owner, "_match")
-    match = vars(match_owner)["_match"]  # the staticmethod object itself, to put back as it was
-    sm_owner = sm_responses.SecretsManagerResponse
-    _target(sm_owner, "backend")
+    check = moto_compat.surface(f"{_AC}:IAMRequestBase.check_action_permitted")
+    checksum = moto_compat.surface("moto.s3.responses:S3Response._get_checksum")
+    sm_owner = moto_compat.surface("moto.secretsmanager.responses:SecretsManagerResponse")
     had_resource = "_determine_resource" in vars(sm_owner)
-    check_owner.check_action_permitted = _check_action_permitted(check)  # type: ignore[method-assign]
-    checksum_owner._get_checksum = _get_checksum(checksum)  # type: ignore[method-assign]
-    sm_owner._determine_resource = _secret_resource  # type: ignore[attr-defined]
-    match_owner._match = staticmethod(_iam_match)  # type: ignore[method-assign]
+    statement = moto_compat.surface(f"{_AC}:IAMPolicyStatement")
+    match = vars(statement)["_match"]  # the staticmethod object itself, to put back as it was
+    patches = [
+        moto_compat.replace(f"{_AC}:IAMRequestBase.check_action_permitted", _check_action_permitted(check)),
+        moto_compat.replace("moto.s3.responses:S3Response._get_checksum", _get_checksum(checksum)),
+        moto_compat.replace(f"{_AC}:IAMPolicyStatement._match", staticmethod(_iam_match)),
+    ]
+    sm_owner._determine_resource = _secret_resource
 
     def undo() -> None:
-        check_owner.check_action_permitted = check  # type: ignore[method-assign]
-        checksum_owner._get_checksum = checksum  # type: ignore[method-assign]
-        match_owner._match = match  # type: ignore[method-assign]
+        for patch in reversed(patches[:2]):
+            patch.undo()
+        statement._match = match
         if not had_resource:
-            del sm_owner._determine_resource  # type: ignore[attr-defined]
+            del sm_owner._determine_resource
 
     return undo

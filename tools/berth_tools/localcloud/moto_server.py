@@ -9,9 +9,7 @@ import os
 import urllib.request
 from typing import Any
 
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-
-from berth_tools.localcloud import dynamodb_isolation, moto_faithful
+from berth_tools.localcloud import dynamodb_isolation, moto_compat, moto_faithful
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -35,7 +33,7 @@ class MotoServer:
     def __init__(self, port: int = 0, config: dict[str, Any] | None = None) -> None:
         self._requested_port = port
         self._config = config if config is not None else MOTO_CONFIG
-        self._server: ThreadedMotoServer | None = None
+        self._server: Any = None  # moto's ThreadedMotoServer
         self._port: int | None = None
 
     @property
@@ -51,13 +49,20 @@ class MotoServer:
     def start(self) -> MotoServer:
         if self._server is not None:
             return self
+        # Fail here, with every problem named, rather than half-patched in the middle of a request.
+        moto_compat.check()
         for key, value in MOTO_ENVIRONMENT.items():
             os.environ.setdefault(key, value)
         # Werkzeug logs every request at INFO; the local cloud prints its own concise lines instead.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        moto_compat.untrack_instances()
+        moto_compat.cache_module_list()
+        moto_compat.cache_method_names()
         dynamodb_isolation.install()
         moto_faithful.install()
-        server = ThreadedMotoServer(ip_address=LOCAL_HOST, port=self._requested_port, verbose=False)
+        server = moto_compat.threaded_moto_server()(
+            ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
+        )
         server.start()  # a daemon thread: it never keeps the process alive on its own
         self._server = server
         self._port = int(server.get_host_and_port()[1])

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from berth_tools.localcloud import moto_compat
+
 MIN_DURATION_S = 900
 MAX_DURATION_S = 129_600
 
@@ -44,21 +46,14 @@ def find(access_key_id: str) -> SessionCredentials | None:
 
 
 def _user_of(access_key_id: str) -> tuple[str, Any] | None:
-    from moto.iam.models import iam_backends
-
-    for account_id in list(iam_backends.keys()):
-        backend = iam_backends[account_id].get("aws")
-        if backend is None:
-            continue
-        for user in list(backend.users.values()):
-            if any(k.access_key_id == access_key_id and k.status == "Active" for k in user.access_keys):
-                return account_id, user
+    for account_id, user in moto_compat.iam_users():
+        if any(k.access_key_id == access_key_id and k.status == "Active" for k in user.access_keys):
+            return account_id, user
     return None
 
 
 def _mint(response: Any) -> Any:
-    from moto.core.responses import ActionResult
-
+    action_result = moto_compat.surface("moto.core.responses:ActionResult")
     owner = _user_of(response.get_access_key())
     if owner is None:  # not an IAM user's long-term key (AWS refuses GetSessionToken for roles too)
         return _original(response)
@@ -78,7 +73,7 @@ def _mint(response: Any) -> Any:
     )
     with _lock:
         _sessions[creds.access_key_id] = creds
-    return ActionResult(
+    return action_result(
         {
             "Credentials": {
                 "AccessKeyId": creds.access_key_id,
@@ -93,9 +88,7 @@ def _mint(response: Any) -> Any:
 def install() -> None:
     """Replace moto's GetSessionToken (idempotent; moto runs in this process)."""
     global _original
-    from moto.sts.responses import TokenResponse
-
     with _lock:
         if _original is None:
-            _original = TokenResponse.get_session_token
-            TokenResponse.get_session_token = _mint  # type: ignore[method-assign,assignment]
+            _original = moto_compat.surface("moto.sts.responses:TokenResponse.get_session_token")
+            moto_compat.replace("moto.sts.responses:TokenResponse.get_session_token", _mint)

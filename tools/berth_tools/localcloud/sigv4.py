@@ -24,7 +24,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest, HTTPHeaders
 from botocore.credentials import Credentials
 
-from berth_tools.localcloud import session_tokens
+from berth_tools.localcloud import moto_compat, session_tokens
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_CLOCK_SKEW = timedelta(minutes=5)
@@ -87,44 +87,30 @@ def _tags(entity: Any) -> dict[str, str]:
 
 def lookup_secret(access_key_id: str) -> _Secret | None:
     """Find an access key in moto's IAM users, then in its STS sessions."""
-    from moto.iam.models import iam_backends
-    from moto.sts.models import sts_backends
-
-    for account_id in list(iam_backends.keys()):
-        backend = iam_backends[account_id].get("aws")
-        if backend is None:
-            continue
-        for user in list(backend.users.values()):
-            for key in user.access_keys:
-                if key.access_key_id == access_key_id and key.status == "Active":
-                    principal = Principal(access_key_id, account_id, user.arn, user.id, _tags(user), user.arn)
-                    return _Secret(principal, key.secret_access_key, None, None)
+    for account_id, user in moto_compat.iam_users():
+        for key in user.access_keys:
+            if key.access_key_id == access_key_id and key.status == "Active":
+                principal = Principal(access_key_id, account_id, user.arn, user.id, _tags(user), user.arn)
+                return _Secret(principal, key.secret_access_key, None, None)
     session = session_tokens.find(access_key_id)
     if session is not None:
-        user_tags: dict[str, str] = {}
-        iam = iam_backends[session.account_id].get("aws")
-        if iam is not None and session.user_name in iam.users:
-            user_tags = _tags(iam.users[session.user_name])
+        users = {u.name: u for a, u in moto_compat.iam_users() if a == session.account_id}
+        user_tags = _tags(users[session.user_name]) if session.user_name in users else {}
         principal = Principal(
             access_key_id, session.account_id, session.user_arn, session.user_id, user_tags, session.user_arn
         )
         return _Secret(principal, session.secret_access_key, session.session_token, session.expires_at)
-    for account_id in list(sts_backends.keys()):
-        sts = sts_backends[account_id].get("aws")
-        if sts is None:
-            continue
-        for role in list(sts.assumed_roles):
-            if role.access_key_id == access_key_id:
-                role_tags: dict[str, str] = {}
-                iam = iam_backends[role.account_id].get("aws")
-                try:
-                    role_tags = _tags(iam.get_role_by_arn(role.role_arn)) if iam is not None else {}
-                except Exception:  # the role is gone: no tags (and no id: see AssumedRole.user_id)
-                    role_tags = {}
-                principal = Principal(
-                    access_key_id, role.account_id, role.arn, role.user_id, role_tags, role.role_arn
-                )
-                return _Secret(principal, role.secret_access_key, role.session_token, role.expiration)
+    for role in moto_compat.sts_sessions():
+        if role.access_key_id == access_key_id:
+            principal = Principal(
+                access_key_id,
+                role.account_id,
+                role.arn,
+                role.user_id,
+                _tags(moto_compat.session_role(role)),
+                role.role_arn,
+            )
+            return _Secret(principal, role.secret_access_key, role.session_token, role.expiration)
     return None
 
 

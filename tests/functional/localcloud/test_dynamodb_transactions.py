@@ -1,0 +1,173 @@
+"""TransactWriteItems on moto with the local cloud's journal: all or nothing, and no table copies."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.models.dynamo_type import Item
+
+from berth_tools.localcloud import dynamodb_isolation, moto_compat
+
+TABLE = "txn-test"
+RANGE_TABLE = "txn-test-range"
+
+
+@pytest.fixture
+def ddb(aws: None) -> Iterator[Any]:
+    undo = dynamodb_isolation.install()
+    client = boto3.client("dynamodb", region_name="us-east-1")
+    client.create_table(
+        TableName=TABLE,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    client.create_table(
+        TableName=RANGE_TABLE,
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "N"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    yield client
+    undo()
+
+
+def _items(client: Any, table: str) -> list[dict[str, Any]]:
+    items = client.scan(TableName=table)["Items"]
+    return sorted(items, key=lambda i: (i["pk"]["S"], i.get("sk", {}).get("N", "")))
+
+
+def test_the_journal_replaces_moto_s_table_copy(ddb: Any) -> None:
+    assert getattr(DynamoDBBackend.transact_write_items, "_berth_isolated", False)
+    assert DynamoDBBackend.transact_write_items.__name__ == "transact_write_items"
+
+
+def test_a_failed_condition_undoes_every_write_of_the_transaction(ddb: Any) -> None:
+    ddb.put_item(TableName=TABLE, Item={"pk": {"S": "counter"}, "n": {"N": "1"}})
+    ddb.put_item(TableName=TABLE, Item={"pk": {"S": "doomed"}, "v": {"S": "keep me"}})
+    ddb.put_item(TableName=RANGE_TABLE, Item={"pk": {"S": "job"}, "sk": {"N": "1"}})
+    before = (_items(ddb, TABLE), _items(ddb, RANGE_TABLE))
+    with pytest.raises(ClientError) as err:
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": TABLE, "Item": {"pk": {"S": "new"}, "v": {"S": "x"}}}},
+                {
+                    "Update": {
+                        "TableName": TABLE,
+                        "Key": {"pk": {"S": "counter"}},
+                        "UpdateExpression": "ADD n :one",
+                        "ExpressionAttributeValues": {":one": {"N": "1"}},
+                    }
+                },
+                {"Delete": {"TableName": TABLE, "Key": {"pk": {"S": "doomed"}}}},
+                {"Put": {"TableName": RANGE_TABLE, "Item": {"pk": {"S": "job"}, "sk": {"N": "2"}}}},
+                {
+                    "ConditionCheck": {
+                        "TableName": RANGE_TABLE,
+                        "Key": {"pk": {"S": "job"}, "sk": {"N": "1"}},
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                },
+            ]
+        )
+    assert err.value.response["Error"]["Code"] == "TransactionCanceledException"
+    reasons = [r["Code"] for r in err.value.response["CancellationReasons"]]
+    assert reasons == ["None", "None", "None", "None", "ConditionalCheckFailed"]
+    assert (_items(ddb, TABLE), _items(ddb, RANGE_TABLE)) == before
+
+
+def test_a_validation_error_mid_transaction_rolls_back_and_raises(ddb: Any) -> None:
+    ddb.put_item(TableName=TABLE, Item={"pk": {"S": "a"}, "n": {"N": "1"}})
+    before = _items(ddb, TABLE)
+    with pytest.raises(ClientError) as err:
+        ddb.transact_write_items(
+            TransactItems=[
+                {
+                    "Update": {
+                        "TableName": TABLE,
+                        "Key": {"pk": {"S": "a"}},
+                        "UpdateExpression": "SET n = :two",
+                        "ExpressionAttributeValues": {":two": {"N": "2"}},
+                    }
+                },
+                {"Put": {"TableName": TABLE, "Item": {"pk": {"S": "a"}}}},  # same item twice
+            ]
+        )
+    assert err.value.response["Error"]["Code"] == "ValidationException"
+    assert _items(ddb, TABLE) == before
+
+
+def test_a_successful_transaction_applies_every_write(ddb: Any) -> None:
+    ddb.put_item(TableName=TABLE, Item={"pk": {"S": "counter"}, "n": {"N": "1"}})
+    ddb.transact_write_items(
+        TransactItems=[
+            {"Put": {"TableName": TABLE, "Item": {"pk": {"S": "job-1"}}}},
+            {
+                "Update": {
+                    "TableName": TABLE,
+                    "Key": {"pk": {"S": "counter"}},
+                    "UpdateExpression": "ADD n :one",
+                    "ConditionExpression": "n < :max",
+                    "ExpressionAttributeValues": {":one": {"N": "1"}, ":max": {"N": "5"}},
+                }
+            },
+        ]
+    )
+    assert _items(ddb, TABLE) == [
+        {"pk": {"S": "counter"}, "n": {"N": "2"}},
+        {"pk": {"S": "job-1"}},
+    ]
+
+
+def test_return_values_on_condition_check_failure_still_returns_the_item(ddb: Any) -> None:
+    ddb.put_item(TableName=TABLE, Item={"pk": {"S": "a"}, "v": {"S": "old"}})
+    with pytest.raises(ClientError) as err:
+        ddb.transact_write_items(
+            TransactItems=[
+                {
+                    "Put": {
+                        "TableName": TABLE,
+                        "Item": {"pk": {"S": "a"}, "v": {"S": "new"}},
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                }
+            ]
+        )
+    assert err.value.response["CancellationReasons"][0]["Item"] == {"pk": {"S": "a"}, "v": {"S": "old"}}
+
+
+def test_transactions_leave_no_model_instances_behind(ddb: Any) -> None:
+    """moto kept every item it ever created (and every deep copy of one) in Item.instances_tracked."""
+    moto_compat.untrack_instances()
+    for i in range(200):
+        ddb.transact_write_items(
+            TransactItems=[
+                {"Put": {"TableName": TABLE, "Item": {"pk": {"S": f"job-{i}"}}}},
+                {
+                    "Update": {
+                        "TableName": TABLE,
+                        "Key": {"pk": {"S": "counter"}},
+                        "UpdateExpression": "ADD n :one",
+                        "ExpressionAttributeValues": {":one": {"N": "1"}},
+                    }
+                },
+            ]
+        )
+    gc.collect()
+    stored = ddb.describe_table(TableName=TABLE)["Table"]["ItemCount"]
+    assert stored == 201
+    live = len(list(Item.instances_tracked))  # type: ignore[attr-defined]
+    assert live <= 2 * stored, f"{live} Item instances alive for {stored} stored items"

@@ -1,0 +1,575 @@
+"""Every private surface of moto that the local cloud replaces, wraps or reads, in one place.
+
+The local cloud needs more of moto than its public API: it runs Lambda handlers in-process by
+replacing moto's invoke path, serialises and journals DynamoDB writes, reads IAM users and STS
+sessions to verify SigV4, writes Lambda output through the Logs backend, asks CloudFormation which
+resource types it models and stops moto's models from being remembered forever. None of that is a
+stable interface, so this module
+
+- pins the moto version those surfaces were read from (`MOTO_VERSION`, the same pin as pyproject);
+- lists each surface (`SURFACES`): what it is, how the local cloud uses it, and the parameters or
+  attributes it relies on;
+- checks them all (`check()`, run once at start-up by `MotoServer.start()` and before any patch is
+  installed) and fails with one message naming every surface that is missing or changed, instead of
+  a patch that silently does nothing or an AttributeError deep inside a request;
+- is the only place the other local-cloud modules get those moto objects from (`resolve()` and the
+  small accessors below), so a moto upgrade means reviewing this file and the modules it names.
+
+Paths are written `module:Qualified.name`; `module:Class#attr` is an instance attribute that the
+class's `__init__` (or one of its bases') assigns, or a property.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+#: The moto release every surface below was read from (pyproject pins `moto[server,cloudformation]`).
+MOTO_VERSION = "5.2.5"
+
+
+class MotoCompatError(RuntimeError):
+    """moto is not the version, or does not have the shape, the local cloud was written against."""
+
+
+@dataclass(frozen=True)
+class Surface:
+    path: str
+    use: str  # replaced | wrapped | called | read | written
+    why: str
+    params: tuple[str, ...] = ()  # for callables: parameter names relied on (in order, after self)
+
+
+SURFACES: tuple[Surface, ...] = (
+    # -- Lambda: run handlers in-process (lambda_runtime) -----------------------------------------------
+    Surface(
+        "moto.awslambda.models:LambdaFunction.invoke",
+        "replaced",
+        "every invocation path (Invoke API, event sources, SNS, Logs subscriptions) ends here",
+        ("body", "request_headers", "response_headers"),
+    ),
+    Surface(
+        "moto.awslambda.models:LambdaFunction._invoke_lambda",
+        "replaced",
+        "moto's docker helper; served in-process for any path that calls it directly",
+        ("event",),
+    ),
+    Surface(
+        "moto.awslambda_simple.models:LambdaSimpleBackend.invoke",
+        "replaced",
+        "the docker-less backend answers canned payloads; pointed back at the real backend's invoke",
+        ("function_name", "qualifier", "body", "headers", "response_headers"),
+    ),
+    Surface(
+        "moto.awslambda.models:LambdaBackend.invoke",
+        "read",
+        "what LambdaSimpleBackend.invoke is pointed at",
+        ("function_name", "qualifier", "body", "headers", "response_headers"),
+    ),
+    Surface("moto.awslambda.utils:get_backend", "called", "the Lambda backend of an account and region"),
+    Surface("moto.awslambda.models:LambdaBackend.get_function", "called", "a function model by name"),
+    *(
+        Surface(f"moto.awslambda.models:LambdaFunction#{attr}", "read", "the function's configuration")
+        for attr in (
+            "function_name",
+            "function_arn",
+            "version",
+            "handler",
+            "run_time",
+            "memory_size",
+            "timeout",
+            "region",
+            "account_id",
+            "role",
+            "environment_vars",
+        )
+    ),
+    Surface(
+        "moto.awslambda.models:LambdaFunction#logs_group_name",
+        "written",
+        "set to the template's LoggingConfig.LogGroup (moto ignores it)",
+    ),
+    # -- CloudWatch Logs: Lambda output (lambda_runtime) ------------------------------------------------
+    Surface("moto.awslambda.models:LambdaFunction#logs_backend", "read", "the Logs backend of the function"),
+    Surface(
+        "moto.logs.models:LogsBackend.ensure_log_group",
+        "called",
+        "the function's log group",
+        ("log_group_name",),
+    ),
+    Surface(
+        "moto.logs.models:LogsBackend.create_log_stream",
+        "called",
+        "one stream per function",
+        ("log_group_name", "log_stream_name"),
+    ),
+    Surface(
+        "moto.logs.models:LogsBackend.put_log_events",
+        "called",
+        "START/END/REPORT and the handler's output",
+        ("log_group_name", "log_stream_name", "log_events"),
+    ),
+    # -- STS and IAM: the Lambda role's credentials, SigV4 secrets (lambda_runtime, sigv4) --------------
+    Surface("moto.sts.models:sts_backends", "read", "STS backends by account and partition"),
+    Surface(
+        "moto.sts.models:STSBackend.assume_role",
+        "called",
+        "temporary credentials of a function's execution role",
+        ("region_name", "role_session_name", "role_arn", "policy", "duration", "external_id"),
+    ),
+    Surface("moto.sts.models:STSBackend#assumed_roles", "read", "sessions whose keys sign API calls"),
+    *(
+        Surface(f"moto.sts.models:AssumedRole#{attr}", "read", "an STS session's key, secret and identity")
+        for attr in ("access_key_id", "secret_access_key", "session_token", "expiration", "account_id")
+    ),
+    Surface("moto.sts.models:AssumedRole.arn", "read", "the session's ARN (property)"),
+    Surface("moto.sts.models:AssumedRole.user_id", "read", "the session's user id (property)"),
+    Surface("moto.iam.models:iam_backends", "read", "IAM backends by account and partition"),
+    Surface("moto.iam.models:IAMBackend#users", "read", "IAM users whose access keys sign API calls"),
+    Surface("moto.iam.models:User#access_keys", "read", "a user's access keys"),
+    Surface("moto.iam.models:User#id", "read", "a user's id (the caller in API Gateway's identity)"),
+    Surface("moto.iam.models:User.arn", "read", "a user's ARN (property)"),
+    *(
+        Surface(f"moto.iam.models:AccessKey#{attr}", "read", "an access key's id, secret and status")
+        for attr in ("access_key_id", "secret_access_key", "status")
+    ),
+    # -- CloudFormation (cloudformation_deploy) ---------------------------------------------------------
+    Surface(
+        "moto.cloudformation.parsing:get_model_map",
+        "called",
+        "which resource types moto's CloudFormation implements (the rest are listed as not emulated)",
+    ),
+    # -- DynamoDB: isolation and transactions (dynamodb_isolation) --------------------------------------
+    *(
+        Surface(f"moto.dynamodb.models:DynamoDBBackend.{name}", "wrapped", "writes serialised, as DynamoDB")
+        for name in ("put_item", "update_item", "delete_item", "batch_write_item")
+    ),
+    Surface(
+        "moto.dynamodb.models:DynamoDBBackend.transact_write_items",
+        "replaced",
+        "moto deep-copies every table a transaction touches; replaced by an item-level undo journal",
+        ("transact_items",),
+    ),
+    *(
+        Surface(f"moto.dynamodb.models:DynamoDBBackend.{name}", "called", "used by the journaled transaction")
+        for name in ("get_table", "get_item", "get_keys_value")
+    ),
+    Surface("moto.dynamodb.models:DynamoDBBackend#tables", "read", "the tables a transaction touches"),
+    Surface("moto.dynamodb.models.table:Table.get_item", "called", "an item before a transaction writes it"),
+    *(
+        Surface(f"moto.dynamodb.models.table:Table#{attr}", "read", "where a transaction's undo writes back")
+        for attr in ("items", "hash_key_attr", "range_key_attr", "stream_shard")
+    ),
+    Surface("moto.dynamodb.models.table:StreamShard#items", "written", "a rolled-back transaction's records"),
+    Surface("moto.dynamodb.models:get_filter_expression", "called", "a transaction's condition expression"),
+    *(
+        Surface(f"moto.dynamodb.exceptions:{name}", "read", "raised by transactions as moto does")
+        for name in (
+            "ConditionalCheckFailed",
+            "MockValidationException",
+            "MultipleTransactionsException",
+            "TooManyTransactionsException",
+            "TransactionCanceledException",
+            "TransactWriteSingleOpException",
+        )
+    ),
+    # -- moto's model registry (untrack_instances) ------------------------------------------------------
+    Surface(
+        "moto.core.common_models:BaseModel.__new__",
+        "replaced",
+        "appends every model instance ever created to a class list for the dashboard; kept weakly instead",
+    ),
+    Surface("moto.core.model_instances:model_data", "read", "the classes whose instances are tracked"),
+    # -- the server (moto_server) -----------------------------------------------------------------------
+    Surface(
+        "moto.moto_server.threaded_moto_server:ThreadedMotoServer",
+        "called",
+        "moto's server in a thread of this process",
+        ("ip_address", "port", "verbose"),
+    ),
+    Surface("moto.moto_server.threaded_moto_server:ThreadedMotoServer.get_host_and_port", "called", "port"),
+    Surface(
+        "moto.moto_server.werkzeug_app:DomainDispatcherApplication",
+        "called",
+        "the server's WSGI app; Lambda sandboxes' SDK calls to moto are served by it in their own thread",
+        ("create_app",),
+    ),
+    Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
+    Surface(
+        "moto.core.request:normalize_request",
+        "called",
+        "the request type every moto mode hands its response classes (what the server's Flask view builds)",
+    ),
+    Surface(
+        "moto.dynamodb.responses:DynamoHandler.dispatch",
+        "called",
+        "DynamoDB's API, called as the server's Flask view calls it (without Flask) for DynamoDB requests",
+    ),
+    Surface(
+        "moto.core.responses:method_names_from_class",
+        "replaced",
+        "inspect.getmembers of the response class on every request; computed once per class instead",
+    ),
+    Surface(
+        "moto.backends:list_of_moto_modules",
+        "replaced",
+        "lists moto's package directory (about 170 stat calls) on every request; computed once instead",
+    ),
+    # -- STS GetSessionToken mints real temporary credentials (session_tokens) ----------------------------
+    Surface(
+        "moto.sts.responses:TokenResponse.get_session_token",
+        "replaced",
+        "moto hands every caller the same documentation keys; the front door must tell callers apart",
+    ),
+    Surface("moto.core.responses:ActionResult", "called", "the result type a replaced STS action returns"),
+    Surface("moto.iam.models:User#name", "read", "a user's name (the session's user)"),
+    Surface("moto.iam.models:User#tags", "read", "a user's tags (the resource policy's principal tag)"),
+    Surface("moto.iam.models:IAMBackend.get_role_by_arn", "called", "an assumed role's tags", ("arn",)),
+    # -- AWS guarantees moto skips, for per-job credentials and bundles (moto_faithful) -------------------
+    Surface(
+        "moto.iam.access_control:IAMRequestBase.check_action_permitted",
+        "wrapped",
+        "assumed-role credentials: intersect with the session policy and refuse them once expired",
+        ("resource",),
+    ),
+    Surface("moto.iam.access_control:IAMRequestBase._raise_access_denied", "called", "refuse a request"),
+    Surface(
+        "moto.iam.access_control:IAMRequestBase._raise_invalid_access_key",
+        "called",
+        "refuse an expired key",
+        ("reason",),
+    ),
+    Surface("moto.iam.access_control:AssumedRoleAccessKey", "read", "tells assumed-role credentials apart"),
+    Surface("moto.iam.access_control:IAMPolicyStatement", "read", "owner of _match (a staticmethod)"),
+    Surface("moto.iam.access_control:IAMPolicy", "called", "evaluates the session policy", ("policy",)),
+    Surface("moto.iam.access_control:PermissionResult", "read", "the verdict of a policy"),
+    Surface(
+        "moto.iam.access_control:IAMPolicyStatement._match",
+        "replaced",
+        "IAM wildcards: '*' any run, '?' one character, everything else literal (moto uses raw regex)",
+        ("pattern", "string"),
+    ),
+    Surface("moto.sts.models:STSBackend.get_assumed_role_from_access_key", "called", "a session's policy"),
+    Surface("moto.sts.models:AssumedRole#policy", "read", "the session policy passed to AssumeRole"),
+    Surface("moto.sts.models:AssumedRole#expiration", "read", "when the session's credentials expire"),
+    Surface("moto.core.utils:utcnow", "called", "moto's clock for session expiry"),
+    Surface(
+        "moto.s3.responses:S3Response._get_checksum",
+        "wrapped",
+        "S3 refuses a PutObject whose content does not hash to its x-amz-checksum-sha256 (BadDigest)",
+        ("response_headers",),
+    ),
+    Surface("moto.s3.exceptions:S3ClientError", "read", "the S3 error type moto serialises (BadDigest)"),
+    Surface(
+        "moto.secretsmanager.responses:SecretsManagerResponse",
+        "read",
+        "gets a _determine_resource: the secret's ARN, so resource-scoped policies can match",
+    ),
+)
+
+
+# -- resolving and checking ------------------------------------------------------------------------------
+def resolve(path: str) -> Any:
+    """The object at `module:Qualified.name` (raises MotoCompatError naming the path if it is missing)."""
+    module_name, _, qualname = path.partition(":")
+    qualname = qualname.split("#", 1)[0]
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MotoCompatError(f"{path}: module {module_name} cannot be imported ({exc})") from exc
+    for part in qualname.split("."):
+        if part == "__new__":  # inherited from object unless the class defines it: look in its own dict
+            found = vars(obj).get("__new__") if isinstance(obj, type) else None
+            if found is None:
+                raise MotoCompatError(f"{path}: {qualname} is not defined by moto")
+            obj = found
+            continue
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise MotoCompatError(f"{path}: {part} is missing") from None
+    return obj
+
+
+def _assigned_attributes(cls: type) -> set[str]:
+    """Attribute names the `__init__`s of `cls` and its bases store on `self` (from their bytecode)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        code = getattr(init, "__code__", None)
+        if code is not None:
+            names.update(code.co_names)
+    return names
+
+
+def _problem(surface: Surface) -> str | None:
+    try:
+        obj = resolve(surface.path)
+    except MotoCompatError as exc:
+        return str(exc)
+    _, _, qualname = surface.path.partition(":")
+    if "#" in qualname:
+        attr = qualname.split("#", 1)[1]
+        if not isinstance(obj, type):
+            return f"{surface.path}: {qualname.split('#')[0]} is not a class"
+        if attr not in _assigned_attributes(obj) and not hasattr(obj, attr):
+            return f"{surface.path}: instances no longer have {attr!r}"
+        return None
+    if surface.params:
+        try:
+            signature = inspect.signature(obj)
+        except (TypeError, ValueError):
+            return f"{surface.path}: not a callable with a signature"
+        names = [n for n in signature.parameters if n not in ("self", "cls")]
+        if names[: len(surface.params)] != list(surface.params):
+            return (
+                f"{surface.path}: parameters are ({', '.join(names)}), "
+                f"the local cloud calls it with ({', '.join(surface.params)})"
+            )
+    return None
+
+
+def installed_version() -> str:
+    import moto
+
+    return str(moto.__version__)
+
+
+def problems() -> list[str]:
+    """Everything about the installed moto that the local cloud cannot work with (empty: all good)."""
+    found: list[str] = []
+    version = installed_version()
+    if version != MOTO_VERSION:
+        found.append(
+            f"moto {version} is installed; the local cloud was written against moto {MOTO_VERSION} "
+            "(install the version pyproject.toml pins, or review every surface in "
+            "berth_tools/localcloud/moto_compat.py before changing the pin)"
+        )
+    found.extend(p for p in map(_problem, SURFACES) if p is not None)
+    return found
+
+
+_checked = False
+_check_lock = threading.Lock()
+
+
+def check(force: bool = False) -> None:
+    """Fail loudly, once per process, if moto is not what the local cloud's patches expect."""
+    global _checked
+    with _check_lock:
+        if _checked and not force:
+            return
+        found = problems()
+        if found:
+            raise MotoCompatError("the local cloud cannot run on this moto:\n  - " + "\n  - ".join(found))
+        _checked = True
+
+
+def surface(path: str) -> Any:
+    """`resolve(path)` for a path declared in SURFACES (so every use is listed and checked)."""
+    if path not in _DECLARED:
+        raise MotoCompatError(f"{path} is not declared in moto_compat.SURFACES")
+    return resolve(path)
+
+
+_DECLARED = frozenset(s.path for s in SURFACES)
+
+
+# -- replacing attributes ---------------------------------------------------------------------------------
+@dataclass
+class Patch:
+    """One replaced attribute of a moto class or module; `undo()` puts the original back."""
+
+    owner: Any
+    name: str
+    original: Any
+    replacement: Any
+
+    def undo(self) -> None:
+        if vars(self.owner).get(self.name) is self.replacement:
+            setattr(self.owner, self.name, self.original)
+
+
+def replace(path: str, replacement: Any) -> Patch:
+    """Replace the declared surface at `path` with `replacement` (after `check()`)."""
+    check()
+    original = surface(path)
+    module_name, _, qualname = path.partition(":")
+    owner_path, _, name = qualname.rpartition(".")
+    owner = resolve(f"{module_name}:{owner_path}") if owner_path else importlib.import_module(module_name)
+    setattr(owner, name, replacement)
+    return Patch(owner, name, original, replacement)
+
+
+# -- accessors used by the other local-cloud modules ---------------------------------------------------
+def lambda_function(account_id: str, region: str, name: str) -> Any:
+    """moto's model of a Lambda function."""
+    return surface("moto.awslambda.utils:get_backend")(account_id, region).get_function(name)
+
+
+def assume_role(account_id: str, region: str, session_name: str, role_arn: str, duration: int) -> Any:
+    """An STS session for `role_arn` (moto's AssumedRole: access_key_id, secret_access_key, session_token)."""
+    sts_backends = surface("moto.sts.models:sts_backends")
+    return sts_backends[account_id]["aws"].assume_role(
+        region_name=region,
+        role_session_name=session_name,
+        role_arn=role_arn,
+        policy="",
+        duration=duration,
+        external_id="",
+    )
+
+
+def iam_users() -> Iterator[tuple[str, Any]]:
+    """(account id, moto IAM User) for every user of every account."""
+    iam_backends = surface("moto.iam.models:iam_backends")
+    for account_id in list(iam_backends.keys()):
+        backend = iam_backends[account_id].get("aws")
+        if backend is not None:
+            for user in list(backend.users.values()):
+                yield account_id, user
+
+
+def sts_sessions() -> Iterator[Any]:
+    """moto's AssumedRole for every STS session of every account."""
+    sts_backends = surface("moto.sts.models:sts_backends")
+    for account_id in list(sts_backends.keys()):
+        backend = sts_backends[account_id].get("aws")
+        if backend is not None:
+            yield from list(backend.assumed_roles)
+
+
+def session_role(session: Any) -> Any | None:
+    """moto's IAM Role of an STS session (None when the role is gone)."""
+    iam = surface("moto.iam.models:iam_backends")[session.account_id].get("aws")
+    if iam is None:
+        return None
+    try:
+        return iam.get_role_by_arn(session.role_arn)
+    except Exception:  # the role was deleted: no tags (and no id: see AssumedRole.user_id)
+        return None
+
+
+def cloudformation_model_map() -> dict[str, Any]:
+    """Resource type → moto model class, for the types moto's CloudFormation implements."""
+    model_map: dict[str, Any] = surface("moto.cloudformation.parsing:get_model_map")()
+    return model_map
+
+
+def threaded_moto_server() -> Any:
+    return surface("moto.moto_server.threaded_moto_server:ThreadedMotoServer")
+
+
+def moto_wsgi_app() -> Any:
+    """A WSGI app serving moto's API, as the server's (backends are process-global: same state)."""
+    app_class = surface("moto.moto_server.werkzeug_app:DomainDispatcherApplication")
+    return app_class(surface("moto.moto_server.werkzeug_app:create_backend_app"))
+
+
+def cache_method_names() -> Patch:
+    """moto looks up a response class's methods with inspect.getmembers on every request; once per class."""
+    path = "moto.core.responses:method_names_from_class"
+    current = surface(path)
+    owner = importlib.import_module("moto.core.responses")
+    if getattr(current, "_berth_cached", False):
+        return Patch(owner, "method_names_from_class", current, current)
+    cache: dict[type, frozenset[str]] = {}
+
+    def method_names_from_class(clazz: Any) -> frozenset[str]:
+        names = cache.get(clazz)
+        if names is None:
+            names = cache[clazz] = frozenset(current(clazz))
+        return names
+
+    method_names_from_class._berth_cached = True  # type: ignore[attr-defined]
+    return replace(path, method_names_from_class)
+
+
+def cache_module_list() -> Patch:
+    """moto's request dispatcher lists its own package directory on every request; list it once."""
+    path = "moto.backends:list_of_moto_modules"
+    current = surface(path)
+    owner = importlib.import_module("moto.backends")
+    if getattr(current, "_berth_cached", False):
+        return Patch(owner, "list_of_moto_modules", current, current)
+    modules = tuple(current())
+
+    def list_of_moto_modules() -> Iterator[str]:
+        return iter(modules)
+
+    list_of_moto_modules._berth_cached = True  # type: ignore[attr-defined]
+    return replace(path, list_of_moto_modules)
+
+
+# -- a moto fix: models are tracked weakly ------------------------------------------------------------
+class WeakInstances:
+    """A stand-in for moto's `instances_tracked` list that does not keep instances alive.
+
+    moto appends every model instance it ever creates (every DynamoDB item, each deep copy of one, each
+    deep-copied table, each log event) to a list on its class, for the dashboard (`/moto-api/data.json`),
+    and never removes it: under load the process grows without bound although the instances are garbage.
+    """
+
+    def __init__(self, existing: list[Any] | None = None) -> None:
+        # by identity: moto's models define __hash__/__eq__ on attributes not set yet in __new__
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._strong: list[Any] = []  # instances that cannot be weakly referenced
+        for item in existing or []:
+            self.append(item)
+
+    def append(self, instance: Any) -> None:
+        key = id(instance)
+        refs = self._refs
+
+        def forget(ref: weakref.ref[Any]) -> None:
+            if refs.get(key) is ref:
+                refs.pop(key, None)
+
+        try:
+            refs[key] = weakref.ref(instance, forget)
+        except TypeError:
+            self._strong.append(instance)
+
+    def __iter__(self) -> Iterator[Any]:
+        for ref in list(self._refs.values()):
+            instance = ref()
+            if instance is not None:
+                yield instance
+        yield from list(self._strong)
+
+    def __len__(self) -> int:
+        return len(self._refs) + len(self._strong)
+
+
+#: Classes whose instances moto itself walks on reset (S3 closes their temporary files): kept strongly.
+STRONGLY_TRACKED = frozenset({"FakeKey", "FakeMultipart"})
+
+
+def untrack_instances() -> Patch:
+    """Make moto track model instances weakly (S3's FakeKey/FakeMultipart stay strong); idempotent."""
+    path = "moto.core.common_models:BaseModel.__new__"
+    current = surface(path)
+    if getattr(getattr(current, "__func__", None), "_berth_weak", False):
+        return Patch(resolve("moto.core.common_models:BaseModel"), "__new__", current, current)
+    base_model = resolve("moto.core.common_models:BaseModel")
+
+    def tracked_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+        instance = super(base_model, cls).__new__(cls)
+        tracked = cls.__dict__.get("instances_tracked")
+        if tracked is None:  # the metaclass gives every model class its own list; be safe anyway
+            tracked = []
+            type.__setattr__(cls, "instances_tracked", tracked)
+        if isinstance(tracked, list) and cls.__name__ not in STRONGLY_TRACKED:
+            # moto's reset puts a fresh list back: switch it to a weak one on first use
+            tracked = WeakInstances(tracked)
+            type.__setattr__(cls, "instances_tracked", tracked)
+        tracked.append(instance)
+        return instance
+
+    tracked_new._berth_weak = True  # type: ignore[attr-defined]
+    return replace(path, staticmethod(tracked_new))
