@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from berth.domain.job import Job
+from berth.domain.errors import ValidationFailed
+from berth.domain.job import Job, new_job
+from berth.domain.job_spec import JobSpec
 from berth.domain.storage import (
     DataGrants,
     Dataset,
@@ -39,8 +42,8 @@ class AccountScope:
     log_group_prefix: str = "/berth/jobs"
 
 
-def _s3(bucket: str, key: str) -> str:
-    return f"arn:aws:s3:::{bucket}/{key}"
+def _s3(partition: str, bucket: str, key: str) -> str:
+    return f"arn:{partition}:s3:::{bucket}/{key}"
 
 
 def session_policy(
@@ -61,13 +64,13 @@ def session_policy(
             "Sid": "OwnOutputs",
             "Effect": "Allow",
             "Action": ["s3:GetObject", "s3:PutObject"],
-            "Resource": [_s3(layout.data_bucket, out + "*")],
+            "Resource": [_s3(scope.partition, layout.data_bucket, out + "*")],
         },
         {
             "Sid": "ListOwnOutputs",
             "Effect": "Allow",
             "Action": ["s3:ListBucket"],
-            "Resource": [f"arn:aws:s3:::{layout.data_bucket}"],
+            "Resource": [f"arn:{scope.partition}:s3:::{layout.data_bucket}"],
             "Condition": {"StringLike": {"s3:prefix": [out + "*"]}},
         },
         {
@@ -83,13 +86,14 @@ def session_policy(
     digest = None if spec.code is None else parse_digest(spec.code)
     reads: list[str] = []
     if digest is not None:
-        reads.append(_s3(layout.artifacts_bucket, bundle_key(tenant, digest)))
+        reads.append(_s3(scope.partition, layout.artifacts_bucket, bundle_key(tenant, digest)))
     for source in [d.source for d in spec.data] + (
         [spec.code] if spec.code and spec.code.startswith("s3://") else []
     ):
         if source.startswith("s3://"):
             loc = S3Location.parse(source)
-            reads.append(_s3(loc.bucket, loc.key + ("*" if loc.key.endswith("/") or not loc.key else "")))
+            wildcard = "*" if loc.key.endswith("/") or not loc.key else ""
+            reads.append(_s3(scope.partition, loc.bucket, loc.key + wildcard))
     if reads:
         statements.append({"Sid": "Inputs", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": reads})
     if spec.secrets:
@@ -106,6 +110,27 @@ def session_policy(
             }
         )
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+#: STS's limit on a session policy's plain text.
+MAX_SESSION_POLICY_CHARS = 2048
+#: The longest values a real job id and account scope can take, to size a policy before the job exists.
+_WORST_SCOPE = AccountScope("aws-us-gov", "us-gov-west-1", "0" * 12)
+_WORST_JOB_ID = "j-" + "z" * 26
+
+
+def check_policy_fits(
+    spec: JobSpec, tenant: str, layout: StorageLayout, grants: DataGrants, datasets: dict[str, Dataset | None]
+) -> None:
+    """Refuse at submit a spec whose credentials STS could never vend (too many sources or secrets)."""
+    job, _ = new_job(_WORST_JOB_ID, tenant, "-", spec, datetime.now(UTC))
+    size = len(session_policy_json(session_policy(job, 99, layout, grants, datasets, _WORST_SCOPE)))
+    if size > MAX_SESSION_POLICY_CHARS:
+        raise ValidationFailed(
+            f"this job names too many data sources and secrets for one credential ({size} of "
+            f"{MAX_SESSION_POLICY_CHARS} characters of policy); use fewer, broader prefixes",
+            details={"policy_chars": size},
+        )
 
 
 def session_policy_json(policy: dict[str, Any]) -> str:

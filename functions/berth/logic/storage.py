@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from berth.domain.errors import Forbidden, NotFound, ValidationFailed
+from berth.domain.job_access import check_policy_fits
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import BundleStore, SecretCatalog, TenantRepository, UploadTicket
 from berth.domain.storage import (
@@ -52,8 +53,10 @@ class StorageService:
                 details={"code": spec.code},
             )
         datasets = {name: self.tenants.dataset(name) for name in dataset_names(spec)}
-        check_data_sources(spec, tenant, self.layout, self.tenants.grants(tenant), datasets)
+        grants = self.tenants.grants(tenant)
+        check_data_sources(spec, tenant, self.layout, grants, datasets)
         check_secret_names(spec.secrets, tenant)
+        check_policy_fits(spec, tenant, self.layout, grants, datasets)
         for env_name, name in spec.secrets.items():
             if not self.secrets.exists(name):
                 raise ValidationFailed(
