@@ -168,3 +168,24 @@ def test_presigned_upload_is_bound_to_its_digest(api: Invoke) -> None:
     assert headers["x-amz-checksum-sha256"] == base64.b64encode(bytes.fromhex(DIGEST)).decode()
     assert headers["If-None-Match"] == "*" and headers["Content-Length"] == str(len(BUNDLE))
     assert f"bundles/vision/sha256/{DIGEST}.tar.gz" in answer["upload"]["url"]
+
+
+def test_adapters_translate_aws_failures(aws: None) -> None:
+    from botocore.config import Config
+
+    from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
+    from berth.domain.errors import StoreUnavailable
+
+    store = S3BundleStore(BUCKETS["BERTH_ARTIFACTS_BUCKET"])
+    assert store.exists("vision", DIGEST) is False  # absent is an answer, not a failure
+    assert SecretsManagerCatalog().exists("berth/vision/none") is False
+    unreachable = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        endpoint_url="http://127.0.0.1:9",
+        config=Config(retries={"max_attempts": 1}),
+    )
+    with pytest.raises(StoreUnavailable):
+        S3BundleStore("b", client=unreachable).exists("vision", DIGEST)
+    with pytest.raises(StoreUnavailable):
+        S3BundleStore("b", client=unreachable).mark_referenced("vision", DIGEST)

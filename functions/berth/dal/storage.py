@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import boto3
@@ -22,9 +24,21 @@ def _b64(digest: str) -> str:
     return base64.b64encode(bytes.fromhex(digest)).decode()
 
 
-def _missing(exc: ClientError) -> bool:
-    err = exc.response.get("Error", {})
-    return str(err.get("Code")) in _MISSING
+class _Missing(Exception):
+    """The object or secret does not exist (not a failure of the store)."""
+
+
+@contextmanager
+def _translated(store: str) -> Iterator[None]:
+    """AWS errors become StoreUnavailable, except "does not exist", which becomes _Missing."""
+    try:
+        yield
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) in _MISSING:
+            raise _Missing from exc
+        raise StoreUnavailable(f"{store} unavailable ({exc.__class__.__name__})") from exc
+    except BotoCoreError as exc:
+        raise StoreUnavailable(f"{store} unavailable ({exc.__class__.__name__})") from exc
 
 
 class S3BundleStore:
@@ -36,15 +50,12 @@ class S3BundleStore:
 
     def exists(self, tenant: str, digest: str) -> bool:
         try:
-            head = self._s3.head_object(
-                Bucket=self._bucket, Key=bundle_key(tenant, digest), ChecksumMode="ENABLED"
-            )
-        except ClientError as exc:
-            if _missing(exc):
-                return False
-            raise StoreUnavailable(f"artifact store unavailable ({exc.__class__.__name__})") from exc
-        except BotoCoreError as exc:
-            raise StoreUnavailable(f"artifact store unavailable ({exc.__class__.__name__})") from exc
+            with _translated("artifact store"):
+                head = self._s3.head_object(
+                    Bucket=self._bucket, Key=bundle_key(tenant, digest), ChecksumMode="ENABLED"
+                )
+        except _Missing:
+            return False
         # S3 verified the content against this checksum at upload; a bundle whose recorded checksum
         # is not its name is not the bundle.
         return bool(head.get("ChecksumSHA256") == _b64(digest))
@@ -52,7 +63,7 @@ class S3BundleStore:
     def upload_ticket(self, tenant: str, digest: str, size: int) -> UploadTicket:
         checksum = _b64(digest)
         tagging = f"{REFERENCED_TAG}=false"
-        try:
+        with _translated("artifact store"):
             url = self._s3.generate_presigned_url(
                 "put_object",
                 Params={
@@ -65,8 +76,6 @@ class S3BundleStore:
                 },
                 ExpiresIn=UPLOAD_TTL_S,
             )
-        except BotoCoreError as exc:
-            raise StoreUnavailable(f"cannot presign an upload ({exc.__class__.__name__})") from exc
         headers = {
             "Content-Length": str(size),
             "x-amz-checksum-sha256": checksum,
@@ -77,14 +86,12 @@ class S3BundleStore:
         return UploadTicket(url=url, method="PUT", headers=headers, expires_in_s=UPLOAD_TTL_S)
 
     def mark_referenced(self, tenant: str, digest: str) -> None:
-        try:
+        with _translated("artifact store"):
             self._s3.put_object_tagging(
                 Bucket=self._bucket,
                 Key=bundle_key(tenant, digest),
                 Tagging={"TagSet": [{"Key": REFERENCED_TAG, "Value": "true"}]},
             )
-        except (ClientError, BotoCoreError) as exc:
-            raise StoreUnavailable(f"artifact store unavailable ({exc.__class__.__name__})") from exc
 
 
 class SecretsManagerCatalog:
@@ -93,11 +100,8 @@ class SecretsManagerCatalog:
 
     def exists(self, name: str) -> bool:
         try:
-            self._sm.describe_secret(SecretId=name)
-        except ClientError as exc:
-            if _missing(exc):
-                return False
-            raise StoreUnavailable(f"secret store unavailable ({exc.__class__.__name__})") from exc
-        except BotoCoreError as exc:
-            raise StoreUnavailable(f"secret store unavailable ({exc.__class__.__name__})") from exc
+            with _translated("secret store"):
+                self._sm.describe_secret(SecretId=name)
+        except _Missing:
+            return False
         return True
