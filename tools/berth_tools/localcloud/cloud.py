@@ -101,6 +101,7 @@ class LocalCloud:
             self.moto.endpoint_url,
             self.region,
             self.seed_writer,
+            hosts_table=self.output("HostsTableName"),
         )
         t = self._step("seed", t)
         self.front_door = FrontDoor(
