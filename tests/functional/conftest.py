@@ -41,12 +41,22 @@ def create_tables(ddb: Any) -> None:
             ],
             "Projection": {"ProjectionType": "ALL"},
         }
-        for name, hk in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status"), ("by_status", "status"))
+        for name, hk in (
+            ("by_tenant", "tenant"),
+            ("by_tenant_status", "tenant_status"),
+            ("by_status", "status"),
+        )
     ]
     ddb.create_table(
         TableName=TABLES["BERTH_JOBS_TABLE"],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[_s("job_id"), _s("tenant"), _s("tenant_status"), _s("status"), _s("created_key")],
+        AttributeDefinitions=[
+            _s("job_id"),
+            _s("tenant"),
+            _s("tenant_status"),
+            _s("status"),
+            _s("created_key"),
+        ],
         GlobalSecondaryIndexes=gsi,
         **pay,
     )

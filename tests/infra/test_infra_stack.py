@@ -175,7 +175,10 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("HostsTableName", None): {"dynamodb:Scan"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         ("TenantsTableName", None): {"dynamodb:GetItem"},
-        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {"dynamodb:PutItem", "dynamodb:UpdateItem"},
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+        },
         ("ArtifactsBucketName/bundles/*", None): {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"},
         ("secret:berth/*", None): {"secretsmanager:DescribeSecret"},
         ("IdempotencyTableName", None): {

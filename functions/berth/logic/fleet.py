@@ -59,6 +59,9 @@ class FleetService:
     cache_s: float = 0.0
     _cache: dict[frozenset[str], tuple[float, Fleet]] = field(default_factory=dict, repr=False)
 
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
     def _check_fleet(self, datasets: frozenset[str]) -> Fleet:
         now = self.source.clock().timestamp()
         hit = self._cache.get(datasets)
