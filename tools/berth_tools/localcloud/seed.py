@@ -175,7 +175,9 @@ def seed_example_hosts(hosts_table: str) -> None:
     repo = DynamoHostRepository(hosts_table)
     lease = datetime.now(UTC) + timedelta(days=EXAMPLE_HOST_LEASE_DAYS)
     for host_id, model, gpus in EXAMPLE_HOSTS:
-        ids = tuple(f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_id}.{i}.berth.local')}" for i in range(gpus))
+        ids = tuple(
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_id}.{i}.berth.local')}" for i in range(gpus)
+        )
         inventory = HostInventory(
             host_id=host_id,
             pool="default",
