@@ -357,7 +357,8 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     expected = {(path, verb) for path, verbs in ROUTES.items() for verb in verbs}
     assert set(_method_paths(synthesized)) == expected
     assert ("/v1/jobs", "POST") in expected and ("/v1/tenants/{tenant}/quota", "PUT") in expected
-    assert len(expected) == 16
+    assert len(expected) == 20
+    assert ("/v1/policy", "PUT") in expected and ("/v1/offers", "GET") in expected
 
 
 def test_every_method_uses_aws_iam_and_lambda_proxy(synthesized: Synthesized) -> None:
