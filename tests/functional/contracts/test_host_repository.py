@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -79,7 +80,20 @@ def test_hold_and_release(store: Store) -> None:
     assert rec is not None and set(rec.free_gpu_ids) == set(GPUS[:3]) and list(rec.holds) == [b]
 
 
-def test_racing_holds_never_give_a_gpu_twice(store: Store) -> None:
+@pytest.fixture
+def serializable() -> Iterator[None]:
+    """DynamoDB applies each UpdateItem atomically; moto interleaves concurrent ones. The local
+    cloud restores that guarantee (``dynamodb_isolation``); so does this test, so that it checks
+    the repository's conditions rather than moto's missing lock (without it, moto lets two
+    racing holds both pass their condition)."""
+    from berth_tools.localcloud import dynamodb_isolation
+
+    undo = dynamodb_isolation.install()
+    yield
+    undo()
+
+
+def test_racing_holds_never_give_a_gpu_twice(store: Store, serializable: None) -> None:
     store.hosts.register(_inventory(), T0)
     won: list[str] = []
     barrier = threading.Barrier(8)
