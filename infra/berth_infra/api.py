@@ -29,6 +29,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/jobs/{id}/metrics": ("GET",),
     "/v1/jobs/{id}/explain": ("GET",),
     "/v1/capacity": ("GET",),
+    "/v1/policy": ("GET", "PUT"),
+    "/v1/offers": ("GET", "PUT"),
     "/v1/tenants/{tenant}/quota": ("GET", "PUT"),
     "/v1/tenants/{tenant}/grants": ("GET", "PUT"),
     "/v1/bundles": ("POST",),
@@ -64,19 +66,22 @@ class TableAccess:
 API_TABLE_ACCESS: dict[str, TableAccess] = {
     # create/save jobs (transactions), read one job
     "jobs": TableAccess(("dynamodb:GetItem", "dynamodb:PutItem")),
-    # GET /v1/jobs: the by_tenant and by_tenant_status GSIs
+    # GET /v1/jobs: the by_tenant and by_tenant_status GSIs; explain: the queue (by_status)
     "jobs_indexes": TableAccess(("dynamodb:Query",)),
     # append events (in the job's transaction), read a job's history
     "job_events": TableAccess(("dynamodb:PutItem", "dynamodb:Query")),
     # read membership, tenants, quotas, the pagination-token key
     "tenants_read": TableAccess(("dynamodb:GetItem",)),
     # quotas, data grants and active-job counters (TENANT#), registered datasets (DATASET#),
-    # rate-limit windows (RATE#), the token key (KEY#); never membership rows (PRINCIPAL#): no route
-    # writes them, so no logic bug can mint an admin.
+    # rate-limit windows (RATE#), the token key (KEY#), the policy and offers versions (DOC#); never
+    # membership rows (PRINCIPAL#): no route writes them, so no logic bug can mint an admin.
     "tenants_write": TableAccess(
         ("dynamodb:PutItem", "dynamodb:UpdateItem"),
-        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*"),
+        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*"),
     ),
+    # feasibility at submit, explain and capacity read the fleet; the API never writes hosts (the
+    # scheduler and the agent API do)
+    "hosts": TableAccess(("dynamodb:Scan",)),
     # Powertools idempotency records (it deletes its record when the wrapped call fails) and the
     # submit claim written in the job's creation transaction
     "idempotency": TableAccess(
@@ -198,6 +203,7 @@ class ApiFunction(Construct):
                 "BERTH_JOB_EVENTS_TABLE": tables.job_events.table_name,
                 "BERTH_TENANTS_TABLE": tables.tenants.table_name,
                 "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
+                "BERTH_HOSTS_TABLE": tables.hosts.table_name,
                 "BERTH_ARTIFACTS_BUCKET": storage.artifacts.bucket_name,
                 "BERTH_DATA_BUCKET": storage.data.bucket_name,
                 "POWERTOOLS_SERVICE_NAME": "berth-api",
@@ -242,6 +248,7 @@ class ApiFunction(Construct):
             "tenants_read": [tables.tenants.table_arn],
             "tenants_write": [tables.tenants.table_arn],
             "idempotency": [tables.idempotency.table_arn],
+            "hosts": [tables.hosts.table_arn],
         }
         for name, access in API_TABLE_ACCESS.items():
             conditions = (

@@ -42,10 +42,13 @@ class DataTables(Construct):
         super().__init__(scope, construct_id)
 
         # Jobs: one item per job. GSIs serve `GET /v1/jobs` per tenant, optionally filtered by status
-        # (`tenant_status` = "<tenant>#<STATUS>"); `created_key` sorts newest/oldest and is unique.
+        # (`tenant_status` = "<tenant>#<STATUS>"), and the scheduler's queue over all tenants
+        # (`by_status`); `created_key` sorts newest/oldest and is unique.
         self.jobs = _table(self, "JobsTable", partition_key="job_id")
-        self.jobs_index_names = ("by_tenant", "by_tenant_status")
-        for index_name, partition in zip(self.jobs_index_names, ("tenant", "tenant_status"), strict=True):
+        self.jobs_index_names = ("by_tenant", "by_tenant_status", "by_status")
+        for index_name, partition in zip(
+            self.jobs_index_names, ("tenant", "tenant_status", "status"), strict=True
+        ):
             self.jobs.add_global_secondary_index(
                 index_name=index_name,
                 partition_key=ddb.Attribute(name=partition, type=_S),
@@ -60,6 +63,10 @@ class DataTables(Construct):
         # the per-tenant rate-limit windows (RATE#...), which expire through TTL.
         self.tenants = _table(self, "TenantsTable", partition_key="pk", ttl_attribute="expires_at")
 
+        # Hosts: the on-prem fleet, one item per host (inventory, health, lease, the set of free GPU
+        # UUIDs and each running attempt's hold; a GPU moves between them in one conditional write).
+        self.hosts = _table(self, "HostsTable", partition_key="host_id")
+
         # Idempotency: Powertools' default persistence schema (`id` key, `expiration` TTL). The records
         # are disposable (they expire), so this table is destroyed with the stack.
         self.idempotency = _table(
@@ -72,4 +79,4 @@ class DataTables(Construct):
 
     @property
     def all_tables(self) -> list[ddb.Table]:
-        return [self.jobs, self.job_events, self.tenants, self.idempotency]
+        return [self.jobs, self.job_events, self.tenants, self.hosts, self.idempotency]

@@ -68,6 +68,7 @@ class BerthStack(Stack):
             "JobEventsTableName": (self.tables.job_events.table_name, "Job events (state history) table"),
             "TenantsTableName": (self.tables.tenants.table_name, "Tenants and quotas table"),
             "IdempotencyTableName": (self.tables.idempotency.table_name, "Powertools idempotency table"),
+            "HostsTableName": (self.tables.hosts.table_name, "On-prem hosts and their GPUs table"),
             "ApiFunctionName": (self.api_function.function.function_name, "API Lambda function name"),
             "ArtifactsBucketName": (
                 self.storage.artifacts.bucket_name,

@@ -212,3 +212,35 @@ def test_code_bundle_is_uploaded_once_and_stored_by_digest(local_cloud: Any) -> 
     assert r.status == 403 and "vision-datasets" in r.json()["error"]["message"]
     for job in (first, second):
         local_cloud.client("alice").post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_fleet_explain_capacity_and_infeasible_over_http(local_cloud: Any) -> None:
+    """Issue 8 item 1 on `berth local up`: the seeded simulated fleet, explain and capacity through the
+    CLI, the policy readable by members, and an infeasible job refused at submit naming the rule."""
+    code, cap, err = berth(local_cloud, "alice", "capacity")
+    assert code == 0, err
+    assert cap["totals"]["hosts"] >= 4 and cap["totals"]["gpus"] >= 32
+    assert {r["region"] for r in cap["cloud"]["regions"]} >= {"us-east-1", "us-west-2"}
+
+    r = local_cloud.client("alice").post(
+        "/v1/jobs", json={**SPEC, "name": "e2e-explain", "constraints": {"placement": "onprem"}}
+    )
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    code, out, err = berth(local_cloud, "alice", "explain", job_id)
+    assert code == 0, err
+    assert out["status"] == "QUEUED" and out["explanation"]["job_id"] == job_id
+    assert out["outcome"] in ("onprem", "pending")
+    code, out, _ = berth(local_cloud, "bob", "explain", job_id)
+    assert code == 3 and out["error"]["code"] == "NotFound"
+
+    r = local_cloud.client("alice").post(
+        "/v1/jobs", json={**SPEC, "name": "e2e-h200", "resources": {"gpu_type": "H200", "gpus": 8}}
+    )
+    assert r.status == 422, r.text
+    assert r.json()["error"]["code"] == "Infeasible" and r.json()["error"]["details"]["rule"] == "gpu_type"
+
+    code, policy, err = berth(local_cloud, "bob", "policy")
+    assert code == 0 and policy["version"] >= 0 and "burst" in policy["document"], err
+    r = local_cloud.client("bob").put("/v1/policy", json=policy["document"])
+    assert r.status == 403, r.text

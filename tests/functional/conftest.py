@@ -20,6 +20,7 @@ TABLES = {
     "BERTH_JOB_EVENTS_TABLE": "berth-job-events",
     "BERTH_TENANTS_TABLE": "berth-tenants",
     "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
+    "BERTH_HOSTS_TABLE": "berth-hosts",
 }
 BUCKETS = {"BERTH_ARTIFACTS_BUCKET": "berth-artifacts", "BERTH_DATA_BUCKET": "berth-data"}
 
@@ -40,12 +41,22 @@ def create_tables(ddb: Any) -> None:
             ],
             "Projection": {"ProjectionType": "ALL"},
         }
-        for name, hk in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status"))
+        for name, hk in (
+            ("by_tenant", "tenant"),
+            ("by_tenant_status", "tenant_status"),
+            ("by_status", "status"),
+        )
     ]
     ddb.create_table(
         TableName=TABLES["BERTH_JOBS_TABLE"],
         KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[_s("job_id"), _s("tenant"), _s("tenant_status"), _s("created_key")],
+        AttributeDefinitions=[
+            _s("job_id"),
+            _s("tenant"),
+            _s("tenant_status"),
+            _s("status"),
+            _s("created_key"),
+        ],
         GlobalSecondaryIndexes=gsi,
         **pay,
     )
@@ -62,6 +73,12 @@ def create_tables(ddb: Any) -> None:
         TableName=TABLES["BERTH_TENANTS_TABLE"],
         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
         AttributeDefinitions=[_s("pk")],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_HOSTS_TABLE"],
+        KeySchema=[{"AttributeName": "host_id", "KeyType": "HASH"}],
+        AttributeDefinitions=[_s("host_id")],
         **pay,
     )
     ddb.create_table(
@@ -143,6 +160,8 @@ def api(seeded: None) -> Invoke:
     api_module._services.cache_clear()
     api_module._storage.cache_clear()
     api_module._idempotent_submit.cache_clear()
+    api_module._fleet.cache_clear()
+    api_module._job_repository.cache_clear()
     base = json.loads((EVENTS / "apigw_submit_job.json").read_text())
 
     def invoke(

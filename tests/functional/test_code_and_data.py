@@ -113,6 +113,8 @@ def test_data_sources(api: Invoke, source: str, expected: int) -> None:
 
 
 def test_grants_and_datasets_are_admin_decisions(api: Invoke) -> None:
+    from berth.handlers import api as api_module
+
     spec = {"name": "r", "image": "busybox", "data": [{"source": "s3://shared-corpora/wiki/", "mount": "/d"}]}
     assert api("POST", "/v1/jobs", body=spec)[0] == 403
     assert api("PUT", "/v1/tenants/vision/grants", body={"s3_prefixes": ["s3://shared-corpora/"]})[0] == 403
@@ -135,6 +137,13 @@ def test_grants_and_datasets_are_admin_decisions(api: Invoke) -> None:
     assert api("PUT", "/v1/datasets/glue", user="bob", body=dataset)[0] == 403
     status, stored = api("PUT", "/v1/datasets/glue", user="admin", body=dataset)
     assert status == 200 and stored["residency"] == "onprem-only"
+    # on-prem only, and pool a100 has no hosts yet: no site could ever run it (submit-time feasibility)
+    status, err = api("POST", "/v1/jobs", user="bob", body=ds_spec)
+    assert status == 422 and err["error"]["details"]["rule"] == "residency", err
+    from tests.functional.test_fleet_api import _register
+
+    _register("a100-host", "A100", 8, pool="a100")
+    api_module._fleet().clear_cache()
     assert api("POST", "/v1/jobs", user="bob", body=ds_spec)[0] == 201
     assert api("POST", "/v1/jobs", body=ds_spec)[0] == 403
     assert api("GET", "/v1/datasets/glue")[0] == 404  # not vision's to see

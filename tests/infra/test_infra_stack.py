@@ -36,6 +36,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "JobEventsTableName",
         "TenantsTableName",
         "IdempotencyTableName",
+        "HostsTableName",
         "ApiFunctionName",
         "ArtifactsBucketName",
         "DataBucketName",
@@ -49,7 +50,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
 
 def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) -> None:
     tables = synthesized.resources("AWS::DynamoDB::Table")
-    assert len(tables) == 4
+    assert len(tables) == 5
     for table in tables.values():
         props = table["Properties"]
         assert props["BillingMode"] == "PAY_PER_REQUEST"
@@ -58,7 +59,7 @@ def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) 
 
 
 def test_state_tables_are_retained(synthesized: Synthesized) -> None:
-    for output_id in ("JobsTableName", "JobEventsTableName", "TenantsTableName"):
+    for output_id in ("JobsTableName", "JobEventsTableName", "TenantsTableName", "HostsTableName"):
         table = _table_by_output(synthesized, output_id)
         assert table["DeletionPolicy"] == "Retain"
         assert table["UpdateReplacePolicy"] == "Retain"
@@ -67,9 +68,16 @@ def test_state_tables_are_retained(synthesized: Synthesized) -> None:
 def test_jobs_table_schema(synthesized: Synthesized) -> None:
     props = _table_by_output(synthesized, "JobsTableName")["Properties"]
     assert _key_schema(props) == [("job_id", "HASH")]
-    assert _attr_types(props) == {"job_id": "S", "tenant": "S", "tenant_status": "S", "created_key": "S"}
+    assert _attr_types(props) == {
+        "job_id": "S",
+        "tenant": "S",
+        "tenant_status": "S",
+        "status": "S",
+        "created_key": "S",
+    }
     gsis = {g["IndexName"]: g for g in props["GlobalSecondaryIndexes"]}
-    assert set(gsis) == {"by_tenant", "by_tenant_status"}
+    assert set(gsis) == {"by_tenant", "by_tenant_status", "by_status"}
+    assert _key_schema(gsis["by_status"]) == [("status", "HASH"), ("created_key", "RANGE")]
     assert _key_schema(gsis["by_tenant"]) == [("tenant", "HASH"), ("created_key", "RANGE")]
     assert _key_schema(gsis["by_tenant_status"]) == [("tenant_status", "HASH"), ("created_key", "RANGE")]
     for gsi in gsis.values():
@@ -84,6 +92,11 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
     tenants = _table_by_output(synthesized, "TenantsTableName")["Properties"]
     assert _key_schema(tenants) == [("pk", "HASH")]
     assert _attr_types(tenants) == {"pk": "S"}
+
+    hosts = _table_by_output(synthesized, "HostsTableName")["Properties"]
+    assert _key_schema(hosts) == [("host_id", "HASH")]
+    assert _attr_types(hosts) == {"host_id": "S"}
+    assert "GlobalSecondaryIndexes" not in hosts
 
     idem = _table_by_output(synthesized, "IdempotencyTableName")["Properties"]
     assert _key_schema(idem) == [("id", "HASH")]
@@ -111,6 +124,7 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_JOB_EVENTS_TABLE": outputs["JobEventsTableName"]["Value"],
         "BERTH_TENANTS_TABLE": outputs["TenantsTableName"]["Value"],
         "BERTH_IDEMPOTENCY_TABLE": outputs["IdempotencyTableName"]["Value"],
+        "BERTH_HOSTS_TABLE": outputs["HostsTableName"]["Value"],
         "BERTH_ARTIFACTS_BUCKET": outputs["ArtifactsBucketName"]["Value"],
         "BERTH_DATA_BUCKET": outputs["DataBucketName"]["Value"],
         "POWERTOOLS_SERVICE_NAME": "berth-api",
@@ -157,9 +171,14 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
         ("JobsTableName/index/by_tenant", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
+        ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
+        ("HostsTableName", None): {"dynamodb:Scan"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         ("TenantsTableName", None): {"dynamodb:GetItem"},
-        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*"): {"dynamodb:PutItem", "dynamodb:UpdateItem"},
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+        },
         ("ArtifactsBucketName/bundles/*", None): {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"},
         ("secret:berth/*", None): {"secretsmanager:DescribeSecret"},
         ("IdempotencyTableName", None): {
@@ -338,7 +357,8 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     expected = {(path, verb) for path, verbs in ROUTES.items() for verb in verbs}
     assert set(_method_paths(synthesized)) == expected
     assert ("/v1/jobs", "POST") in expected and ("/v1/tenants/{tenant}/quota", "PUT") in expected
-    assert len(expected) == 16
+    assert len(expected) == 20
+    assert ("/v1/policy", "PUT") in expected and ("/v1/offers", "GET") in expected
 
 
 def test_every_method_uses_aws_iam_and_lambda_proxy(synthesized: Synthesized) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded
+from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
+from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import Member, Page, UploadTicket
@@ -41,7 +43,6 @@ class FakeJobs:
         self.history: dict[str, list[JobEvent]] = {}
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
-        self.claims: dict[str, tuple[str, SubmitClaim]] = {}
         self.claims: dict[str, tuple[str, SubmitClaim]] = {}
 
     def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
@@ -106,6 +107,113 @@ class FakeJobs:
         with self.table.lock:
             item = self.table.items.get("TENANT#" + tenant, {})
             return int(item.get("active_jobs", 0))
+
+    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
+        rows = sorted(
+            (j for j in self.jobs.values() if j.status == status), key=lambda j: (j.created_at, j.id)
+        )
+        return rows[:limit]
+
+
+class FakeHosts:
+    """The Hosts table: a GPU UUID is free or in exactly one hold, moved under one lock (one UpdateItem)."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, HostRecord] = {}
+        self.lock = threading.RLock()
+
+    def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
+        with self.lock:
+            current = self.hosts.get(inventory.host_id)
+            holds = {} if current is None else dict(current.holds)
+            held = {g for h in holds.values() for g in h.gpu_ids}
+            missing = held - set(inventory.gpu_ids)
+            if missing:
+                raise Conflict(f"re-registered without held GPUs {sorted(missing)}")
+            record = HostRecord(
+                inventory=inventory,
+                healthy=True,
+                lease_expires_at=lease_expires_at,
+                holds=holds,
+                version=(0 if current is None else current.version) + 1,
+            )
+            self.hosts[inventory.host_id] = record
+            return record
+
+    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            self.hosts[host_id] = current.model_copy(
+                update={"lease_expires_at": lease_expires_at, "healthy": healthy}
+            )
+
+    def get(self, host_id: str) -> HostRecord | None:
+        return self.hosts.get(host_id)
+
+    def list_hosts(self) -> list[HostRecord]:
+        return [self.hosts[k] for k in sorted(self.hosts)]
+
+    def hold(
+        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+    ) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            free = set(current.free_gpu_ids)
+            if (
+                not gpu_ids
+                or len(set(gpu_ids)) != len(gpu_ids)
+                or attempt in current.holds
+                or not set(gpu_ids) <= free
+            ):
+                raise Conflict(f"GPUs {list(gpu_ids)} of {host_id!r} are not all free")
+            holds = {**current.holds, attempt: Hold(gpu_ids=gpu_ids, cpu=cpu, memory_gib=memory_gib)}
+            self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
+
+    def release(self, host_id: str, attempt: str) -> bool:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None or attempt not in current.holds:
+                return False
+            holds = {k: v for k, v in current.holds.items() if k != attempt}
+            self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
+            return True
+
+
+class FakeDocuments:
+    """Versioned documents; a put wins only against the version it read, as the DynamoDB one."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, list[StoredDocument]] = {}
+        self.lock = threading.RLock()
+
+    def current(self, kind: str) -> StoredDocument | None:
+        found = self.versions.get(kind)
+        return found[-1] if found else None
+
+    def version(self, kind: str, version: int) -> StoredDocument | None:
+        found = self.versions.get(kind, [])
+        return found[version - 1] if 1 <= version <= len(found) else None
+
+    def put(
+        self, kind: str, document: object, expected_version: int, at: datetime, by: str
+    ) -> StoredDocument:
+        with self.lock:
+            found = self.versions.setdefault(kind, [])
+            if len(found) != expected_version:
+                raise Conflict(f"the {kind} is no longer at version {expected_version}")
+            doc = StoredDocument(
+                kind=kind,
+                version=expected_version + 1,
+                document=copy.deepcopy(document),
+                updated_at=at,
+                updated_by=by,
+            )
+            found.append(doc)
+            return doc
 
 
 class FakeTenants:

@@ -173,6 +173,19 @@ class BerthClient:
     def events(self, job_id: str) -> Any:
         return self.call("GET", f"/v1/jobs/{_seg(job_id)}/events")
 
+    def explain(self, job_id: str) -> Any:
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}/explain")
+
+    def capacity(self) -> Any:
+        return self.call("GET", "/v1/capacity")
+
+    def get_document(self, kind: str, version: int | None = None) -> Any:
+        return self.call("GET", f"/v1/{_seg(kind)}", query={"version": version})
+
+    def put_document(self, kind: str, document: dict[str, Any], if_match: int | None = None) -> Any:
+        headers = {} if if_match is None else {"If-Match": str(if_match)}
+        return self.call("PUT", f"/v1/{_seg(kind)}", body=document, headers=headers)
+
     def get_quota(self, tenant: str) -> Any:
         return self.call("GET", f"/v1/tenants/{_seg(tenant)}/quota")
 

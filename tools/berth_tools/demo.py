@@ -213,6 +213,36 @@ def run(s: Scenario) -> None:
                 raise AssertionError(f"bob's job was accepted: {spec}")
         return "bob may not use vision's bundle (422), its data (403) or its secret (403)"
 
+    def infeasible() -> str:
+        spec = {
+            "name": "h200-only",
+            "image": "busybox",
+            "command": ["true"],
+            "resources": {"gpu_type": "H200", "gpus": 8},
+        }
+        try:
+            alice.submit(spec)
+        except ClientError as exc:
+            assert exc.status == 422 and exc.code == "Infeasible", (exc.status, exc.code)
+            rule = (exc.details or {}).get("rule")
+            assert rule == "gpu_type", exc.details
+            return f"refused with 422 Infeasible, rule {rule!r}: {exc.message}"
+        raise AssertionError("an 8xH200 job was accepted though no host or offer has H200s")
+
+    def explain_and_capacity() -> str:
+        code, out, err = s.cli("alice", "explain", ids["alice"])
+        assert code == 0, (code, err)
+        ex = out["explanation"]
+        assert ex is not None and ex["rules"] is not None, out
+        code, cap, err = s.cli("admin", "capacity")
+        assert code == 0 and cap["totals"]["hosts"] >= 1, (code, err)
+        tot = cap["totals"]
+        return (
+            f"explain {ids['alice']}: {ex['outcome']} ({ex['summary'][:80]}); capacity: "
+            f"{tot['hosts']} hosts, {tot['free_gpus']}/{tot['gpus']} GPUs free, "
+            f"{len(cap['cloud']['regions'])} cloud regions"
+        )
+
     for title, fn in [
         ("alice submits an 8xV100 training job with the CLI", alice_submits),
         ("bob submits a 2xA100 fine-tuning job", bob_submits),
@@ -221,6 +251,8 @@ def run(s: Scenario) -> None:
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
         ("alice cancels a queued job", cancel),
         ("a bad spec is refused with a clear message", bad_spec),
+        ("a job no host or cloud offer could ever take is refused at submit", infeasible),
+        ("berth explain says why a queued job waits; berth capacity shows the fleet", explain_and_capacity),
         ("requests without a SigV4 signature are refused", unsigned),
         ("quotas are an admin's business", quotas),
         ("alice submits a code-bundle job: the CLI uploads ./mnist once", code_bundle),

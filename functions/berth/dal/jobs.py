@@ -205,6 +205,13 @@ class DynamoJobRepository:
             last = result.last_evaluated_key
         return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
 
+    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
+        with translated(f"list {status} jobs"):
+            result = self._Job.by_status.query(  # type: ignore[attr-defined]
+                str(status), scan_index_forward=True, limit=limit
+            )
+            return [self._job(r) for r in result]
+
     def count_active(self, tenant: str) -> int:
         with translated(f"count active jobs of {tenant}"):
             try:

@@ -6,9 +6,12 @@ from functools import cache
 
 from pynamodb.attributes import (
     BinaryAttribute,
+    BooleanAttribute,
     JSONAttribute,
+    MapAttribute,
     NumberAttribute,
     UnicodeAttribute,
+    UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
 from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
@@ -55,6 +58,17 @@ class ByTenantStatus(GlobalSecondaryIndex["JobRow"]):
     created_key = UnicodeAttribute(range_key=True)
 
 
+class ByStatus(GlobalSecondaryIndex["JobRow"]):
+    """Every tenant's jobs in one status, oldest first: the scheduler's queue."""
+
+    class Meta:
+        index_name = "by_status"
+        projection = AllProjection()
+
+    status = UnicodeAttribute(hash_key=True)
+    created_key = UnicodeAttribute(range_key=True)
+
+
 class JobEventRow(Model):
     class Meta:
         table_name = "unset"
@@ -83,6 +97,43 @@ class TenantRow(Model):
     grants = JSONAttribute(null=True)
     #: DATASET#<name> items: the registered dataset.
     dataset = JSONAttribute(null=True)
+
+
+class DocumentRow(Model):
+    """``DOC#<kind>#HEAD`` (the current version) and ``DOC#<kind>#<version:08d>`` (every version,
+    kept) in the Tenants table: the scheduling policy and the cloud offers."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    kind = UnicodeAttribute(null=True)
+    version = NumberAttribute(null=True)
+    document = JSONAttribute(null=True)
+    updated_at = UTCDateTimeAttribute(null=True)
+    updated_by = UnicodeAttribute(null=True)
+
+
+class HostRow(Model):
+    """One on-prem host. ``free_gpu_ids`` is the set of its GPUs no attempt holds (absent when none is
+    free: DynamoDB has no empty sets); ``holds`` maps an attempt key to ``{gpu_ids, cpu, memory_gib}``.
+    A GPU moves between the two in one conditional UpdateItem."""
+
+    class Meta:
+        table_name = "unset"
+
+    host_id = UnicodeAttribute(hash_key=True)
+    pool = UnicodeAttribute(null=True)
+    gpu_type = UnicodeAttribute(null=True)
+    gpu_ids = JSONAttribute(null=True)
+    cpu = NumberAttribute(null=True)
+    memory_gib = NumberAttribute(null=True)
+    labels = JSONAttribute(null=True)
+    healthy = BooleanAttribute(null=True)
+    lease_expires_at = UTCDateTimeAttribute(null=True)
+    free_gpu_ids = UnicodeSetAttribute(null=True)
+    holds = MapAttribute(null=True)  # type: ignore[var-annotated]
+    version = NumberAttribute(null=True)
 
 
 class RateRow(Model):
@@ -128,7 +179,11 @@ def job_model(table_name: str) -> type[JobRow]:
     # An index's Meta is bound to one model class, so each table gets its own index classes.
     indexes = {
         name: type(f"{base.__name__}_{table_name}", (base,), {"Meta": type("Meta", (base.Meta,), {})})()
-        for name, base in (("by_tenant", ByTenant), ("by_tenant_status", ByTenantStatus))
+        for name, base in (
+            ("by_tenant", ByTenant),
+            ("by_tenant_status", ByTenantStatus),
+            ("by_status", ByStatus),
+        )
     }
     return _bind(JobRow, table_name, **indexes)  # type: ignore[return-value]
 
@@ -156,3 +211,13 @@ def key_model(table_name: str) -> type[KeyRow]:
 @cache
 def claim_model(table_name: str) -> type[SubmitClaimRow]:
     return _bind(SubmitClaimRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def document_model(table_name: str) -> type[DocumentRow]:
+    return _bind(DocumentRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def host_model(table_name: str) -> type[HostRow]:
+    return _bind(HostRow, table_name)  # type: ignore[return-value]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.status import JobStatus
@@ -52,6 +53,48 @@ class JobRepository(Protocol):
 
     def count_active(self, tenant: str) -> int:
         """The tenant's jobs not yet in a terminal state."""
+
+    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
+        """Every tenant's jobs in ``status``, oldest first, at most ``limit`` (the scheduler's view)."""
+
+
+class HostRepository(Protocol):
+    """The on-prem fleet. Every write is conditional: a GPU is free or held by exactly one attempt."""
+
+    def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
+        """Create the host or replace its inventory (keeping the holds of running attempts and only
+        its own attributes); healthy, with this lease. Conflict if a held GPU would disappear."""
+
+    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
+        """Extend the host's lease and set its health; NotFound for an unknown host."""
+
+    def get(self, host_id: str) -> HostRecord | None: ...
+
+    def list_hosts(self) -> list[HostRecord]: ...
+
+    def hold(
+        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+    ) -> None:
+        """Give exactly these GPUs to ``attempt`` in one conditional write; Conflict if any of them
+        is not free (held by another attempt, or not the host's), or the attempt already holds
+        GPUs here; NotFound for an unknown host."""
+
+    def release(self, host_id: str, attempt: str) -> bool:
+        """Return the attempt's GPUs to the free set; False (and nothing written) if it held none."""
+
+
+class DocumentRepository(Protocol):
+    """Versioned organisational documents (``policy``, ``offers``): every version kept."""
+
+    def current(self, kind: str) -> StoredDocument | None: ...
+
+    def version(self, kind: str, version: int) -> StoredDocument | None: ...
+
+    def put(
+        self, kind: str, document: object, expected_version: int, at: datetime, by: str
+    ) -> StoredDocument:
+        """Store version ``expected_version + 1`` if the current version is still ``expected_version``
+        (0: none stored); Conflict otherwise. Older versions stay readable."""
 
 
 class RateCounter(Protocol):

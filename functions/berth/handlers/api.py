@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.event_handler.openapi.params import Body, Header, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.idempotency import (
@@ -27,6 +28,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from berth.dal.documents import DynamoDocumentRepository
+from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
@@ -47,8 +50,10 @@ from berth.handlers import schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
+from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.ratelimit import RateLimiter
+from berth.logic.snapshot import OFFERS, POLICY, SnapshotSource
 from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
 
@@ -77,17 +82,37 @@ def _now() -> datetime:
 def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
-    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
     jobs = JobService(
-        jobs=DynamoJobRepository(
-            cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
-        ),
+        jobs=_job_repository(),
         tenants=tenants,
         clock=_now,
+        feasibility=_fleet().check,
         access=_storage().check_spec,
         idempotency_ttl=timedelta(seconds=cfg.idempotency_ttl_s),
     )
     return jobs, TenantService(tenants)
+
+
+@cache
+def _job_repository() -> DynamoJobRepository:
+    cfg = settings()
+    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
+    return DynamoJobRepository(
+        cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
+    )
+
+
+@cache
+def _fleet() -> FleetService:
+    cfg = settings()
+    source = SnapshotSource(
+        jobs=_job_repository(),
+        tenants=DynamoTenantRepository(cfg.tenants_table),
+        hosts=DynamoHostRepository(cfg.hosts_table),
+        documents=DynamoDocumentRepository(cfg.tenants_table),
+        clock=_now,
+    )
+    return FleetService(source, cache_s=cfg.feasibility_cache_s)
 
 
 @cache
@@ -260,6 +285,123 @@ def cancel_job(job_id: JobId) -> Response[Any]:
 def job_events(job_id: JobId) -> Response[Any]:
     events = _services()[0].events(_caller(), job_id)
     return _json(200, {"events": [e.public() for e in events]})
+
+
+@app.get(
+    "/v1/jobs/<job_id>/explain",
+    summary="Why a job is pending, or where it was placed",
+    description="For a queued job: the scheduler core's outcome for it in a pass over the store now "
+    "(the rule ids in order, every candidate site and the rule that kept the job off it, its "
+    "fair-share rank). The same tenant check as `GET /v1/jobs/{id}`.",
+    responses={
+        200: {
+            "description": "The explanation",
+            "content": {"application/json": {"model": schemas.ExplainOut}},
+        },
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["jobs"],
+)
+def explain(job_id: JobId) -> Response[Any]:
+    caller = _caller()
+    return _json(200, _fleet().explain(_services()[0], caller, job_id))
+
+
+# -- fleet and policy -----------------------------------------------------------------------------
+@app.get(
+    "/v1/capacity",
+    summary="The fleet now: pools, hosts, free and used GPUs; cloud regions and circuit state",
+    responses={
+        200: {"description": "Capacity", "content": {"application/json": {"model": schemas.CapacityOut}}},
+        **schemas.error_responses(403, 429),
+    },
+    tags=["fleet and policy"],
+)
+def capacity() -> Response[Any]:
+    return _json(200, _fleet().capacity(_caller()))
+
+
+Version = Annotated[
+    int | None, Query(ge=0, le=100_000_000, description="A stored version (default: the current one)")
+]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        pattern=r"^\d{1,9}$",
+        description="The version this replaces; 409 if another was stored since",
+    ),
+]
+
+
+def _get_document(kind: str, version: int | None) -> Response[Any]:
+    return _json(200, document_out(_fleet().get_document(_caller(), kind, version)))
+
+
+def _put_document(kind: str, document: dict[str, Any], if_match: str | None) -> Response[Any]:
+    caller = _caller()
+    expected = None if if_match is None else int(if_match)
+    return _json(200, document_out(_fleet().put_document(caller, kind, document, expected)))
+
+
+def _doc_response(description: str) -> OpenAPIResponse:
+    return {"description": description, "content": {"application/json": {"model": schemas.DocumentOut}}}
+
+
+@app.get(
+    "/v1/policy",
+    summary="The organisation's scheduling policy (the current version, or an older one)",
+    responses={
+        200: _doc_response("The policy"),
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def get_policy(version: Version = None) -> Response[Any]:
+    return _get_document(POLICY, version)
+
+
+@app.put(
+    "/v1/policy",
+    summary="Replace the scheduling policy (admins only); stored as a new version, the old one kept",
+    responses={
+        200: _doc_response("The new version"),
+        **schemas.error_responses(400, 403, 409, 415, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def put_policy(
+    document: Annotated[dict[str, Any], Body(embed=False)], if_match: IfMatch = None
+) -> Response[Any]:
+    return _put_document(POLICY, document, if_match)
+
+
+@app.get(
+    "/v1/offers",
+    summary="The cloud offers the scheduler may buy (the current version, or an older one)",
+    responses={
+        200: _doc_response("The offers"),
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def get_offers(version: Version = None) -> Response[Any]:
+    return _get_document(OFFERS, version)
+
+
+@app.put(
+    "/v1/offers",
+    summary="Replace the cloud offers (admins only); stored as a new version, the old one kept",
+    responses={
+        200: _doc_response("The new version"),
+        **schemas.error_responses(400, 403, 409, 415, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def put_offers(
+    document: Annotated[dict[str, Any], Body(embed=False)], if_match: IfMatch = None
+) -> Response[Any]:
+    return _put_document(OFFERS, document, if_match)
 
 
 # -- tenants --------------------------------------------------------------------------------------

@@ -67,6 +67,44 @@ class EventList(BaseModel):
     events: list[EventOut]
 
 
+class DocumentOut(BaseModel):
+    kind: str = Field(description="`policy` or `offers`")
+    version: int = Field(description="1, 2, ...; 0 is the built-in default (nothing stored yet)")
+    source: str = Field(description="`stored` or `default`")
+    updated_at: str | None = None
+    updated_by: str | None = None
+    document: Any = Field(description="The scheduling policy, or `{offers: [...]}`")
+
+
+class ExplainOut(BaseModel):
+    job_id: str
+    tenant: str
+    status: JobStatus
+    reason: str
+    site: Site | None = None
+    placement: JobPlacement | None = None
+    outcome: str = Field(
+        description="`pending`, `onprem` or `cloud` (what a pass over the store now decides for a "
+        "queued job), `placed` (already placed: see placement) or `finished`"
+    )
+    explanation: dict[str, Any] | None = Field(
+        default=None,
+        description="The scheduler core's explanation: summary, rule ids in order, every candidate "
+        "site with the rule that kept the job off it or its price, fair-share rank",
+    )
+    policy_version: int | None = None
+    offers_version: int | None = None
+
+
+class CapacityOut(BaseModel):
+    as_of: str
+    totals: dict[str, int]
+    pools: list[dict[str, Any]]
+    hosts: list[dict[str, Any]]
+    cloud: dict[str, Any]
+    policy_version: int
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str

@@ -14,6 +14,8 @@ class Settings(BaseSettings):
     job_events_table: str
     tenants_table: str
     idempotency_table: str
+    #: The on-prem fleet: hosts, their GPUs and the GPUs each running attempt holds.
+    hosts_table: str
     #: Code bundles (bundles/<tenant>/sha256/<digest>.tar.gz) and tenant data (<tenant>/...).
     artifacts_bucket: str
     data_bucket: str
@@ -25,6 +27,9 @@ class Settings(BaseSettings):
     rate_limit_window_s: int = 1
     #: How long a pagination token stays valid.
     page_token_ttl_s: int = 3600
+    #: How long the submit-time feasibility check reuses the fleet, policy and offers it read (static
+    #: facts; explain and capacity always read afresh).
+    feasibility_cache_s: float = 5.0
 
 
 @cache

@@ -1,6 +1,7 @@
 """The repository ports' contract suites run unchanged against the in-memory fakes and DynamoDB (moto).
 
-A test here takes ``store``: a job and a tenant repository sharing one tenant table, parametrised
+A test here takes ``store``: a job and a tenant repository sharing one tenant table (with the
+document repository), and a host repository, parametrised
 over both implementations, so a fake cannot pass a rule that the real store breaks, or hide a bug
 the real store has.
 """
@@ -12,24 +13,28 @@ from dataclasses import dataclass
 
 import pytest
 
-from berth.domain.ports import JobRepository, TenantRepository
+from berth.domain.ports import DocumentRepository, HostRepository, JobRepository, TenantRepository
 from tests.functional.conftest import TABLES
-from tests.unit.fakes import fake_store
+from tests.unit.fakes import FakeDocuments, FakeHosts, fake_store
 
 
 @dataclass(frozen=True)
 class Store:
     jobs: JobRepository
     tenants: TenantRepository
+    hosts: HostRepository
+    documents: DocumentRepository
 
 
 @pytest.fixture(params=["fake", "dynamodb"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     if request.param == "fake":
         jobs, tenants = fake_store()
-        yield Store(jobs, tenants)
+        yield Store(jobs, tenants, FakeHosts(), FakeDocuments())
         return
     request.getfixturevalue("aws")
+    from berth.dal.documents import DynamoDocumentRepository
+    from berth.dal.hosts import DynamoHostRepository
     from berth.dal.jobs import DynamoJobRepository
     from berth.dal.tenants import DynamoTenantRepository
 
@@ -38,4 +43,6 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
         ),
         DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
+        DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]),
+        DynamoDocumentRepository(TABLES["BERTH_TENANTS_TABLE"]),
     )

@@ -133,3 +133,21 @@ def test_a_token_only_serves_its_own_query(store: Store) -> None:
         store.jobs.list_for_tenant("vision", JobStatus.QUEUED, 1, token)
     with pytest.raises(InvalidRequest):
         store.jobs.list_for_tenant("vision", None, 1, "not-a-token")
+
+
+def test_list_by_status_spans_tenants_oldest_first(store: Store) -> None:
+    spec = JobSpec.model_validate({"name": "q", "image": "busybox", "command": ["true"]})
+    base = datetime(2026, 12, 1, tzinfo=UTC)
+    ids = []
+    for i, tenant in enumerate(("vision", "nlp", "vision")):
+        now = base + timedelta(seconds=i)
+        job, ev = new_job(new_job_id(now), tenant, "arn:aws:iam::123456789012:user/x", spec, now)
+        store.jobs.create(job, ev, max_active=10)
+        ids.append(job.id)
+    moved = store.jobs.get(ids[1])
+    assert moved is not None
+    nxt, ev = moved.transition(JobStatus.CANCELED, "canceled", base + timedelta(seconds=9))
+    store.jobs.save(nxt, ev)
+    assert [j.id for j in store.jobs.list_by_status(JobStatus.QUEUED, 10)] == [ids[0], ids[2]]
+    assert [j.id for j in store.jobs.list_by_status(JobStatus.QUEUED, 1)] == [ids[0]]
+    assert [j.id for j in store.jobs.list_by_status(JobStatus.CANCELED, 10)] == [ids[1]]

@@ -13,12 +13,13 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth_tools.cli import jobs_cmd, loadtest_cmd, sim_cmd
+    from berth_tools.cli import fleet_cmd, jobs_cmd, loadtest_cmd, sim_cmd
     from berth_tools.localcloud import cli as local_cli
 
     bench = typer.Typer(help="Benchmarks: the scheduler core, the API over HTTP.", no_args_is_help=True)
     app.add_typer(bench, name="bench")
     jobs_cmd.register(app)
+    fleet_cmd.register(app)
     sim_cmd.register(app, bench)
     loadtest_cmd.register(bench)
     local_cli.register(app)

@@ -101,6 +101,8 @@ class LocalCloud:
             self.moto.endpoint_url,
             self.region,
             self.seed_writer,
+            # Templates without a hosts table (the local cloud's own test fixtures) get no fleet.
+            hosts_table=self.stack.outputs.get("HostsTableName"),
         )
         t = self._step("seed", t)
         self.front_door = FrontDoor(

@@ -97,6 +97,7 @@ def seed_tenants(
     endpoint_url: str,
     region: str,
     writer: PutMember | None = None,
+    hosts_table: str | None = None,
 ) -> None:
     """Map each user's principal to its tenant and role, through Berth's own tenants repository.
 
@@ -116,6 +117,8 @@ def seed_tenants(
             put_member(user.arn, user.tenant, user.role, user.unique_id)
         if writer is None:
             seed_example_data(tenants_table)
+            if hosts_table is not None:
+                seed_example_hosts(hosts_table)
             for name, value in EXAMPLE_SECRETS.items():
                 boto3.client("secretsmanager", endpoint_url=endpoint_url, region_name=region).create_secret(
                     Name=name, SecretString=value
@@ -146,3 +149,42 @@ def seed_example_data(tenants_table: str) -> None:
         repo.put_grants(tenant, DataGrants(s3_prefixes=prefixes))
     for name, dataset in EXAMPLE_DATASETS.items():
         repo.put_dataset(name, Dataset.model_validate(dataset))
+
+
+#: A small simulated on-prem fleet (pool ``default``, where the example dataset ``glue`` lives), so
+#: that submit-time feasibility, ``berth explain`` and ``berth capacity`` have hosts to reason about
+#: before real agents register. (host id, GPU model, GPUs)
+EXAMPLE_HOSTS = (
+    ("sim-a100-0", "A100", 8),
+    ("sim-a100-1", "A100", 8),
+    ("sim-v100-0", "V100", 8),
+    ("sim-v100-1", "V100", 8),
+)
+#: Seeded hosts hold their lease this long (the simulated fleet does not heartbeat).
+EXAMPLE_HOST_LEASE_DAYS = 365
+
+
+def seed_example_hosts(hosts_table: str) -> None:
+    """Register the simulated hosts through Berth's host repository, as an agent's registration will."""
+    import uuid
+    from datetime import UTC, datetime, timedelta
+
+    from berth.dal.hosts import DynamoHostRepository
+    from berth.domain.fleet import HostInventory
+
+    repo = DynamoHostRepository(hosts_table)
+    lease = datetime.now(UTC) + timedelta(days=EXAMPLE_HOST_LEASE_DAYS)
+    for host_id, model, gpus in EXAMPLE_HOSTS:
+        ids = tuple(
+            f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_id}.{i}.berth.local')}" for i in range(gpus)
+        )
+        inventory = HostInventory(
+            host_id=host_id,
+            pool="default",
+            gpu_type=model,
+            gpu_ids=ids,
+            cpu=64,
+            memory_gib=512,
+            labels={"simulated": "true"},
+        )
+        repo.register(inventory, lease)

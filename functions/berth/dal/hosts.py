@@ -1,0 +1,168 @@
+"""DynamoDB host repository: the on-prem fleet, one item per host, every write conditional.
+
+A GPU UUID is either in the host's ``free_gpu_ids`` set or in exactly one attempt's hold. ``hold``
+removes the UUIDs from the free set and records the hold in one UpdateItem whose condition requires
+every UUID to be free and the attempt to hold nothing yet; so two attempts (or two racing passes)
+can never both get a GPU, and free GPUs never go negative. Each method writes its own attributes
+only (inventory, lease, holds), never the whole item.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pynamodb.expressions.condition import Condition
+from pynamodb.expressions.update import Action
+
+from berth.dal.errors import translated
+from berth.dal.models import HostRow, host_model
+from berth.domain.errors import Conflict, NotFound
+from berth.domain.fleet import Hold, HostInventory, HostRecord
+
+#: Register retries when a hold or release lands between its read and its conditional write.
+REGISTER_RETRIES = 5
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    return dict(value.as_dict() if hasattr(value, "as_dict") else value)
+
+
+class DynamoHostRepository:
+    def __init__(self, table_name: str) -> None:
+        self._Row = host_model(table_name)
+
+    @staticmethod
+    def _record(row: HostRow) -> HostRecord:
+        holds = {
+            k: Hold(
+                gpu_ids=tuple(v.get("gpu_ids") or ()),
+                cpu=float(v.get("cpu") or 0),
+                memory_gib=float(v.get("memory_gib") or 0),
+            )
+            for k, v in _as_dict(row.holds).items()
+        }
+        return HostRecord(
+            inventory=HostInventory(
+                host_id=row.host_id,
+                pool=row.pool or "",
+                gpu_type=row.gpu_type or "",
+                gpu_ids=tuple(row.gpu_ids or ()),
+                cpu=float(row.cpu or 0),
+                memory_gib=float(row.memory_gib or 0),
+                labels=dict(row.labels or {}),
+            ),
+            healthy=bool(row.healthy) if row.healthy is not None else True,
+            lease_expires_at=row.lease_expires_at,
+            holds=holds,
+            version=int(row.version or 0),
+        )
+
+    def get(self, host_id: str) -> HostRecord | None:
+        with translated(f"read host {host_id}"):
+            try:
+                return self._record(self._Row.get(host_id, consistent_read=True))
+            except self._Row.DoesNotExist:
+                return None
+
+    def list_hosts(self) -> list[HostRecord]:
+        with translated("list hosts"):
+            rows = list(self._Row.scan(consistent_read=True))
+        return sorted((self._record(r) for r in rows), key=lambda h: h.host_id)
+
+    def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
+        R = self._Row
+        for _ in range(REGISTER_RETRIES):
+            current = self.get(inventory.host_id)
+            held = set() if current is None else current.held_gpu_ids
+            missing = held - set(inventory.gpu_ids)
+            if missing:
+                raise Conflict(
+                    f"host {inventory.host_id!r} re-registered without GPUs that running attempts hold: "
+                    f"{sorted(missing)}"
+                )
+            free = {g for g in inventory.gpu_ids if g not in held}
+            version = 0 if current is None else current.version
+            actions: list[Action] = [
+                R.pool.set(inventory.pool),
+                R.gpu_type.set(inventory.gpu_type),
+                R.gpu_ids.set(list(inventory.gpu_ids)),
+                R.cpu.set(inventory.cpu),
+                R.memory_gib.set(inventory.memory_gib),
+                R.labels.set(dict(inventory.labels)),
+                R.healthy.set(True),
+                R.lease_expires_at.set(lease_expires_at),
+                R.free_gpu_ids.set(free) if free else R.free_gpu_ids.remove(),
+                R.version.set(version + 1),
+            ]
+            if current is None:
+                actions.append(R.holds.set({}))
+                condition: Condition = R.host_id.does_not_exist()
+            else:
+                condition = R.version == version
+            try:
+                with translated(f"register host {inventory.host_id}"):
+                    R(inventory.host_id).update(actions=actions, condition=condition)
+            except Conflict:
+                continue
+            found = self.get(inventory.host_id)
+            assert found is not None
+            return found
+        raise Conflict(f"host {inventory.host_id!r} kept changing while registering; try again")
+
+    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
+        R = self._Row
+        try:
+            with translated(f"heartbeat host {host_id}"):
+                R(host_id).update(
+                    actions=[R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy)],
+                    condition=R.host_id.exists(),
+                )
+        except Conflict as exc:
+            raise NotFound(f"host {host_id!r} is not registered") from exc
+
+    def hold(
+        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+    ) -> None:
+        R = self._Row
+        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+            raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
+        condition: Condition = R.host_id.exists() & R.holds[attempt].does_not_exist()
+        for g in gpu_ids:
+            condition = condition & R.free_gpu_ids.contains(g)
+        hold = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
+        try:
+            with translated(f"hold GPUs on {host_id}"):
+                R(host_id).update(
+                    actions=[
+                        R.free_gpu_ids.delete(set(gpu_ids)),
+                        R.holds[attempt].set(hold),
+                        R.version.add(1),
+                    ],
+                    condition=condition,
+                )
+        except Conflict as exc:
+            if self.get(host_id) is None:
+                raise NotFound(f"host {host_id!r} is not registered") from exc
+            raise Conflict(
+                f"GPUs {list(gpu_ids)} of host {host_id!r} are not all free, or attempt {attempt!r} "
+                "already holds GPUs there"
+            ) from exc
+
+    def release(self, host_id: str, attempt: str) -> bool:
+        R = self._Row
+        current = self.get(host_id)
+        hold = None if current is None else current.holds.get(attempt)
+        if hold is None:
+            return False
+        actions: list[Action] = [R.holds[attempt].remove(), R.version.add(1)]
+        if hold.gpu_ids:
+            actions.insert(0, R.free_gpu_ids.add(set(hold.gpu_ids)))
+        try:
+            with translated(f"release GPUs on {host_id}"):
+                R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
+        except Conflict:
+            return False  # released concurrently: the GPUs went back once
+        return True

@@ -1,0 +1,113 @@
+"""The on-prem fleet as the control plane stores it, and the organisation's stored documents. Pure.
+
+A host item holds its inventory (pool, GPU model, device UUIDs, CPU, memory, labels), its health
+and lease, and the GPUs each running attempt holds. Free GPUs are the UUIDs no attempt holds; the
+store moves a UUID between "free" and an attempt's hold in one conditional write, so free GPUs
+never go negative and no GPU is given to two attempts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+HOST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+POOL_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def attempt_key(job_id: str, attempt: int) -> str:
+    """The key of one attempt's hold on a host."""
+    return f"{job_id}#{attempt}"
+
+
+class Hold(_Frozen):
+    """What one running attempt holds on a host: GPUs by UUID, CPU and memory."""
+
+    gpu_ids: tuple[str, ...] = ()
+    cpu: Annotated[float, Field(ge=0)] = 0.0
+    memory_gib: Annotated[float, Field(ge=0)] = 0.0
+
+
+class HostInventory(_Frozen):
+    """What a host reports when it registers: identity and hardware. Its health and lease move apart."""
+
+    host_id: Annotated[str, Field(pattern=HOST_ID_RE)]
+    pool: Annotated[str, Field(pattern=POOL_RE)]
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32)]
+    gpu_ids: tuple[str, ...] = ()
+    """The devices' UUIDs (NVML), one per GPU."""
+    cpu: Annotated[float, Field(ge=0)]
+    memory_gib: Annotated[float, Field(ge=0)]
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_gpus(self) -> HostInventory:
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise ValueError("gpu_ids must be unique")
+        return self
+
+
+class HostRecord(_Frozen):
+    """A host as stored: inventory, health, lease expiry, and the holds of running attempts."""
+
+    inventory: HostInventory
+    healthy: bool = True
+    lease_expires_at: datetime | None = None
+    holds: dict[str, Hold] = Field(default_factory=dict)
+    """attempt key (``attempt_key``) -> what it holds."""
+    version: int = 0
+
+    @property
+    def host_id(self) -> str:
+        return self.inventory.host_id
+
+    @property
+    def held_gpu_ids(self) -> set[str]:
+        return {g for h in self.holds.values() for g in h.gpu_ids}
+
+    @property
+    def free_gpu_ids(self) -> tuple[str, ...]:
+        held = self.held_gpu_ids
+        return tuple(g for g in self.inventory.gpu_ids if g not in held)
+
+    @property
+    def gpus(self) -> int:
+        return len(self.inventory.gpu_ids)
+
+    @property
+    def free_gpus(self) -> int:
+        return len(self.free_gpu_ids)
+
+    @property
+    def free_cpu(self) -> float:
+        return max(0.0, self.inventory.cpu - sum(h.cpu for h in self.holds.values()))
+
+    @property
+    def free_memory_gib(self) -> float:
+        return max(0.0, self.inventory.memory_gib - sum(h.memory_gib for h in self.holds.values()))
+
+    def alive(self, now: datetime) -> bool:
+        """Healthy and within its lease (a host that never heartbeated has no lease yet: alive)."""
+        return self.healthy and (self.lease_expires_at is None or self.lease_expires_at > now)
+
+    def pick_free(self, gpus: int) -> tuple[str, ...] | None:
+        """The first ``gpus`` free UUIDs, or None when fewer are free."""
+        free = self.free_gpu_ids
+        return free[:gpus] if len(free) >= gpus else None
+
+
+class StoredDocument(_Frozen):
+    """One version of an organisational document (the scheduling policy, the cloud offers)."""
+
+    kind: str
+    version: int
+    """1, 2, ... for stored versions; 0 for the built-in default (nothing stored yet)."""
+    document: Any
+    updated_at: datetime | None = None
+    updated_by: str | None = None

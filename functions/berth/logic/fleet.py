@@ -1,0 +1,250 @@
+"""Fleet and policy use cases: the stored policy and offers (admin writes, versioned), the
+submit-time feasibility check, ``explain`` and ``capacity``. Everything the scheduler core says
+is rendered from its own typed outcome (``check_feasible``, ``explain_job``); nothing is re-derived.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, ValidationFailed
+from berth.domain.fleet import StoredDocument
+from berth.domain.job_spec import JobSpec
+from berth.domain.storage import dataset_names
+from berth.domain.tenancy import Caller
+from berth.logic.jobs import JobService
+from berth.logic.snapshot import (
+    OFFERS,
+    POLICY,
+    Fleet,
+    OffersDocument,
+    SnapshotSource,
+    default_document,
+    tenant_state,
+)
+from berth.scheduler.circuit import CircuitBoard
+from berth.scheduler.explain import explain_job
+from berth.scheduler.feasibility import check_feasible
+from berth.scheduler.policy import load_policy
+
+KINDS = (POLICY, OFFERS)
+
+
+def _validation_details(exc: ValidationError) -> list[dict[str, str]]:
+    return [
+        {"field": ".".join(str(p) for p in err.get("loc", ())), "message": str(err.get("msg", "invalid"))}
+        for err in exc.errors()
+    ]
+
+
+def document_out(doc: StoredDocument) -> dict[str, Any]:
+    return {
+        "kind": doc.kind,
+        "version": doc.version,
+        "source": "default" if doc.version == 0 else "stored",
+        "updated_at": None if doc.updated_at is None else doc.updated_at.isoformat(),
+        "updated_by": doc.updated_by,
+        "document": doc.document,
+    }
+
+
+@dataclass(frozen=True)
+class FleetService:
+    source: SnapshotSource
+    #: How long ``check`` reuses a fleet it read (0: always read).
+    cache_s: float = 0.0
+    _cache: dict[frozenset[str], tuple[float, Fleet]] = field(default_factory=dict, repr=False)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _check_fleet(self, datasets: frozenset[str]) -> Fleet:
+        now = self.source.clock().timestamp()
+        hit = self._cache.get(datasets)
+        if hit is not None and now < hit[0]:
+            return hit[1]
+        fleet = self.source.fleet(datasets)
+        if self.cache_s > 0:
+            if len(self._cache) > 256:
+                self._cache.clear()
+            self._cache[datasets] = (now + self.cache_s, fleet)
+        return fleet
+
+    # -- stored documents ---------------------------------------------------------------------
+    def get_document(self, caller: Caller, kind: str, version: int | None = None) -> StoredDocument:
+        """Any member may read the policy and offers (they decide where its jobs go)."""
+        del caller
+        if version is None or version == 0:
+            return self.source.document(kind) if version is None else self._default(kind)
+        found = self.source.documents.version(kind, version)
+        if found is None:
+            raise NotFound(f"{kind} version {version} not found")
+        return found
+
+    @staticmethod
+    def _default(kind: str) -> StoredDocument:
+        return default_document(kind)
+
+    def put_document(
+        self, caller: Caller, kind: str, document: Any, expected_version: int | None
+    ) -> StoredDocument:
+        """Validate and store a new version (admins). ``expected_version`` (If-Match): the version
+        the admin edited; without it, the version current now. Conflict when another admin won."""
+        if not caller.is_admin:
+            raise Forbidden(f"only admins may replace the {kind}")
+        normalized = self._validate(kind, document)
+        current = self.source.documents.current(kind)
+        current_version = 0 if current is None else current.version
+        if expected_version is not None and expected_version != current_version:
+            raise Conflict(
+                f"the {kind} is at version {current_version}, not {expected_version}; read it again",
+                details={"current_version": current_version},
+            )
+        return self.source.documents.put(kind, normalized, current_version, self.source.clock(), caller.name)
+
+    @staticmethod
+    def _validate(kind: str, document: Any) -> Any:
+        if not isinstance(document, dict):
+            raise ValidationFailed(f"the {kind} is a JSON object")
+        try:
+            if kind == POLICY:
+                return load_policy(document).model_dump(mode="json")
+            return OffersDocument.model_validate(document).model_dump(mode="json")
+        except ValidationError as exc:
+            details = _validation_details(exc)
+            message = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
+            raise ValidationFailed(f"invalid {kind}: {message}", details=details) from exc
+
+    # -- submit-time feasibility --------------------------------------------------------------
+    def check(self, spec: JobSpec, tenant: str) -> None:
+        """``JobService.feasibility``: Infeasible (422) naming the core's rule when no host or offer
+        could ever take the job."""
+        fleet = self._check_fleet(frozenset(dataset_names(spec)))
+        state = tenant_state(tenant, self.source.tenants.quota(tenant))
+        verdict = check_feasible(spec, state, fleet.policy, fleet.hosts, fleet.offers)
+        if verdict is None:
+            return
+        raise Infeasible(
+            f"no host or cloud offer could ever run this job ({verdict.rule}): {verdict.message}",
+            details={
+                "rule": str(verdict.rule),
+                "sites": [
+                    {"rule": str(ex.rule), "message": ex.message, "subject": ex.subject}
+                    for ex in verdict.details
+                ],
+                "policy_version": fleet.policy_version,
+            },
+        )
+
+    # -- explain ------------------------------------------------------------------------------
+    def explain(self, jobs: JobService, caller: Caller, job_id: str) -> dict[str, Any]:
+        """Why a job is pending (the core's outcome for it in a pass over the store now), or where
+        it was placed. The same tenant check as reading the job."""
+        job = jobs.get(caller, job_id)
+        out: dict[str, Any] = {
+            "job_id": job.id,
+            "tenant": job.tenant,
+            "status": str(job.status),
+            "reason": job.reason,
+            "site": None if job.site is None else str(job.site),
+            "placement": None if job.placement is None else job.placement.model_dump(mode="json"),
+        }
+        if not job.status.is_active or job.placement is not None:
+            out.update(outcome="placed" if job.placement is not None else "finished", explanation=None)
+            return out
+        snapshot, fleet, _pending = self.source.snapshot()
+        now = self.source.clock().timestamp()
+        try:
+            explanation = explain_job(snapshot, fleet.policy, now, job.id)
+        except KeyError:
+            out.update(outcome="not-pending", explanation=None)
+            return out
+        out.update(
+            outcome=explanation.outcome,
+            explanation=explanation.to_dict(),
+            policy_version=fleet.policy_version,
+            offers_version=fleet.offers_version,
+        )
+        return out
+
+    # -- capacity -----------------------------------------------------------------------------
+    def capacity(self, caller: Caller) -> dict[str, Any]:
+        """Pools, hosts, free and used GPUs; cloud regions and their circuit state."""
+        del caller
+        fleet = self.source.fleet()
+        now = self.source.clock()
+        pools: dict[str, dict[str, Any]] = {}
+        for rec in fleet.records:
+            inv = rec.inventory
+            pool = pools.setdefault(inv.pool, {"pool": inv.pool, "hosts": 0, "healthy_hosts": 0, **_zero()})
+            alive = rec.alive(now)
+            pool["hosts"] += 1
+            pool["healthy_hosts"] += int(alive)
+            model = pool.setdefault("models", {}).setdefault(inv.gpu_type, _zero())
+            for counts in (pool, model):
+                counts["gpus"] += rec.gpus
+                counts["used_gpus"] += rec.gpus - rec.free_gpus
+                # A host that is unhealthy or past its lease offers nothing.
+                counts["free_gpus"] += rec.free_gpus if alive else 0
+                counts["unavailable_gpus"] += 0 if alive else rec.free_gpus
+        hosts = [
+            {
+                "host_id": rec.host_id,
+                "pool": rec.inventory.pool,
+                "gpu_type": rec.inventory.gpu_type,
+                "gpus": rec.gpus,
+                "free_gpus": rec.free_gpus,
+                "used_gpus": rec.gpus - rec.free_gpus,
+                "cpu": rec.inventory.cpu,
+                "memory_gib": rec.inventory.memory_gib,
+                "labels": dict(rec.inventory.labels),
+                "healthy": rec.healthy,
+                "alive": rec.alive(now),
+                "lease_expires_at": None
+                if rec.lease_expires_at is None
+                else rec.lease_expires_at.isoformat(),
+                "attempts": sorted(rec.holds),
+            }
+            for rec in fleet.records
+        ]
+        board = CircuitBoard(fleet.circuits, now.timestamp(), fleet.policy.circuit)
+        regions: dict[str, dict[str, Any]] = defaultdict(dict)
+        for o in fleet.offers:
+            r = regions[o.region]
+            r.setdefault("region", o.region)
+            r.setdefault("instance_types", {})
+            r["instance_types"][o.instance_type] = {
+                "gpu_type": o.gpu_type,
+                "gpus": o.gpus,
+                "circuit": str(board.state(o.region, o.instance_type)),
+            }
+        region_rows = [
+            {
+                "region": name,
+                "circuit": str(board.state(name, "*")),
+                "instance_types": [
+                    {"instance_type": k, **v} for k, v in sorted(regions[name]["instance_types"].items())
+                ],
+            }
+            for name in sorted(regions)
+        ]
+        totals: dict[str, int] = {"hosts": len(fleet.records), **_zero()}
+        for p in pools.values():
+            for k in _zero():
+                totals[k] += p[k]
+        return {
+            "as_of": now.isoformat(),
+            "totals": totals,
+            "pools": [pools[k] for k in sorted(pools)],
+            "hosts": hosts,
+            "cloud": {"offers_version": fleet.offers_version, "regions": region_rows},
+            "policy_version": fleet.policy_version,
+        }
+
+
+def _zero() -> dict[str, int]:
+    return {"gpus": 0, "used_gpus": 0, "free_gpus": 0, "unavailable_gpus": 0}

@@ -1,0 +1,250 @@
+"""Scheduler inputs built from the store, in one place: the submit-time feasibility check, ``explain``,
+``capacity`` and the scheduler service (issue 8, item 2) all read the fleet, the policy and the
+offers through ``SnapshotSource``, so they see the same facts the same way.
+
+The policy is the stored one (``DocumentRepository`` kind ``policy``; the shipped default until an
+admin stores one) plus the registered datasets' residency (``with_dataset_residency``); the offers
+are the stored ones (kind ``offers``; the pricing catalog until an admin stores others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from berth.domain.fleet import HostRecord, StoredDocument
+from berth.domain.job import Job
+from berth.domain.placement import CloudPlacement, OnPremPlacement, Site
+from berth.domain.ports import DocumentRepository, HostRepository, JobRepository, TenantRepository
+from berth.domain.status import JobStatus
+from berth.domain.storage import Dataset, dataset_names
+from berth.domain.tenancy import Quota
+from berth.pricing.catalog import load_offers
+from berth.scheduler.adapter import pending_from_spec, with_dataset_residency
+from berth.scheduler.defaults import default_policy
+from berth.scheduler.policy import SchedulingPolicy, load_policy
+from berth.scheduler.snapshot import (
+    CircuitRecord,
+    CloudOffer,
+    Host,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    TenantState,
+)
+
+POLICY = "policy"
+OFFERS = "offers"
+#: Statuses the scheduler places (pending) and those holding capacity (running).
+PENDING_STATUSES = (JobStatus.QUEUED, JobStatus.RETRYING)
+RUNNING_STATUSES = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
+#: The most jobs of one status a snapshot reads.
+MAX_JOBS_PER_STATUS = 10_000
+
+
+class OfferModel(BaseModel):
+    """One cloud offer as an admin stores it (the scheduler's ``CloudOffer``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: Annotated[str, Field(min_length=1, max_length=32)]
+    zone: Annotated[str, Field(min_length=1, max_length=32)]
+    instance_type: Annotated[str, Field(min_length=1, max_length=64)]
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32)]
+    gpus: Annotated[int, Field(ge=1, le=64)]
+    vcpus: Annotated[float, Field(gt=0)]
+    memory_gib: Annotated[float, Field(gt=0)]
+    on_demand_usd_h: Annotated[float, Field(ge=0)]
+    spot_usd_h: Annotated[float | None, Field(ge=0)] = None
+    available: Annotated[int | None, Field(ge=0)] = None
+    queue: Annotated[str, Field(max_length=128)] = ""
+
+    def offer(self) -> CloudOffer:
+        return CloudOffer(**self.model_dump())
+
+
+class OffersDocument(BaseModel):
+    """The cloud offers document: what the cloud may sell, region by region."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    offers: Annotated[list[OfferModel], Field(max_length=2000)]
+
+
+def default_offers_document() -> dict[str, Any]:
+    """The shipped pricing catalog (``berth/pricing``) as an offers document."""
+    return {
+        "offers": [
+            OfferModel(
+                region=o.region,
+                zone=o.zone,
+                instance_type=o.instance_type,
+                gpu_type=o.gpu_type,
+                gpus=o.gpus,
+                vcpus=o.vcpus,
+                memory_gib=o.memory_gib,
+                on_demand_usd_h=o.on_demand_usd_h,
+                spot_usd_h=o.spot_usd_h,
+            ).model_dump(mode="json")
+            for o in load_offers()
+        ]
+    }
+
+
+def default_document(kind: str) -> StoredDocument:
+    """Version 0 of a document: what the service uses until an admin stores one."""
+    if kind == POLICY:
+        return StoredDocument(kind=kind, version=0, document=default_policy().model_dump(mode="json"))
+    return StoredDocument(kind=kind, version=0, document=default_offers_document())
+
+
+def tenant_state(name: str, quota: Quota | None) -> TenantState:
+    """A tenant's quota as the scheduler's tenant state (models not listed: no limit)."""
+    q = quota or Quota()
+    return TenantState(
+        name=name,
+        weight=q.weight,
+        guaranteed_gpus={m: g.guaranteed for m, g in q.gpus.items()},
+        borrow_limit_gpus={m: g.borrow_limit for m, g in q.gpus.items()},
+        monthly_budget_usd=q.monthly_cloud_budget_usd,
+    )
+
+
+def scheduler_host(record: HostRecord, now: datetime) -> Host:
+    """A stored host as the scheduler sees it: healthy only while alive (healthy, lease valid)."""
+    inv = record.inventory
+    return Host(
+        host_id=inv.host_id,
+        pool=inv.pool,
+        gpu_type=inv.gpu_type,
+        gpus=record.gpus,
+        free_gpus=record.free_gpus,
+        cpu=inv.cpu,
+        free_cpu=record.free_cpu,
+        memory_gib=inv.memory_gib,
+        free_memory_gib=record.free_memory_gib,
+        healthy=record.alive(now),
+        labels=dict(inv.labels),
+    )
+
+
+def pending_job(job: Job) -> PendingJob:
+    return pending_from_spec(job.id, job.tenant, job.spec, job.created_at.timestamp())
+
+
+def running_job(job: Job) -> RunningJob | None:
+    """A placed job as capacity it holds (None: not placed)."""
+    p = job.placement
+    r = job.spec.resources
+    common: dict[str, Any] = {
+        "job_id": job.id,
+        "tenant": job.tenant,
+        "gpus": r.gpus,
+        "started_at": job.updated_at.timestamp(),
+        "nodes": r.nodes,
+        "cpu": r.cpu,
+        "memory_gib": r.memory_gib,
+        "priority": job.spec.constraints.priority,
+        "placement": job.spec.constraints.placement,
+        "datasets": tuple(d.source for d in job.spec.data),
+        "family": job.spec.name,
+        "timeout_s": job.spec.timeout_minutes * 60.0,
+    }
+    if isinstance(p, OnPremPlacement):
+        return RunningJob(
+            **common,
+            gpu_type=p.gpu_type,
+            site=Site.ONPREM,
+            hosts=tuple((h.host_id, h.gpus) for h in p.hosts),
+        )
+    if isinstance(p, CloudPlacement):
+        return RunningJob(
+            **common,
+            gpu_type=p.gpu_type,
+            site=Site.CLOUD,
+            region=p.region,
+            instance_type=p.instance_type,
+            spot=p.spot,
+            hourly_usd=p.hourly_usd,
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What feasibility and capacity read: the effective policy, the hosts, the offers."""
+
+    policy: SchedulingPolicy
+    policy_version: int
+    hosts: tuple[Host, ...]
+    records: tuple[HostRecord, ...]
+    offers: tuple[CloudOffer, ...]
+    offers_version: int
+    circuits: tuple[CircuitRecord, ...] = ()
+    """Cloud capacity failures per (region, instance type); recorded by the cloud branch (not yet)."""
+
+
+@dataclass(frozen=True)
+class SnapshotSource:
+    """Reads the store into scheduler inputs. The one place that does it."""
+
+    jobs: JobRepository
+    tenants: TenantRepository
+    hosts: HostRepository
+    documents: DocumentRepository
+    clock: Callable[[], datetime]
+
+    def document(self, kind: str) -> StoredDocument:
+        return self.documents.current(kind) or default_document(kind)
+
+    def policy(self, datasets: Iterable[str] = ()) -> tuple[SchedulingPolicy, int]:
+        """The stored policy (or the default) with the residency of the named registered datasets."""
+        doc = self.document(POLICY)
+        policy = load_policy(doc.document)
+        registered: dict[str, Dataset] = {}
+        for name in sorted(set(datasets)):
+            ds = self.tenants.dataset(name)
+            if ds is not None:
+                registered[name] = ds
+        return with_dataset_residency(policy, registered), doc.version
+
+    def offers(self) -> tuple[tuple[CloudOffer, ...], int]:
+        doc = self.document(OFFERS)
+        parsed = OffersDocument.model_validate(doc.document)
+        return tuple(o.offer() for o in parsed.offers), doc.version
+
+    def fleet(self, datasets: Iterable[str] = ()) -> Fleet:
+        now = self.clock()
+        policy, pv = self.policy(datasets)
+        offers, ov = self.offers()
+        records = tuple(self.hosts.list_hosts())
+        return Fleet(
+            policy=policy,
+            policy_version=pv,
+            hosts=tuple(scheduler_host(r, now) for r in records),
+            records=records,
+            offers=offers,
+            offers_version=ov,
+        )
+
+    def snapshot(self) -> tuple[Snapshot, Fleet, list[Job]]:
+        """The whole queue and fleet as the scheduler sees it now (and the pending jobs' records)."""
+        pending_jobs = [j for s in PENDING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
+        running_jobs = [j for s in RUNNING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
+        names = {n for j in (*pending_jobs, *running_jobs) for n in dataset_names(j.spec)}
+        fleet = self.fleet(names)
+        tenants = {j.tenant for j in (*pending_jobs, *running_jobs)}
+        running = tuple(r for r in (running_job(j) for j in running_jobs) if r is not None)
+        snapshot = Snapshot(
+            pending=tuple(pending_job(j) for j in pending_jobs),
+            running=running,
+            hosts=fleet.hosts,
+            offers=fleet.offers,
+            tenants={t: tenant_state(t, self.tenants.quota(t)) for t in sorted(tenants)},
+            circuits=fleet.circuits,
+        )
+        return snapshot, fleet, pending_jobs

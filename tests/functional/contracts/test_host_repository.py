@@ -1,0 +1,132 @@
+"""HostRepository contract: registration, leases, and GPUs that are free or held by exactly one attempt."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from berth.domain.errors import Conflict, NotFound
+from berth.domain.fleet import Hold, HostInventory, attempt_key
+from tests.functional.contracts.conftest import Store
+
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+GPUS = tuple(f"GPU-{i}" for i in range(4))
+
+
+def _inventory(host_id: str = "h1", gpus: tuple[str, ...] = GPUS, **kw: object) -> HostInventory:
+    return HostInventory.model_validate(
+        {
+            "host_id": host_id,
+            "pool": "default",
+            "gpu_type": "A100",
+            "gpu_ids": gpus,
+            "cpu": 64,
+            "memory_gib": 512,
+            "labels": {"rack": "r1"},
+            **kw,
+        }
+    )
+
+
+def test_register_round_trip(store: Store) -> None:
+    assert store.hosts.get("h1") is None
+    rec = store.hosts.register(_inventory(), T0)
+    assert rec == store.hosts.get("h1")
+    assert rec.inventory == _inventory()
+    assert rec.gpus == 4 and rec.free_gpus == 4 and rec.free_gpu_ids == GPUS
+    assert rec.healthy and rec.lease_expires_at == T0 and rec.holds == {}
+    store.hosts.register(_inventory("h0", gpus=("GPU-x",)), T0)
+    assert [h.host_id for h in store.hosts.list_hosts()] == ["h0", "h1"]
+
+
+def test_heartbeat_moves_only_lease_and_health(store: Store) -> None:
+    store.hosts.register(_inventory(), T0)
+    store.hosts.hold("h1", "j-1#1", GPUS[:2], 8, 64)
+    store.hosts.heartbeat("h1", T0 + timedelta(minutes=1), healthy=False)
+    rec = store.hosts.get("h1")
+    assert rec is not None
+    assert rec.lease_expires_at == T0 + timedelta(minutes=1) and not rec.healthy
+    assert rec.holds == {"j-1#1": Hold(gpu_ids=GPUS[:2], cpu=8, memory_gib=64)}
+    assert not rec.alive(T0) and rec.free_gpus == 2
+    with pytest.raises(NotFound):
+        store.hosts.heartbeat("nope", T0)
+
+
+def test_hold_and_release(store: Store) -> None:
+    store.hosts.register(_inventory(), T0)
+    a, b = attempt_key("j-a", 1), attempt_key("j-b", 1)
+    store.hosts.hold("h1", a, GPUS[:3], 12, 96)
+    rec = store.hosts.get("h1")
+    assert rec is not None
+    assert rec.free_gpu_ids == GPUS[3:] and rec.free_cpu == 52 and rec.free_memory_gib == 416
+    # a GPU already given out, or the same attempt twice, or a GPU the host does not have: refused
+    for attempt, gpus in ((b, GPUS[2:4]), (a, GPUS[3:]), (b, ("GPU-9",)), (b, ())):
+        with pytest.raises(Conflict):
+            store.hosts.hold("h1", attempt, gpus, 0, 0)
+    after = store.hosts.get("h1")
+    assert after is not None and after.holds == rec.holds and after.free_gpu_ids == GPUS[3:]
+    with pytest.raises(NotFound):
+        store.hosts.hold("nope", b, GPUS[3:], 0, 0)
+    store.hosts.hold("h1", b, GPUS[3:], 0, 0)
+    full = store.hosts.get("h1")
+    assert full is not None and full.free_gpus == 0 and full.pick_free(1) is None
+    assert store.hosts.release("h1", a) is True
+    assert store.hosts.release("h1", a) is False  # idempotent: the GPUs went back once
+    assert store.hosts.release("nope", a) is False
+    rec = store.hosts.get("h1")
+    assert rec is not None and set(rec.free_gpu_ids) == set(GPUS[:3]) and list(rec.holds) == [b]
+
+
+@pytest.fixture
+def serializable() -> Iterator[None]:
+    """DynamoDB applies each UpdateItem atomically; moto interleaves concurrent ones. The local
+    cloud restores that guarantee (``dynamodb_isolation``); so does this test, so that it checks
+    the repository's conditions rather than moto's missing lock (without it, moto lets two
+    racing holds both pass their condition)."""
+    from berth_tools.localcloud import dynamodb_isolation
+
+    undo = dynamodb_isolation.install()
+    yield
+    undo()
+
+
+def test_racing_holds_never_give_a_gpu_twice(store: Store, serializable: None) -> None:
+    store.hosts.register(_inventory(), T0)
+    won: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def grab(i: int) -> None:
+        barrier.wait()
+        try:
+            store.hosts.hold("h1", f"j-{i}#1", GPUS[i % 2 * 2 : i % 2 * 2 + 2], 0, 0)
+            won.append(f"j-{i}#1")
+        except Conflict:
+            pass
+
+    threads = [threading.Thread(target=grab, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rec = store.hosts.get("h1")
+    assert rec is not None
+    assert sorted(rec.holds) == sorted(won) and len(won) == 2
+    held = [g for h in rec.holds.values() for g in h.gpu_ids]
+    assert sorted(held) == sorted(GPUS) and rec.free_gpus == 0
+
+
+def test_reregistration_keeps_holds_and_refuses_to_drop_held_gpus(store: Store) -> None:
+    store.hosts.register(_inventory(), T0)
+    store.hosts.hold("h1", "j-1#1", GPUS[:1], 1, 1)
+    rec = store.hosts.register(
+        _inventory(gpus=(*GPUS[:3], "GPU-new"), labels={"rack": "r2"}), T0 + timedelta(1)
+    )
+    assert list(rec.holds) == ["j-1#1"]
+    assert rec.free_gpu_ids == (*GPUS[1:3], "GPU-new") and rec.inventory.labels == {"rack": "r2"}
+    with pytest.raises(Conflict):
+        store.hosts.register(_inventory(gpus=GPUS[1:]), T0)
+    kept = store.hosts.get("h1")
+    assert kept is not None and kept.inventory.gpu_ids == (*GPUS[:3], "GPU-new")

@@ -1,0 +1,223 @@
+"""Fleet and policy through the API Lambda on moto: the stored policy and offers, feasibility at
+submit, ``explain`` and ``capacity`` (issue 8, item 1)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from berth.scheduler.defaults import default_policy
+from berth.scheduler.outcomes import Rule
+from tests.functional.conftest import TABLES, Invoke
+
+
+def _register(host_id: str, model: str, gpus: int, pool: str = "default", lease_h: float = 1.0) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+    from berth.domain.fleet import HostInventory
+
+    DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]).register(
+        HostInventory(
+            host_id=host_id,
+            pool=pool,
+            gpu_type=model,
+            gpu_ids=tuple(f"GPU-{host_id}-{i}" for i in range(gpus)),
+            cpu=64,
+            memory_gib=512,
+        ),
+        datetime.now(UTC) + timedelta(hours=lease_h),
+    )
+
+
+@pytest.fixture
+def fleet(api: Invoke) -> Invoke:
+    _register("v100-a", "V100", 8)
+    _register("v100-b", "V100", 8)
+    _register("a100-a", "A100", 8, pool="lab")
+    return api
+
+
+def test_policy_default_then_versions_kept(api: Invoke) -> None:
+    status, body = api("GET", "/v1/policy")
+    assert status == 200
+    assert body["version"] == 0 and body["source"] == "default"
+    assert body["document"] == default_policy().model_dump(mode="json")
+
+    doc = {**body["document"], "name": "strict", "burst": None}
+    status, v1 = api("PUT", "/v1/policy", user="admin", body=doc)
+    assert status == 200, v1
+    assert v1["version"] == 1 and v1["source"] == "stored" and v1["updated_by"] == "admin"
+    assert v1["document"]["burst"] is None
+
+    status, v2 = api("PUT", "/v1/policy", user="admin", body={"name": "minimal"}, headers={"If-Match": "1"})
+    assert status == 200 and v2["version"] == 2
+    # the admin edited version 1, but 2 is current now: refused, nothing written
+    status, err = api("PUT", "/v1/policy", user="admin", body={"name": "late"}, headers={"If-Match": "1"})
+    assert status == 409 and err["error"]["code"] == "Conflict"
+    assert api("GET", "/v1/policy")[1]["version"] == 2
+    assert api("GET", "/v1/policy", query={"version": "1"})[1]["document"]["name"] == "strict"
+    assert api("GET", "/v1/policy", query={"version": "0"})[1]["source"] == "default"
+    status, err = api("GET", "/v1/policy", query={"version": "7"})
+    assert status == 404 and err["error"]["code"] == "NotFound"
+
+
+@pytest.mark.parametrize(
+    ("user", "body", "status", "code"),
+    [
+        ("alice", {"name": "x"}, 403, "Forbidden"),
+        ("admin", {"name": "x", "burst": {"min_wait_s": -1}}, 422, "ValidationError"),
+        ("admin", {"nonsense": True}, 422, "ValidationError"),
+        ("admin", [1, 2], 422, "ValidationError"),
+    ],
+)
+def test_policy_bad_writes_are_4xx_and_store_nothing(
+    api: Invoke, user: str, body: Any, status: int, code: str
+) -> None:
+    got, err = api("PUT", "/v1/policy", user=user, body=body)
+    assert (got, err["error"]["code"]) == (status, code), err
+    assert api("GET", "/v1/policy")[1]["version"] == 0
+
+
+def test_offers_default_is_the_catalog_and_can_be_replaced(api: Invoke) -> None:
+    from berth.pricing.catalog import load_offers
+
+    status, body = api("GET", "/v1/offers")
+    assert status == 200 and body["version"] == 0
+    assert len(body["document"]["offers"]) == len(load_offers())
+    one = {
+        "region": "us-west-2",
+        "zone": "usw2-az1",
+        "instance_type": "p3.2xlarge",
+        "gpu_type": "V100",
+        "gpus": 1,
+        "vcpus": 8,
+        "memory_gib": 61,
+        "on_demand_usd_h": 3.06,
+    }
+    status, stored = api("PUT", "/v1/offers", user="admin", body={"offers": [one]})
+    assert status == 200 and stored["version"] == 1 and len(stored["document"]["offers"]) == 1
+    status, err = api("PUT", "/v1/offers", user="admin", body={"offers": [{**one, "gpus": 0}]})
+    assert status == 422 and err["error"]["details"][0]["field"] == "offers.0.gpus"
+
+
+def test_submit_refuses_an_infeasible_job_naming_the_rule(fleet: Invoke, spec: dict[str, Any]) -> None:
+    # no H200 hosts, and the catalog sells no H200
+    status, err = fleet("POST", "/v1/jobs", body={**spec, "resources": {"gpu_type": "H200", "gpus": 1}})
+    assert status == 422, err
+    assert err["error"]["code"] == "Infeasible"
+    assert err["error"]["details"]["rule"] == Rule.GPU_TYPE
+    assert Rule.GPU_TYPE in err["error"]["message"]
+    # on-prem only, larger than any host, on one node
+    big = {**spec, "resources": {"gpu_type": "V100", "gpus": 16}, "constraints": {"placement": "onprem"}}
+    status, err = fleet("POST", "/v1/jobs", body=big)
+    assert status == 422 and err["error"]["details"]["rule"] == Rule.CAPACITY
+    # nothing was stored
+    assert fleet("GET", "/v1/jobs")[1]["jobs"] == []
+    # a job the fleet can take is accepted
+    ok = {**spec, "constraints": {"placement": "onprem"}}
+    assert fleet("POST", "/v1/jobs", body=ok)[0] == 201
+
+
+def test_feasibility_reads_the_stored_policy(fleet: Invoke, spec: dict[str, Any]) -> None:
+    cloud = {**spec, "resources": {"gpu_type": "H100", "gpus": 8}, "constraints": {"placement": "cloud"}}
+    assert fleet("POST", "/v1/jobs", body=cloud)[0] == 201
+    policy = fleet("GET", "/v1/policy")[1]["document"]
+    assert fleet("PUT", "/v1/policy", user="admin", body={**policy, "burst": None})[0] == 200
+    from berth.handlers import api as api_module
+
+    api_module._fleet().clear_cache()
+    status, err = fleet("POST", "/v1/jobs", body=cloud)
+    assert status == 422 and err["error"]["details"]["rule"] == Rule.BURST
+    assert err["error"]["details"]["policy_version"] == 1
+
+
+def test_dataset_residency_counts_at_submit(fleet: Invoke, spec: dict[str, Any]) -> None:
+    ds = {
+        "locations": [{"pool": "lab", "root": "/data/glue"}],
+        "tenants": ["vision"],
+        "residency": "onprem-only",
+    }
+    assert fleet("PUT", "/v1/datasets/glue", user="admin", body=ds)[0] == 200
+    reads = {**spec, "data": [{"source": "dataset://glue", "mount": "/data"}]}
+    # the dataset lives only in pool "lab", which has A100s; the job wants V100s and may not burst
+    status, err = fleet("POST", "/v1/jobs", body=reads)
+    assert status == 422, err
+    assert err["error"]["details"]["rule"] in {Rule.POOLS, Rule.RESIDENCY, Rule.CAPACITY}
+    sites = err["error"]["details"]["sites"]
+    assert any(s["rule"] == Rule.RESIDENCY for s in sites), sites
+    a100 = {**reads, "resources": {"gpu_type": "A100", "gpus": 2}}
+    assert fleet("POST", "/v1/jobs", body=a100)[0] == 201
+
+
+def test_explain_a_queued_job_from_the_cores_outcome(fleet: Invoke, spec: dict[str, Any]) -> None:
+    status, job = fleet("POST", "/v1/jobs", body={**spec, "constraints": {"placement": "onprem"}})
+    assert status == 201
+    status, out = fleet("GET", f"/v1/jobs/{job['id']}/explain")
+    assert status == 200, out
+    assert out["status"] == "QUEUED" and out["outcome"] == "onprem"
+    ex = out["explanation"]
+    assert ex["job_id"] == job["id"] and ex["summary"].startswith("placed on-prem in pool default")
+    rows = {c["site"]: c for c in ex["candidates"]}
+    assert rows["onprem:lab/A100"]["rule"] == Rule.GPU_TYPE
+    assert any(c["chosen"] for c in ex["candidates"])
+    assert all(c["rule"] == Rule.PLACEMENT for k, c in rows.items() if k.startswith("cloud:"))
+
+
+def test_explain_names_why_a_job_waits(fleet: Invoke, spec: dict[str, Any]) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+
+    hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
+    for h in ("v100-a", "v100-b"):
+        rec = hosts.get(h)
+        assert rec is not None
+        hosts.hold(h, f"j-other-{h}#1", rec.free_gpu_ids, 1, 1)
+    status, job = fleet("POST", "/v1/jobs", body={**spec, "constraints": {"placement": "onprem"}})
+    assert status == 201
+    out = fleet("GET", f"/v1/jobs/{job['id']}/explain")[1]
+    assert out["outcome"] == "pending"
+    assert Rule.CAPACITY in out["explanation"]["rules"]
+    assert "on-prem" in out["explanation"]["summary"]
+
+
+def test_explain_has_the_same_tenant_check_as_get(fleet: Invoke, spec: dict[str, Any]) -> None:
+    job = fleet("POST", "/v1/jobs", body=spec)[1]
+    status, err = fleet("GET", f"/v1/jobs/{job['id']}/explain", user="bob")
+    assert status == 404 and err["error"]["code"] == "NotFound"
+    assert fleet("GET", f"/v1/jobs/{job['id']}/explain", user="admin")[0] == 200
+    assert fleet("GET", "/v1/jobs/j-00000000000000000000000000/explain")[0] == 404
+    assert fleet("GET", "/v1/jobs/bad/explain")[0] == 422
+
+
+def test_explain_a_finished_job(fleet: Invoke, spec: dict[str, Any]) -> None:
+    job = fleet("POST", "/v1/jobs", body=spec)[1]
+    assert fleet("POST", f"/v1/jobs/{job['id']}/cancel")[0] == 202
+    out = fleet("GET", f"/v1/jobs/{job['id']}/explain")[1]
+    assert out["status"] == "CANCELED" and out["outcome"] == "finished" and out["explanation"] is None
+
+
+def test_capacity(fleet: Invoke) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+
+    DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]).hold(
+        "v100-a", "j-x#1", ("GPU-v100-a-0", "GPU-v100-a-1"), 4, 8
+    )
+    _register("dead", "V100", 4, lease_h=-1)
+    status, cap = fleet("GET", "/v1/capacity", user="bob")
+    assert status == 200, cap
+    assert cap["totals"] == {"hosts": 4, "gpus": 28, "used_gpus": 2, "free_gpus": 22, "unavailable_gpus": 4}
+    pools = {p["pool"]: p for p in cap["pools"]}
+    assert pools["default"]["models"]["V100"] == {
+        "gpus": 20,
+        "used_gpus": 2,
+        "free_gpus": 14,
+        "unavailable_gpus": 4,
+    }
+    assert pools["default"]["healthy_hosts"] == 2 and pools["lab"]["free_gpus"] == 8
+    hosts = {h["host_id"]: h for h in cap["hosts"]}
+    assert hosts["v100-a"]["attempts"] == ["j-x#1"] and hosts["v100-a"]["free_gpus"] == 6
+    assert hosts["dead"]["alive"] is False
+    regions = {r["region"]: r for r in cap["cloud"]["regions"]}
+    assert set(regions) == {"us-east-1", "us-east-2", "us-west-2"}
+    assert regions["us-east-1"]["circuit"] == "closed"
+    assert all(it["circuit"] == "closed" for r in regions.values() for it in r["instance_types"])

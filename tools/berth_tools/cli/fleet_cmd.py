@@ -1,0 +1,162 @@
+"""Fleet and policy commands: explain, capacity, policy, offers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, _read_spec, _status, client_for
+from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+
+
+def _explain_table(d: dict[str, Any]) -> None:
+    console.print(f"[bold]{d['job_id']}[/] {_status(d['status'])}: {escape(d['reason'])}")
+    ex = d.get("explanation")
+    if ex is None:
+        where = d.get("placement")
+        console.print(
+            f"outcome: [bold]{d['outcome']}[/]" + (f" at {escape(json.dumps(where))}" if where else "")
+        )
+        return
+    console.print(f"outcome now: [bold]{ex['outcome']}[/]: {escape(ex['summary'])}")
+    console.print(
+        f"fair share: {ex['fair_share']:.3f} (rank {ex['fair_share_rank']} of {ex['tenants']} tenants); "
+        f"rules: {', '.join(ex['rules']) or '-'}"
+    )
+    t = Table("SITE", "ELIGIBLE", "RULE", "USD/H", "WHY")
+    for c in ex["candidates"]:
+        usd = "-" if c["hourly_usd"] is None else f"{c['hourly_usd']:.2f}"
+        mark = "[green]chosen[/]" if c["chosen"] else ("yes" if c["eligible"] else "[red]no[/]")
+        t.add_row(c["site"], mark, c["rule"] or "-", usd, escape(c["message"]))
+    console.print(t)
+
+
+def explain(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Why a job is pending (the scheduler core's outcome for it now), or where it runs."""
+    with api_errors(output):
+        data = client_for(api_url, profile).explain(job_id)
+    render(output, data, _explain_table)
+
+
+def _capacity_table(d: dict[str, Any]) -> None:
+    tot = d["totals"]
+    console.print(
+        f"[bold]{tot['hosts']} hosts[/], {tot['gpus']} GPUs: {tot['free_gpus']} free, "
+        f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable (as of {d['as_of']})"
+    )
+    t = Table("POOL", "MODEL", "GPUS", "FREE", "USED", "UNAVAILABLE")
+    for p in d["pools"]:
+        for model, m in sorted(p["models"].items()):
+            t.add_row(
+                p["pool"],
+                model,
+                str(m["gpus"]),
+                str(m["free_gpus"]),
+                str(m["used_gpus"]),
+                str(m["unavailable_gpus"]),
+            )
+    console.print(t)
+    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "ATTEMPTS")
+    for host in d["hosts"]:
+        alive = "[green]yes[/]" if host["alive"] else "[red]no[/]"
+        h.add_row(
+            host["host_id"],
+            host["pool"],
+            host["gpu_type"],
+            f"{host['free_gpus']}/{host['gpus']}",
+            alive,
+            ", ".join(host["attempts"]) or "-",
+        )
+    console.print(h)
+    c = Table("REGION", "CIRCUIT", "INSTANCE TYPES", "NOT CLOSED")
+    for r in d["cloud"]["regions"]:
+        bad = [
+            f"{it['instance_type']}={it['circuit']}"
+            for it in r["instance_types"]
+            if it["circuit"] != "closed"
+        ]
+        c.add_row(r["region"], r["circuit"], str(len(r["instance_types"])), ", ".join(bad) or "-")
+    console.print(c)
+
+
+def capacity(
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """The fleet now: pools, hosts, free and used GPUs; cloud regions and their circuit state."""
+    with api_errors(output):
+        data = client_for(api_url, profile).capacity()
+    render(output, data, _capacity_table)
+
+
+SetOpt = Annotated[Path | None, typer.Option("--set", help="New document (YAML/JSON) to store; admins only")]
+VersionOpt = Annotated[int | None, typer.Option("--version", help="Show this stored version")]
+IfMatchOpt = Annotated[
+    int | None, typer.Option("--if-match", help="Refuse the write unless this is still the current version")
+]
+
+
+def _document(
+    kind: str,
+    set_file: Path | None,
+    version: int | None,
+    if_match: int | None,
+    output: OutputFormat,
+    api_url: str | None,
+    profile: str | None,
+) -> None:
+    with api_errors(output):
+        client = client_for(api_url, profile)
+        if set_file is not None:
+            data = client.put_document(kind, _read_spec(set_file, output), if_match)
+        else:
+            data = client.get_document(kind, version)
+
+    def table(d: dict[str, Any]) -> None:
+        by = f" by {d['updated_by']} at {d['updated_at']}" if d["updated_by"] else ""
+        console.print(f"[bold]{kind}[/] version {d['version']} ({d['source']}{by})")
+        console.print_json(json.dumps(d["document"]))
+
+    render(output, data, table)
+
+
+def policy(
+    set_file: SetOpt = None,
+    version: VersionOpt = None,
+    if_match: IfMatchOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show (or, as an admin, replace) the scheduling policy; every version is kept."""
+    _document("policy", set_file, version, if_match, output, api_url, profile)
+
+
+def offers(
+    set_file: SetOpt = None,
+    version: VersionOpt = None,
+    if_match: IfMatchOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show (or, as an admin, replace) the cloud offers; every version is kept."""
+    _document("offers", set_file, version, if_match, output, api_url, profile)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explain")(explain)
+    app.command("capacity")(capacity)
+    app.command("policy")(policy)
+    app.command("offers")(offers)
