@@ -78,6 +78,13 @@ class FakeJobs:
                 item = self.table.tenant_item(job.tenant)
                 item["active_jobs"] = item.get("active_jobs", 0) - 1
 
+    def update(self, job: Job) -> None:
+        with self.table.lock:
+            stored = self.jobs.get(job.id)
+            if stored is None or stored.version != job.version - 1:
+                raise Conflict("version moved")
+            self.jobs[job.id] = job
+
     def get(self, job_id: str) -> Job | None:
         return self.jobs.get(job_id)
 
@@ -156,7 +163,13 @@ class FakeHosts:
         return [self.hosts[k] for k in sorted(self.hosts)]
 
     def hold(
-        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+        self,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
     ) -> None:
         with self.lock:
             current = self.hosts.get(host_id)
@@ -170,7 +183,7 @@ class FakeHosts:
                 or not set(gpu_ids) <= free
             ):
                 raise Conflict(f"GPUs {list(gpu_ids)} of {host_id!r} are not all free")
-            holds = {**current.holds, attempt: Hold(gpu_ids=gpu_ids, cpu=cpu, memory_gib=memory_gib)}
+            holds = {**current.holds, attempt: Hold(gpu_ids=gpu_ids, cpu=cpu, memory_gib=memory_gib, at=at)}
             self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
 
     def release(self, host_id: str, attempt: str) -> bool:
@@ -180,6 +193,19 @@ class FakeHosts:
                 return False
             holds = {k: v for k, v in current.holds.items() if k != attempt}
             self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
+            return True
+
+    def mark_lost(self, host_id: str, now: datetime) -> bool:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if (
+                current is None
+                or not current.healthy
+                or current.lease_expires_at is None
+                or current.lease_expires_at >= now
+            ):
+                return False
+            self.hosts[host_id] = current.model_copy(update={"healthy": False, "version": current.version + 1})
             return True
 
 

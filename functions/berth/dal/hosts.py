@@ -41,6 +41,7 @@ class DynamoHostRepository:
                 gpu_ids=tuple(v.get("gpu_ids") or ()),
                 cpu=float(v.get("cpu") or 0),
                 memory_gib=float(v.get("memory_gib") or 0),
+                at=datetime.fromisoformat(v["at"]) if v.get("at") else None,
             )
             for k, v in _as_dict(row.holds).items()
         }
@@ -124,7 +125,13 @@ class DynamoHostRepository:
             raise NotFound(f"host {host_id!r} is not registered") from exc
 
     def hold(
-        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+        self,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
     ) -> None:
         R = self._Row
         if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
@@ -132,7 +139,9 @@ class DynamoHostRepository:
         condition: Condition = R.host_id.exists() & R.holds[attempt].does_not_exist()
         for g in gpu_ids:
             condition = condition & R.free_gpu_ids.contains(g)
-        hold = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
+        hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
+        if at is not None:
+            hold["at"] = at.isoformat()
         try:
             with translated(f"hold GPUs on {host_id}"):
                 R(host_id).update(
@@ -165,4 +174,16 @@ class DynamoHostRepository:
                 R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
         except Conflict:
             return False  # released concurrently: the GPUs went back once
+        return True
+
+    def mark_lost(self, host_id: str, now: datetime) -> bool:
+        R = self._Row
+        try:
+            with translated(f"mark host {host_id} lost"):
+                R(host_id).update(
+                    actions=[R.healthy.set(False), R.version.add(1)],
+                    condition=R.host_id.exists() & (R.healthy == True) & (R.lease_expires_at < now),  # noqa: E712
+                )
+        except Conflict:
+            return False
         return True

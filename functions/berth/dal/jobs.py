@@ -19,6 +19,7 @@ from berth.domain.job_spec import JobSpec
 from berth.domain.placement import Site
 from berth.domain.ports import Page
 from berth.domain.status import JobStatus
+from berth.domain.workflow import RunState
 
 
 def _failed_items(exc: Exception) -> set[int]:
@@ -74,6 +75,7 @@ class DynamoJobRepository:
             attempts=job.attempts,
             cost_usd=job.cost_usd,
             version=job.version,
+            run=job.run.model_dump(mode="json", exclude_defaults=True) or None,
         )
 
     @staticmethod
@@ -93,9 +95,10 @@ class DynamoJobRepository:
             attempts=int(row.attempts),
             cost_usd=float(row.cost_usd),
             version=int(row.version),
+            run=RunState.model_validate(row.run or {}),
         )
 
-    def _event_row(self, event: JobEvent) -> JobEventRow:
+    def _event_row(self, event: JobEvent, job: Job) -> JobEventRow:
         return self._Event(
             job_id=event.job_id,
             seq=event.seq,
@@ -103,6 +106,7 @@ class DynamoJobRepository:
             from_status=None if event.from_ is None else str(event.from_),
             to_status=str(event.to),
             reason=event.reason,
+            detail=job.notification(event),
         )
 
     # -- writes --------------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class DynamoJobRepository:
         try:
             with translated(f"create job {job.id}"), TransactWrite(connection=self._conn) as tx:
                 tx.save(self._row(job), condition=self._Job.job_id.does_not_exist())
-                tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+                tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
                 tx.update(
                     self._Tenant(TENANT + job.tenant),
                     actions=[counter.add(1)],
@@ -159,9 +163,15 @@ class DynamoJobRepository:
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
             tx.save(self._row(job), condition=self._Job.version == job.version - 1)
-            tx.save(self._event_row(event), condition=self._Event.job_id.does_not_exist())
+            tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
             if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
                 tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
+
+    def update(self, job: Job) -> None:
+        """Store a new version of the job without a status change (no event), conditional on the
+        stored version being the one before."""
+        with translated(f"update job {job.id}"):
+            self._row(job).save(condition=self._Job.version == job.version - 1)
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:

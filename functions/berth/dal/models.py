@@ -38,6 +38,8 @@ class JobRow(Model):
     attempts = NumberAttribute(default=0)
     cost_usd = NumberAttribute(default=0)
     version = NumberAttribute()
+    #: The workflow's run state (``berth.domain.workflow.RunState``): tokens, lease, ranks.
+    run = JSONAttribute(null=True)
 
 
 class ByTenant(GlobalSecondaryIndex["JobRow"]):
@@ -79,6 +81,8 @@ class JobEventRow(Model):
     from_status = UnicodeAttribute(null=True)
     to_status = UnicodeAttribute()
     reason = UnicodeAttribute()
+    #: The notification (``Job.notification``) the stream publishes to EventBridge: ids and states only.
+    detail = JSONAttribute(null=True)
 
 
 class TenantRow(Model):

@@ -32,6 +32,8 @@ class Hold(_Frozen):
     gpu_ids: tuple[str, ...] = ()
     cpu: Annotated[float, Field(ge=0)] = 0.0
     memory_gib: Annotated[float, Field(ge=0)] = 0.0
+    at: datetime | None = None
+    """When the hold was taken (a hold no job claims after a grace period is an orphan)."""
 
 
 class HostInventory(_Frozen):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import JobPlacement, Site
 from berth.domain.status import JobStatus, check_transition
+from berth.domain.workflow import RunState
 
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -67,6 +68,8 @@ class Job(BaseModel):
     version: int = 1
     #: Who submitted it (role session name or IAM user name), for audit; ``owner`` is the principal.
     actor: str | None = None
+    #: The workflow's state of the current attempt (tokens, lease, ranks); internal, never public.
+    run: RunState = RunState()
 
     @model_validator(mode="after")
     def _site_matches_placement(self) -> Job:
@@ -99,6 +102,26 @@ class Job(BaseModel):
         )
         event = JobEvent(job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=to, reason=reason)
         return nxt, event
+
+    def updated(self, now: datetime, **changes: Any) -> Job:
+        """The next version of this job without a status change (no event)."""
+        return self.model_copy(update={"updated_at": now, "version": self.version + 1, **changes})
+
+    def notification(self, event: JobEvent) -> dict[str, Any]:
+        """The detail of the ``Berth Job State Change`` event for ``event`` (ids and states, no spec)."""
+        return {
+            "tenant": self.tenant,
+            "job_id": self.id,
+            "seq": event.seq,
+            "at": iso(event.at),
+            "from": None if event.from_ is None else str(event.from_),
+            "to": str(event.to),
+            "reason": event.reason,
+            "site": None if self.site is None else str(self.site),
+            "placement": None if self.placement is None else self.placement.model_dump(mode="json"),
+            "attempt": self.attempts,
+            "cost_usd": round(self.cost_usd, 4),
+        }
 
 
 def new_job(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
@@ -45,6 +45,10 @@ class JobRepository(Protocol):
         atomically (releasing its active-job count when it ends); Conflict if another writer got
         there first."""
 
+    def update(self, job: Job) -> None:
+        """Store ``job`` (version n) if the stored version is n-1, without an event; else Conflict."""
+        ...
+
     def list_for_tenant(
         self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
     ) -> Page: ...
@@ -73,7 +77,13 @@ class HostRepository(Protocol):
     def list_hosts(self) -> list[HostRecord]: ...
 
     def hold(
-        self, host_id: str, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float
+        self,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
     ) -> None:
         """Give exactly these GPUs to ``attempt`` in one conditional write; Conflict if any of them
         is not free (held by another attempt, or not the host's), or the attempt already holds
@@ -81,6 +91,11 @@ class HostRepository(Protocol):
 
     def release(self, host_id: str, attempt: str) -> bool:
         """Return the attempt's GPUs to the free set; False (and nothing written) if it held none."""
+        ...
+
+    def mark_lost(self, host_id: str, now: datetime) -> bool:
+        """Mark a host whose lease expired before ``now`` unhealthy; False if it renewed meanwhile
+        (conditional on the lease still being expired) or was already marked."""
 
 
 class DocumentRepository(Protocol):
@@ -164,3 +179,43 @@ class CredentialVendor(Protocol):
         self, session_name: str, policy_json: str, seconds: int, source_identity: str
     ) -> JobCredentials:
         """Credentials of the job role narrowed by ``policy_json``; StoreUnavailable on STS failure."""
+
+
+class TaskTokens(Protocol):
+    """Step Functions callbacks: complete, fail or keep alive a task waiting on a token."""
+
+    def succeed(self, token: str, output: dict[str, Any]) -> bool:
+        """False when the token is no longer valid (its execution ended or the task timed out)."""
+        ...
+
+    def fail(self, token: str, error: str, cause: str) -> bool: ...
+
+    def heartbeat(self, token: str) -> bool: ...
+
+
+class WorkQueues(Protocol):
+    """One queue per on-prem host: work messages reach exactly the host the scheduler chose."""
+
+    def ensure(self, host_id: str) -> str:
+        """The host's queue URL, creating the queue the first time."""
+        ...
+
+    def send(self, host_id: str, body: str) -> None: ...
+
+
+class PassTrigger(Protocol):
+    """Asks for a scheduling pass (batched: many requests close together cost one pass)."""
+
+    def request(self, reason: str, delay_s: int = 0) -> None: ...
+
+
+class Executions(Protocol):
+    """Starts the job's workflow execution, named after the job (a second start is harmless)."""
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> None: ...
+
+
+class EventPublisher(Protocol):
+    def publish(self, details: list[dict[str, Any]]) -> None:
+        """Put ``Berth Job State Change`` events (all or raise)."""
+        ...

@@ -20,6 +20,9 @@ TENANT_RE = r"^[a-z][a-z0-9-]{1,31}$"
 class Role(StrEnum):
     MEMBER = "member"
     ADMIN = "admin"
+    HOST = "host"
+    """An on-prem host's identity: its membership row's ``tenant`` field holds the host id, and it may
+    call the agent API only (never the public API)."""
 
 
 @dataclass(frozen=True, slots=True)

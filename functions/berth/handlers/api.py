@@ -46,7 +46,7 @@ from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
-from berth.handlers import schemas
+from berth.handlers import runtime, schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
@@ -56,6 +56,7 @@ from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY, SnapshotSource
 from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
+from berth.logic.workflow import WorkflowHooks
 
 logger = Logger()
 tracer = Tracer()
@@ -89,8 +90,17 @@ def _services() -> tuple[JobService, TenantService]:
         feasibility=_fleet().check,
         access=_storage().check_spec,
         idempotency_ttl=timedelta(seconds=cfg.idempotency_ttl_s),
+        on_submitted=_hooks().submitted,
+        on_canceled=_hooks().canceled,
     )
     return jobs, TenantService(tenants)
+
+
+@cache
+def _hooks() -> WorkflowHooks:
+    return WorkflowHooks(
+        tokens=runtime.task_tokens(), executions=runtime.executions(), settings=runtime.workflow_settings()
+    )
 
 
 @cache
@@ -111,6 +121,7 @@ def _fleet() -> FleetService:
         hosts=DynamoHostRepository(cfg.hosts_table),
         documents=DynamoDocumentRepository(cfg.tenants_table),
         clock=_now,
+        cloud_enabled=cfg.cloud_enabled,
     )
     return FleetService(source, cache_s=cfg.feasibility_cache_s)
 

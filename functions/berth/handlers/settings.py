@@ -31,6 +31,27 @@ class Settings(BaseSettings):
     #: facts; explain and capacity always read afresh).
     feasibility_cache_s: float = 5.0
 
+    # -- the workflow (docs/workflow.md); empty names leave that part unwired (tests of the API alone)
+    #: The job state machine; the API starts one execution per job, named after it.
+    state_machine_arn: str = ""
+    #: The scheduler's trigger queue (submits, finishes and capacity changes ask for a pass here).
+    scheduler_queue_url: str = ""
+    #: Per-host work queues are ``<prefix><host_id>``.
+    host_queue_prefix: str = "berth-host-"
+    #: The Berth EventBridge bus (``Berth Job State Change`` events).
+    event_bus_name: str = ""
+    #: Timings (seconds); the local cloud shortens them.
+    heartbeat_s: int = 60
+    lease_s: int = 90
+    claim_s: int = 300
+    backoff_base_s: float = 2.0
+    backoff_cap_s: float = 300.0
+    orphan_grace_s: int = 120
+    #: A queued job without a placement wait this long after submit gets its execution (re)started.
+    execution_repair_s: int = 30
+    #: False until the cloud-bursting issue deploys a cloud dispatcher: nothing is placed in the cloud.
+    cloud_enabled: bool = False
+
 
 @cache
 def settings() -> Settings:

@@ -42,6 +42,10 @@ class JobService:
     feasibility: FeasibilityCheck | None = None
     access: AccessCheck | None = None
     idempotency_ttl: timedelta = IDEMPOTENCY_TTL
+    #: Called with each newly stored job (starts its workflow execution).
+    on_submitted: Callable[[Job], None] | None = None
+    #: Called with (before, after) of each cancel that moved a job.
+    on_canceled: Callable[[Job, Job], None] | None = None
 
     def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Create a job. With an ``idempotency_key`` the key is claimed in the job's own transaction:
@@ -74,6 +78,8 @@ class JobService:
                 f"(quota max_active_jobs={quota.max_active_jobs}); wait for some to finish or cancel them",
                 details={"max_active_jobs": quota.max_active_jobs},
             ) from exc
+        if self.on_submitted is not None:
+            self.on_submitted(job)
         return job
 
     def get(self, caller: Caller, job_id: str) -> Job:
@@ -122,5 +128,7 @@ class JobService:
                 self.jobs.save(nxt, event)
             except Conflict:
                 continue
+            if self.on_canceled is not None:
+                self.on_canceled(job, nxt)
             return nxt
         raise Conflict(f"job {job_id!r} kept changing while canceling; try again")

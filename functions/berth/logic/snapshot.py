@@ -39,8 +39,9 @@ from berth.scheduler.snapshot import (
 
 POLICY = "policy"
 OFFERS = "offers"
-#: Statuses the scheduler places (pending) and those holding capacity (running).
-PENDING_STATUSES = (JobStatus.QUEUED, JobStatus.RETRYING)
+#: Statuses the scheduler places (pending; a RETRYING job waits out its backoff first) and those
+#: holding capacity (running).
+PENDING_STATUSES = (JobStatus.QUEUED,)
 RUNNING_STATUSES = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
 #: The most jobs of one status a snapshot reads.
 MAX_JOBS_PER_STATUS = 10_000
@@ -133,7 +134,14 @@ def scheduler_host(record: HostRecord, now: datetime) -> Host:
 
 
 def pending_job(job: Job) -> PendingJob:
-    return pending_from_spec(job.id, job.tenant, job.spec, job.created_at.timestamp())
+    return pending_from_spec(
+        job.id,
+        job.tenant,
+        job.spec,
+        job.created_at.timestamp(),
+        avoid_hosts=job.run.excluded_hosts,
+        avoid_regions=job.run.excluded_regions,
+    )
 
 
 def running_job(job: Job) -> RunningJob | None:
@@ -197,6 +205,9 @@ class SnapshotSource:
     hosts: HostRepository
     documents: DocumentRepository
     clock: Callable[[], datetime]
+    cloud_enabled: bool = True
+    """False until a cloud dispatcher is deployed (the cloud-bursting issue): no offers are read, so
+    nothing is ever placed in the cloud and feasibility, explain and capacity say so."""
 
     def document(self, kind: str) -> StoredDocument:
         return self.documents.current(kind) or default_document(kind)
@@ -213,6 +224,8 @@ class SnapshotSource:
         return with_dataset_residency(policy, registered), doc.version
 
     def offers(self) -> tuple[tuple[CloudOffer, ...], int]:
+        if not self.cloud_enabled:
+            return (), 0
         doc = self.document(OFFERS)
         parsed = OffersDocument.model_validate(doc.document)
         return tuple(o.offer() for o in parsed.offers), doc.version
@@ -233,6 +246,11 @@ class SnapshotSource:
 
     def snapshot(self) -> tuple[Snapshot, Fleet, list[Job]]:
         """The whole queue and fleet as the scheduler sees it now (and the pending jobs' records)."""
+        inputs = self.pass_inputs()
+        return inputs.snapshot, inputs.fleet, inputs.pending_jobs
+
+    def pass_inputs(self) -> PassInputs:
+        """Everything a scheduling pass reads, with the job records behind the snapshot."""
         pending_jobs = [j for s in PENDING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
         running_jobs = [j for s in RUNNING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
         names = {n for j in (*pending_jobs, *running_jobs) for n in dataset_names(j.spec)}
@@ -247,4 +265,12 @@ class SnapshotSource:
             tenants={t: tenant_state(t, self.tenants.quota(t)) for t in sorted(tenants)},
             circuits=fleet.circuits,
         )
-        return snapshot, fleet, pending_jobs
+        return PassInputs(snapshot, fleet, pending_jobs, running_jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class PassInputs:
+    snapshot: Snapshot
+    fleet: Fleet
+    pending_jobs: list[Job]
+    running_jobs: list[Job]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from berth.domain.errors import Forbidden, NotFound, ValidationFailed
 from berth.domain.identity import Identity, resolve_principal
 from berth.domain.ports import TenantRepository
-from berth.domain.tenancy import Caller, Quota, valid_tenant_name
+from berth.domain.tenancy import Caller, Quota, Role, valid_tenant_name
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,21 @@ class TenantService:
                 f"principal {principal.arn} is not the one registered under that name (its unique id "
                 "differs: was it deleted and recreated?); ask an admin to register it again"
             )
+        if member.role is Role.HOST:
+            raise Forbidden(f"principal {principal.arn} is a host identity; hosts may call /v1/agent/ only")
         return Caller(principal=principal.arn, tenant=member.tenant, role=member.role, actor=principal.actor)
+
+    def host(self, identity: Identity) -> tuple[str, str]:
+        """(host id, principal) of a verified host identity; Forbidden for anyone else."""
+        principal = resolve_principal(identity)
+        member = self.tenants.member(principal.arn)
+        if member is None or member.role is not Role.HOST:
+            raise Forbidden(
+                f"principal {principal.arn} is not a registered Berth host; the agent API answers hosts only"
+            )
+        if member.unique_id != principal.unique_id:
+            raise Forbidden(f"principal {principal.arn} is not the one registered under that name")
+        return member.tenant, principal.arn
 
     def get_quota(self, caller: Caller, tenant: str) -> Quota:
         self._check_tenant(tenant)

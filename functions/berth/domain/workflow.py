@@ -1,0 +1,292 @@
+"""The job workflow's pure parts: the run state an attempt keeps on the job, the failure taxonomy,
+the retry decision and its backoff, and the dispatch protocol's messages. Pure.
+
+The Step Functions state machine (``infra/berth_infra/workflow.py``) drives one execution per job;
+its task Lambdas call ``berth.logic.workflow``, which decides with the functions here. Every failure,
+whoever reports it (an agent, the lease reaper, a state timeout), is named by one ``Failure`` kind;
+``classify`` maps it to a class (transient, permanent, canceled) and ``retry_decision`` to an action.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The protocol version in every work message and in ``docs/agent-protocol.md``.
+PROTOCOL_VERSION = 1
+
+
+class Failure(StrEnum):
+    """Every way an attempt can end other than success. The Step Functions error name is
+    ``Berth.<value>`` (``error_name``)."""
+
+    HOST_LOST = "HostLost"
+    HEARTBEAT_TIMEOUT = "HeartbeatTimeout"
+    STAGING = "StagingFailed"
+    SPOT_INTERRUPTION = "SpotInterruption"
+    CAPACITY = "Capacity"
+    THROTTLED = "Throttled"
+    CLOUD_API = "CloudApiError"
+    PREEMPTED = "Preempted"
+    AGENT_ERROR = "AgentError"
+    BAD_IMAGE = "BadImage"
+    INVALID_SPEC = "InvalidSpec"
+    TIMEOUT = "Timeout"
+    NONZERO_EXIT = "NonZeroExit"
+    OOM = "OutOfMemory"
+    CANCELED = "Canceled"
+
+    @property
+    def error_name(self) -> str:
+        return f"Berth.{self.value}"
+
+
+class FailureClass(StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    CANCELED = "canceled"
+
+
+#: The taxonomy (docs/workflow.md renders this table).
+FAILURE_CLASS: dict[Failure, FailureClass] = {
+    Failure.HOST_LOST: FailureClass.TRANSIENT,
+    Failure.HEARTBEAT_TIMEOUT: FailureClass.TRANSIENT,
+    Failure.STAGING: FailureClass.TRANSIENT,
+    Failure.SPOT_INTERRUPTION: FailureClass.TRANSIENT,
+    Failure.CAPACITY: FailureClass.TRANSIENT,
+    Failure.THROTTLED: FailureClass.TRANSIENT,
+    Failure.CLOUD_API: FailureClass.TRANSIENT,
+    Failure.PREEMPTED: FailureClass.TRANSIENT,
+    Failure.AGENT_ERROR: FailureClass.TRANSIENT,
+    Failure.BAD_IMAGE: FailureClass.PERMANENT,
+    Failure.INVALID_SPEC: FailureClass.PERMANENT,
+    Failure.TIMEOUT: FailureClass.PERMANENT,
+    Failure.NONZERO_EXIT: FailureClass.PERMANENT,
+    Failure.OOM: FailureClass.PERMANENT,
+    Failure.CANCELED: FailureClass.CANCELED,
+}
+
+#: Transient failures that are not the job's fault and do not use up one of its attempts.
+NOT_COUNTED = frozenset({Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED})
+#: Failures that exclude the failed host (or region) from the next placement.
+EXCLUDES_LOCATION = frozenset(
+    {Failure.HOST_LOST, Failure.HEARTBEAT_TIMEOUT, Failure.STAGING, Failure.AGENT_ERROR, Failure.CAPACITY}
+)
+#: Step Functions' own timeout errors; moto reports a heartbeat timeout as ``States.Timeout`` too.
+STATES_TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
+#: How long past ``timeout_minutes`` the dispatch state waits before it declares the job timed out
+#: (the agent enforces the limit itself and reports ``Timeout``; this catches a silent host).
+TIMEOUT_GRACE_S = 120
+
+
+def failure_from_error(error: str | None, ran_s: float | None, timeout_s: float) -> Failure:
+    """The failure an error name of the state machine stands for.
+
+    ``Berth.<Kind>`` names itself. A states timeout is the job's own time limit when it has run that
+    long, and a heartbeat timeout (the host went silent) otherwise. Anything else (a task Lambda that
+    crashed, ``States.TaskFailed``) is an agent-side error: transient.
+    """
+    if error and error.startswith("Berth."):
+        try:
+            return Failure(error.removeprefix("Berth."))
+        except ValueError:
+            return Failure.AGENT_ERROR
+    if error in STATES_TIMEOUTS:
+        if ran_s is not None and ran_s >= timeout_s:
+            return Failure.TIMEOUT
+        return Failure.HEARTBEAT_TIMEOUT
+    return Failure.AGENT_ERROR
+
+
+def classify(failure: Failure, retry_on_nonzero: bool = False) -> FailureClass:
+    if failure is Failure.NONZERO_EXIT and retry_on_nonzero:
+        return FailureClass.TRANSIENT
+    return FAILURE_CLASS[failure]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with full jitter, bounded: ``uniform(base, min(cap, base * 2**n))``."""
+
+    base_s: float = 2.0
+    cap_s: float = 300.0
+
+    def delay(self, failures: int, rng: random.Random) -> int:
+        ceiling = min(self.cap_s, self.base_s * (2 ** max(0, failures - 1)))
+        return max(1, round(rng.uniform(min(self.base_s, ceiling), ceiling)))
+
+
+class Action(StrEnum):
+    RETRY = "retry"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDecision:
+    action: Action
+    failure: Failure
+    failure_class: FailureClass
+    reason: str
+    backoff_s: int = 0
+    counted: bool = True
+
+
+def retry_decision(
+    failure: Failure,
+    detail: str,
+    counted_failures: int,
+    max_attempts: int,
+    canceling: bool,
+    backoff: Backoff,
+    rng: random.Random,
+) -> RetryDecision:
+    """What the workflow does after an attempt failed: retry after a backoff, fail, or end canceled.
+
+    ``counted_failures`` is how many earlier failures used up an attempt. A job being canceled ends
+    canceled whatever stopped it.
+    """
+    klass = classify(failure)
+    text = f"{failure.value} ({klass.value}): {detail}".rstrip(": ")
+    if canceling or klass is FailureClass.CANCELED:
+        return RetryDecision(
+            Action.CANCEL, failure, FailureClass.CANCELED, f"canceled: {detail or 'stopped'}"
+        )
+    if klass is FailureClass.PERMANENT:
+        return RetryDecision(Action.FAIL, failure, klass, text)
+    counted = failure not in NOT_COUNTED
+    used = counted_failures + (1 if counted else 0)
+    if used >= max_attempts:
+        return RetryDecision(
+            Action.FAIL,
+            failure,
+            klass,
+            f"{text}; retries exhausted ({used} of {max_attempts} attempts failed)",
+            counted=counted,
+        )
+    delay = backoff.delay(max(1, used), rng)
+    return RetryDecision(
+        Action.RETRY,
+        failure,
+        klass,
+        f"{text}; retrying in {delay} s (attempt {used + 1} of {max_attempts})",
+        backoff_s=delay,
+        counted=counted,
+    )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunState(_Model):
+    """What the workflow keeps on the job between its states (never returned by the public API)."""
+
+    execution: str | None = None
+    """The Step Functions execution driving this job."""
+    placement_token: str | None = None
+    """The task token the execution waits on for a placement (set while QUEUED)."""
+    dispatch_token: str | None = None
+    """The task token the execution waits on while the current attempt runs."""
+    fencing_token: str | None = None
+    """The current attempt's lease: a host must present it on every report; a new attempt changes it."""
+    claimed: tuple[str, ...] = ()
+    started: tuple[str, ...] = ()
+    succeeded: tuple[str, ...] = ()
+    """Hosts (ranks) of the current attempt that claimed it, started it, finished it successfully."""
+    started_at: datetime | None = None
+    stop: str | None = None
+    """Why the scheduler stopped the current attempt (preemption, repatriation): a stop directive."""
+    counted_failures: int = 0
+    excluded_hosts: tuple[str, ...] = ()
+    excluded_regions: tuple[str, ...] = ()
+    last_failure: str | None = None
+
+
+# -- the dispatch protocol's messages (docs/agent-protocol.md) -------------------------------------
+
+
+class WorkMessage(_Model):
+    """What the control plane puts on a host's queue: a pointer to an attempt, never a secret."""
+
+    protocol: Literal[1] = 1
+    kind: Literal["run"] = "run"
+    job_id: str
+    attempt: Annotated[int, Field(ge=1)]
+    fencing_token: str
+    rank: Annotated[int, Field(ge=0)]
+    world_size: Annotated[int, Field(ge=1)]
+    gpu_ids: tuple[str, ...]
+    claim_by: datetime
+
+
+class AttemptRef(_Model):
+    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    attempt: Annotated[int, Field(ge=1, le=1000)]
+    fencing_token: Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class ReportEvent(StrEnum):
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+#: What an agent may name as the cause of a failed attempt.
+AGENT_FAILURES = frozenset(
+    {
+        Failure.NONZERO_EXIT,
+        Failure.BAD_IMAGE,
+        Failure.STAGING,
+        Failure.TIMEOUT,
+        Failure.OOM,
+        Failure.AGENT_ERROR,
+        Failure.INVALID_SPEC,
+        Failure.PREEMPTED,
+    }
+)
+
+_AGENT_FAILURE_NAMES = {
+    "nonzero_exit": Failure.NONZERO_EXIT,
+    "bad_image": Failure.BAD_IMAGE,
+    "staging": Failure.STAGING,
+    "timeout": Failure.TIMEOUT,
+    "oom": Failure.OOM,
+    "agent_error": Failure.AGENT_ERROR,
+    "invalid_spec": Failure.INVALID_SPEC,
+    "preempted": Failure.PREEMPTED,
+}
+
+AgentFailureName = Literal[
+    "nonzero_exit", "bad_image", "staging", "timeout", "oom", "agent_error", "invalid_spec", "preempted"
+]
+
+
+def agent_failure(name: str | None) -> Failure:
+    return _AGENT_FAILURE_NAMES.get(name or "", Failure.AGENT_ERROR)
+
+
+class AttemptReport(AttemptRef):
+    event: ReportEvent
+    exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
+    failure: AgentFailureName | None = None
+    message: Annotated[str, Field(max_length=2000)] = ""
+
+
+class HeartbeatRequest(_Model):
+    healthy: bool = True
+    draining: bool = False
+    attempts: Annotated[list[AttemptRef], Field(max_length=256)] = Field(default_factory=list)
+
+
+class Directive(_Model):
+    job_id: str | None = None
+    attempt: int | None = None
+    action: Literal["cancel", "stop", "drain"]
+    reason: str

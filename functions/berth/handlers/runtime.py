@@ -1,0 +1,143 @@
+"""The workflow's services wired to AWS, built once per Lambda sandbox (shared by the API, the
+workflow tasks, the scheduler, the agent API and the notifier)."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from functools import cache
+
+from berth.dal.documents import DynamoDocumentRepository
+from berth.dal.hosts import DynamoHostRepository
+from berth.dal.jobs import DynamoJobRepository
+from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
+from berth.dal.tenants import DynamoTenantRepository
+from berth.dal.workflow import (
+    EventBridgePublisher,
+    SfnExecutions,
+    SfnTaskTokens,
+    SqsPassTrigger,
+    SqsWorkQueues,
+)
+from berth.domain.workflow import Backoff
+from berth.handlers.settings import settings
+from berth.logic.agent import AgentService
+from berth.logic.scheduler_service import SchedulerService
+from berth.logic.snapshot import SnapshotSource
+from berth.logic.workflow import WorkflowService, WorkflowSettings
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@cache
+def job_repository() -> DynamoJobRepository:
+    cfg = settings()
+    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
+    return DynamoJobRepository(
+        cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
+    )
+
+
+@cache
+def host_repository() -> DynamoHostRepository:
+    return DynamoHostRepository(settings().hosts_table)
+
+
+@cache
+def tenant_repository() -> DynamoTenantRepository:
+    return DynamoTenantRepository(settings().tenants_table)
+
+
+@cache
+def workflow_settings() -> WorkflowSettings:
+    cfg = settings()
+    return WorkflowSettings(
+        heartbeat_s=cfg.heartbeat_s,
+        lease_s=cfg.lease_s,
+        claim_s=cfg.claim_s,
+        backoff=Backoff(base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s),
+        orphan_grace_s=cfg.orphan_grace_s,
+    )
+
+
+@cache
+def snapshot_source() -> SnapshotSource:
+    cfg = settings()
+    return SnapshotSource(
+        jobs=job_repository(),
+        tenants=tenant_repository(),
+        hosts=host_repository(),
+        documents=DynamoDocumentRepository(cfg.tenants_table),
+        clock=now,
+        cloud_enabled=cfg.cloud_enabled,
+    )
+
+
+@cache
+def task_tokens() -> SfnTaskTokens:
+    return SfnTaskTokens()
+
+
+@cache
+def work_queues() -> SqsWorkQueues:
+    return SqsWorkQueues(settings().host_queue_prefix)
+
+
+@cache
+def pass_trigger() -> SqsPassTrigger:
+    return SqsPassTrigger(settings().scheduler_queue_url)
+
+
+@cache
+def executions() -> SfnExecutions | None:
+    arn = settings().state_machine_arn
+    return SfnExecutions(arn) if arn else None
+
+
+@cache
+def event_publisher() -> EventBridgePublisher:
+    return EventBridgePublisher(settings().event_bus_name)
+
+
+@cache
+def workflow_service() -> WorkflowService:
+    return WorkflowService(
+        jobs=job_repository(),
+        hosts=host_repository(),
+        tokens=task_tokens(),
+        queues=work_queues(),
+        trigger=pass_trigger(),
+        clock=now,
+        settings=workflow_settings(),
+    )
+
+
+@cache
+def scheduler_service() -> SchedulerService:
+    return SchedulerService(
+        source=snapshot_source(),
+        jobs=job_repository(),
+        hosts=host_repository(),
+        tokens=task_tokens(),
+        trigger=pass_trigger(),
+        clock=now,
+        new_token=lambda: secrets.token_urlsafe(18),
+        settings=workflow_settings(),
+        executions=executions(),
+        execution_repair_s=settings().execution_repair_s,
+    )
+
+
+@cache
+def agent_service() -> AgentService:
+    return AgentService(
+        jobs=job_repository(),
+        hosts=host_repository(),
+        tokens=task_tokens(),
+        queues=work_queues(),
+        trigger=pass_trigger(),
+        clock=now,
+        settings=workflow_settings(),
+    )

@@ -1,0 +1,257 @@
+"""The agent API's use cases (docs/agent-protocol.md): hosts register, heartbeat, claim and report.
+
+A host is identified by its own IAM identity (``HostCaller``), never by the body. Every call about an
+attempt names it with its fencing token; the service checks that the attempt is the job's current
+one, that this host is one of its placed hosts and that the token matches, so a host can never read
+or report on another host's attempt, and a host that comes back after its attempt was re-placed is
+refused (``Fenced``). Agents never write the store: this service does, conditionally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from berth.domain.errors import Conflict, NotFound
+from berth.domain.fleet import HostInventory
+from berth.domain.job import Job, iso
+from berth.domain.placement import OnPremPlacement
+from berth.domain.ports import HostRepository, JobRepository, PassTrigger, TaskTokens, WorkQueues
+from berth.domain.status import JobStatus
+from berth.domain.workflow import (
+    PROTOCOL_VERSION,
+    AttemptRef,
+    AttemptReport,
+    Directive,
+    Failure,
+    HeartbeatRequest,
+    ReportEvent,
+    agent_failure,
+)
+from berth.logic.workflow import WorkflowSettings
+
+S = JobStatus
+RETRIES = 8
+MASTER_PORT = 29500
+
+
+class Fenced(Conflict):
+    """The attempt is not (or no longer) this host's current one."""
+
+    code = "Fenced"
+
+
+class AlreadyClaimed(Conflict):
+    code = "AlreadyClaimed"
+
+
+class AttemptCanceled(Conflict):
+    code = "Canceled"
+
+
+@dataclass(frozen=True, slots=True)
+class HostCaller:
+    """A verified host identity: the host id its IAM principal is registered as."""
+
+    host_id: str
+    principal: str
+
+
+@dataclass(frozen=True)
+class AgentService:
+    jobs: JobRepository
+    hosts: HostRepository
+    tokens: TaskTokens
+    queues: WorkQueues
+    trigger: PassTrigger
+    clock: Callable[[], datetime]
+    settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+
+    # -- hosts -----------------------------------------------------------------------------------
+    def register(self, host: HostCaller, inventory: HostInventory) -> dict[str, Any]:
+        if inventory.host_id != host.host_id:
+            raise Fenced(
+                f"this identity is host {host.host_id!r}; it cannot register as {inventory.host_id!r}",
+                details={"host_id": host.host_id},
+            )
+        lease = self.clock() + timedelta(seconds=self.settings.lease_s)
+        self.hosts.register(inventory, lease)
+        queue_url = self.queues.ensure(host.host_id)
+        self.trigger.request(f"host {host.host_id} registered")
+        return {
+            "host_id": host.host_id,
+            "queue_url": queue_url,
+            "lease_expires_at": iso(lease),
+            "lease_s": self.settings.lease_s,
+            "heartbeat_s": max(1, self.settings.heartbeat_s // 3),
+            "protocol": PROTOCOL_VERSION,
+        }
+
+    def heartbeat(self, host: HostCaller, request: HeartbeatRequest) -> dict[str, Any]:
+        """Renew the host's lease and each running attempt's heartbeat; answer with directives."""
+        rec = self.hosts.get(host.host_id)
+        if rec is None:
+            raise NotFound(f"host {host.host_id!r} is not registered; register first")
+        now = self.clock()
+        if not rec.healthy:
+            # Its lease expired and its attempts were failed: it must register again, and everything
+            # it still runs belongs to nobody (fenced).
+            stops = [
+                Directive(job_id=a.job_id, attempt=a.attempt, action="stop", reason="host lease expired")
+                for a in request.attempts
+            ]
+            return {
+                "lease_expires_at": None,
+                "reregister": True,
+                "directives": [d.model_dump() for d in stops],
+            }
+        lease = now + timedelta(seconds=self.settings.lease_s)
+        self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy)
+        directives: list[Directive] = []
+        for ref in request.attempts:
+            job = self.jobs.get(ref.job_id)
+            if job is None or not _is_current(job, host.host_id, ref):
+                directives.append(
+                    Directive(job_id=ref.job_id, attempt=ref.attempt, action="stop", reason="fenced")
+                )
+                continue
+            if job.run.dispatch_token:
+                self.tokens.heartbeat(job.run.dispatch_token)
+            if job.status is S.CANCELING:
+                directives.append(
+                    Directive(job_id=job.id, attempt=ref.attempt, action="cancel", reason=job.reason)
+                )
+            elif job.run.stop:
+                directives.append(
+                    Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.stop)
+                )
+        return {"lease_expires_at": iso(lease), "directives": [d.model_dump() for d in directives]}
+
+    # -- attempts --------------------------------------------------------------------------------
+    def claim(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:
+        """Claim this host's rank of an attempt: once (a second claim, a duplicate delivery, loses)."""
+        for _ in range(RETRIES):
+            job = self._current(host, ref)
+            if host.host_id in job.run.claimed:
+                raise AlreadyClaimed(
+                    f"host {host.host_id} already claimed attempt {ref.attempt} of {ref.job_id}"
+                )
+            if job.status is S.CANCELING:
+                if job.run.dispatch_token and not job.run.claimed:
+                    self.tokens.fail(
+                        job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before start"
+                    )
+                raise AttemptCanceled(f"job {job.id} is being canceled")
+            if job.status is not S.STARTING and job.status is not S.RUNNING:
+                raise Fenced(f"job {job.id} is {job.status}; nothing to claim")
+            run = job.run.model_copy(update={"claimed": (*job.run.claimed, host.host_id)})
+            try:
+                self.jobs.update(job.updated(job.updated_at, run=run))
+            except Conflict:
+                continue
+            assert isinstance(job.placement, OnPremPlacement)
+            hosts = job.placement.hosts
+            rank = next(i for i, h in enumerate(hosts) if h.host_id == host.host_id)
+            return {
+                "job_id": job.id,
+                "attempt": job.attempts,
+                "tenant": job.tenant,
+                "spec": job.spec.model_dump(mode="json", exclude_none=True),
+                "gpu_ids": list(hosts[rank].gpu_ids),
+                "rank": rank,
+                "world_size": len(hosts),
+                "hosts": [h.host_id for h in hosts],
+                "master_addr": hosts[0].host_id,
+                "master_port": MASTER_PORT,
+                "heartbeat_s": max(1, self.settings.heartbeat_s // 3),
+            }
+        raise Conflict(f"job {ref.job_id!r} kept changing while claiming")
+
+    def report(self, host: HostCaller, report: AttemptReport) -> dict[str, Any]:
+        for _ in range(RETRIES):
+            job = self._current(host, report)
+            if host.host_id not in job.run.claimed:
+                raise Fenced(f"host {host.host_id} has not claimed attempt {report.attempt} of {job.id}")
+            token = job.run.dispatch_token
+            now = self.clock()
+            if report.event is ReportEvent.STARTED:
+                if host.host_id in job.run.started:
+                    return self._answer(job)
+                run = job.run.model_copy(
+                    update={
+                        "started": (*job.run.started, host.host_id),
+                        "started_at": job.run.started_at or now,
+                    }
+                )
+                try:
+                    if job.status is S.STARTING:
+                        nxt, event = job.transition(S.RUNNING, f"running on {host.host_id}", now, run=run)
+                        self.jobs.save(nxt, event)
+                    else:
+                        nxt = job.updated(job.updated_at, run=run)
+                        self.jobs.update(nxt)
+                except Conflict:
+                    continue
+                if token:
+                    self.tokens.heartbeat(token)
+                return self._answer(nxt)
+            if report.event is ReportEvent.SUCCEEDED:
+                if host.host_id in job.run.succeeded:
+                    return self._answer(job)
+                succeeded = (*job.run.succeeded, host.host_id)
+                nxt = job.updated(job.updated_at, run=job.run.model_copy(update={"succeeded": succeeded}))
+                try:
+                    self.jobs.update(nxt)
+                except Conflict:
+                    continue
+                assert isinstance(job.placement, OnPremPlacement)
+                if token and len(succeeded) >= len(job.placement.hosts):
+                    self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
+                return self._answer(nxt)
+            # FAILED or CANCELED: one rank failing fails the attempt on every host (the workflow
+            # classifies it; the other ranks get a stop directive once the attempt is no longer current).
+            failure = (
+                Failure.CANCELED if report.event is ReportEvent.CANCELED else agent_failure(report.failure)
+            )
+            detail = report.message or (
+                f"exit code {report.exit_code}" if report.exit_code is not None else failure.value
+            )
+            if token:
+                self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
+            return self._answer(job)
+        raise Conflict(f"job {report.job_id!r} kept changing while reporting")
+
+    def _current(self, host: HostCaller, ref: AttemptRef) -> Job:
+        job = self.jobs.get(ref.job_id)
+        # Another host's attempt is answered exactly like a missing one: nothing about it leaks.
+        if job is None or not _placed_on(job, host.host_id):
+            raise NotFound(f"attempt {ref.attempt} of job {ref.job_id!r} is not this host's")
+        if not _is_current(job, host.host_id, ref):
+            raise Fenced(
+                f"attempt {ref.attempt} of job {ref.job_id} is no longer this host's "
+                f"(the job is at attempt {job.attempts}, {job.status})"
+            )
+        return job
+
+    @staticmethod
+    def _answer(job: Job) -> dict[str, Any]:
+        directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.stop else None)
+        return {"directive": directive, "status": str(job.status)}
+
+
+def _placed_on(job: Job, host_id: str) -> bool:
+    return isinstance(job.placement, OnPremPlacement) and any(
+        h.host_id == host_id for h in job.placement.hosts
+    )
+
+
+def _is_current(job: Job, host_id: str, ref: AttemptRef) -> bool:
+    return (
+        job.status in (S.STARTING, S.RUNNING, S.CANCELING)
+        and job.attempts == ref.attempt
+        and job.run.fencing_token is not None
+        and job.run.fencing_token == ref.fencing_token
+        and _placed_on(job, host_id)
+    )

@@ -1,0 +1,279 @@
+"""The scheduler service: one pass = reap lost hosts, load the snapshot, call the pure core, apply.
+
+Applying a placement is two conditional writes in a fixed order: first each host's GPUs are held
+for the attempt (``HostRepository.hold``: the UUIDs must all be free, so no GPU is ever given to two
+attempts and free GPUs never go negative), then the job moves QUEUED -> STARTING with its placement
+(conditional on its version, so a job is placed once). Two racing passes lose one of the two writes
+and skip that job. A pass that crashes between the two leaves a hold no job names: the next pass
+releases such orphans once they are older than a grace period. Whatever a pass did not apply, the
+next one decides again from the store. After the write, the execution's placement token is answered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from berth.domain.errors import Conflict, NotFound
+from berth.domain.fleet import attempt_key
+from berth.domain.job import Job
+from berth.domain.placement import HostGpus, OnPremPlacement
+from berth.domain.ports import Executions, HostRepository, JobRepository, PassTrigger, TaskTokens
+from berth.domain.status import JobStatus
+from berth.domain.workflow import Failure
+from berth.logic.snapshot import SnapshotSource
+from berth.logic.workflow import WorkflowSettings, placement_output
+from berth.scheduler.core import schedule
+from berth.scheduler.decisions import Assignment, CloudAssignment, OnPremAssignment
+
+S = JobStatus
+#: The longest a pass asks to be woken later for (an SQS delay is at most 15 minutes).
+MAX_WAKE_S = 900
+
+
+@dataclass
+class PassReport:
+    """What one pass did, with the time each phase took (``berth bench pass`` prints it)."""
+
+    pending: int = 0
+    running: int = 0
+    hosts: int = 0
+    placed: int = 0
+    skipped: int = 0
+    """Placements lost to a race (GPUs or job taken meanwhile): decided again next pass."""
+    preempted: int = 0
+    reasons_written: int = 0
+    lost_hosts: list[str] = field(default_factory=list)
+    orphans_released: int = 0
+    executions_restarted: int = 0
+    wake_in_s: float | None = None
+    load_s: float = 0.0
+    decide_s: float = 0.0
+    apply_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class SchedulerService:
+    source: SnapshotSource
+    jobs: JobRepository
+    hosts: HostRepository
+    tokens: TaskTokens
+    trigger: PassTrigger
+    clock: Callable[[], datetime]
+    new_token: Callable[[], str]
+    settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+    executions: Executions | None = None
+    """Restarts the execution of a queued job that has none waiting (a start lost after the submit)."""
+    execution_repair_s: int = 30
+    #: Test hook: called after each applied placement (a crash injected here leaves a half-applied pass).
+    after_apply: Callable[[Job], None] | None = None
+
+    def run_pass(self) -> PassReport:
+        report = PassReport()
+        t0 = time.perf_counter()
+        now = self.clock()
+        report.lost_hosts = self.reap_lost_hosts(now)
+        inputs = self.source.pass_inputs()
+        report.pending, report.running = len(inputs.pending_jobs), len(inputs.running_jobs)
+        report.hosts = len(inputs.fleet.records)
+        report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
+        report.executions_restarted = self.repair_executions(inputs.pending_jobs, now)
+        t1 = time.perf_counter()
+        decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
+        t2 = time.perf_counter()
+        by_id = {j.id: j for j in inputs.pending_jobs}
+        for assignment in decisions.placements:
+            job = by_id.get(assignment.job_id)
+            if job is None:
+                continue
+            if self.apply_placement(job, assignment, now):
+                report.placed += 1
+            else:
+                report.skipped += 1
+        running = {j.id: j for j in inputs.running_jobs}
+        for preemption in decisions.preemptions:
+            victim = running.get(preemption.job_id)
+            if victim is not None and self.stop_attempt(
+                victim, f"preempted for job {preemption.for_job} ({preemption.rule})"
+            ):
+                report.preempted += 1
+        for repatriation in decisions.repatriations:
+            victim = running.get(repatriation.job_id)
+            if victim is not None:
+                self.stop_attempt(victim, f"repatriated on-prem (saves ${repatriation.saving_usd:.2f})")
+        report.reasons_written = self.write_reasons(by_id, decisions.reasons)
+        if decisions.wake_at is not None:
+            wait = max(1.0, decisions.wake_at - now.timestamp())
+            report.wake_in_s = wait
+            self.trigger.request("wake_at", delay_s=int(min(MAX_WAKE_S, wait)))
+        t3 = time.perf_counter()
+        report.load_s, report.decide_s, report.apply_s = t1 - t0, t2 - t1, t3 - t2
+        return report
+
+    # -- leases ----------------------------------------------------------------------------------
+    def reap_lost_hosts(self, now: datetime) -> list[str]:
+        """Hosts past their lease are marked lost; their attempts fail as ``HostLost`` (transient)."""
+        lost: list[str] = []
+        for rec in self.hosts.list_hosts():
+            expired = rec.healthy and rec.lease_expires_at is not None and rec.lease_expires_at < now
+            if expired and self.hosts.mark_lost(rec.host_id, now):
+                lost.append(rec.host_id)
+        if not lost:
+            return lost
+        for status in (S.STARTING, S.RUNNING, S.CANCELING):
+            for job in self.jobs.list_by_status(status, 10_000):
+                p = job.placement
+                if isinstance(p, OnPremPlacement) and any(h.host_id in lost for h in p.hosts):
+                    token = job.run.dispatch_token
+                    gone = ", ".join(h.host_id for h in p.hosts if h.host_id in lost)
+                    if token:
+                        self.tokens.fail(token, Failure.HOST_LOST.error_name, f"host {gone} lost its lease")
+        return lost
+
+    def release_orphans(self, records: Any, running_jobs: list[Job], now: datetime) -> int:
+        """Release holds that no placed job names, once older than the grace period."""
+        owned: set[tuple[str, str]] = set()
+        for job in running_jobs:
+            if isinstance(job.placement, OnPremPlacement):
+                for h in job.placement.hosts:
+                    owned.add((h.host_id, attempt_key(job.id, job.attempts)))
+        released = 0
+        for rec in records:
+            for key, hold in rec.holds.items():
+                if (rec.host_id, key) in owned:
+                    continue
+                age = None if hold.at is None else (now - hold.at).total_seconds()
+                if age is None or age >= self.settings.orphan_grace_s:
+                    # A job that placed this hold after the snapshot was read would be in "owned"
+                    # next pass; the grace period covers that window.
+                    holder = self.jobs.get(key.split("#", 1)[0])
+                    if holder is not None and _holds(holder, rec.host_id, key):
+                        continue
+                    released += int(self.hosts.release(rec.host_id, key))
+        return released
+
+    def repair_executions(self, pending: list[Job], now: datetime) -> int:
+        """Queued jobs whose execution never parked a placement token (its start was lost) get one;
+        a start for a job that has an execution is refused by name, so this is always safe."""
+        if self.executions is None:
+            return 0
+        restarted = 0
+        for job in pending:
+            if (
+                job.run.placement_token is None
+                and (now - job.updated_at).total_seconds() >= self.execution_repair_s
+            ):
+                self.executions.start(job.id, self.settings.execution_input(job.id))
+                restarted += 1
+        return restarted
+
+    # -- applying --------------------------------------------------------------------------------
+    def apply_placement(self, job: Job, assignment: Assignment, now: datetime) -> bool:
+        if isinstance(assignment, CloudAssignment):
+            return self._place(job, assignment, now, held=())
+        attempt = job.attempts + 1
+        key = attempt_key(job.id, attempt)
+        held: list[HostGpus] = []
+        for host_id, gpus in assignment.hosts:
+            rec = self.hosts.get(host_id)
+            picked = None if rec is None else rec.pick_free(gpus)
+            if picked is None:
+                self._unhold(job.id, held, key)
+                return False
+            try:
+                self.hosts.hold(host_id, key, picked, assignment.cpu, assignment.memory_gib, at=now)
+            except (Conflict, NotFound):
+                self._unhold(job.id, held, key)
+                return False
+            held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=picked))
+        return self._place(job, assignment, now, held=tuple(held))
+
+    def _unhold(self, job_id: str, held: list[HostGpus], key: str) -> None:
+        for h in held:
+            self.hosts.release(h.host_id, key)
+
+    def _place(self, job: Job, assignment: Assignment, now: datetime, held: tuple[HostGpus, ...]) -> bool:
+        if isinstance(assignment, OnPremAssignment):
+            placement: Any = assignment.record().model_copy(update={"hosts": held})
+            where = f"on-prem pool {assignment.pool}: " + ", ".join(f"{h.host_id} ({h.gpus})" for h in held)
+        else:
+            placement = assignment.record()
+            where = (
+                f"cloud {assignment.region} {assignment.instance_type}{' spot' if assignment.spot else ''}"
+            )
+        attempt = job.attempts + 1
+        run = job.run.model_copy(
+            update={
+                "fencing_token": self.new_token(),
+                "dispatch_token": None,
+                "claimed": (),
+                "started": (),
+                "succeeded": (),
+                "started_at": None,
+                "stop": None,
+            }
+        )
+        nxt, event = job.transition(
+            S.STARTING,
+            f"placed {where} (attempt {attempt})",
+            now,
+            site=placement.site,
+            placement=placement,
+            attempts=attempt,
+            run=run,
+        )
+        try:
+            self.jobs.save(nxt, event)
+        except Conflict:
+            self._unhold(job.id, list(held), attempt_key(job.id, attempt))
+            return False
+        if self.after_apply is not None:
+            self.after_apply(nxt)
+        token = job.run.placement_token
+        if token:
+            self.tokens.succeed(token, placement_output(nxt))
+        return True
+
+    def stop_attempt(self, job: Job, reason: str) -> bool:
+        """Ask the running attempt's hosts to stop (a ``stop`` directive); the workflow requeues it."""
+        if job.status is not S.RUNNING or job.run.stop:
+            return False
+        try:
+            self.jobs.update(job.updated(job.updated_at, run=job.run.model_copy(update={"stop": reason})))
+        except Conflict:
+            return False
+        return True
+
+    def write_reasons(self, pending: dict[str, Job], reasons: dict[str, str]) -> int:
+        """Store each pending job's reason when it changed (no event: the status did not)."""
+        written = 0
+        for job_id, text in reasons.items():
+            job = pending.get(job_id)
+            reason = f"waiting for placement: {text}"
+            if job is None or job.reason == reason:
+                continue
+            try:
+                self.jobs.update(job.updated(job.updated_at, reason=reason))
+            except Conflict:
+                continue
+            written += 1
+        return written
+
+
+def _holds(job: Job, host_id: str, key: str) -> bool:
+    return (
+        job.status in (S.STARTING, S.RUNNING, S.CANCELING)
+        and isinstance(job.placement, OnPremPlacement)
+        and attempt_key(job.id, job.attempts) == key
+        and any(h.host_id == host_id for h in job.placement.hosts)
+    )
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,292 @@
+"""The job workflow's steps, one method per task state of the state machine (docs/workflow.md).
+
+Each method is idempotent: Step Functions may run a task twice, and a duplicate start of the
+execution is refused by name. Writes are conditional on the job's version; a lost race is retried
+against the fresh record. Pure logic over ports.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from berth.domain.errors import Conflict, NotFound, StoreUnavailable
+from berth.domain.fleet import attempt_key
+from berth.domain.job import Job
+from berth.domain.placement import OnPremPlacement
+from berth.domain.ports import Executions, HostRepository, JobRepository, PassTrigger, TaskTokens, WorkQueues
+from berth.domain.status import JobStatus
+from berth.domain.workflow import (
+    EXCLUDES_LOCATION,
+    TIMEOUT_GRACE_S,
+    Action,
+    Backoff,
+    Failure,
+    RunState,
+    WorkMessage,
+    failure_from_error,
+    retry_decision,
+)
+
+Clock = Callable[[], datetime]
+RETRIES = 8
+
+S = JobStatus
+
+
+@dataclass(frozen=True)
+class WorkflowSettings:
+    """Timings (seconds); the local cloud shortens them so tests take seconds."""
+
+    heartbeat_s: int = 60
+    """An attempt that sends no heartbeat for this long has lost its host (the dispatch state's
+    HeartbeatSeconds); agents heartbeat at a third of it."""
+    lease_s: int = 90
+    """How long a host's lease lasts after each heartbeat; an expired lease marks it lost."""
+    claim_s: int = 300
+    """How long a work message may wait to be claimed."""
+    backoff: Backoff = field(default_factory=Backoff)
+    orphan_grace_s: int = 120
+    """A GPU hold no job claims for this long (a pass that crashed between holding and writing the
+    job) is released."""
+
+    def execution_input(self, job_id: str) -> dict[str, Any]:
+        """The input of a job's execution: the job and the timings its states read."""
+        return {"job_id": job_id, "heartbeat_s": self.heartbeat_s}
+
+
+def placement_output(job: Job) -> dict[str, Any]:
+    """What WaitForPlacement returns to the state machine."""
+    if job.status in (S.STARTING, S.RUNNING) and job.placement is not None:
+        return {
+            "outcome": "placed",
+            "site": str(job.placement.site),
+            "attempt": job.attempts,
+            "timeout_s": job.spec.timeout_minutes * 60 + TIMEOUT_GRACE_S,
+        }
+    return {"outcome": "canceled" if job.status in (S.CANCELING, S.CANCELED) else "ended", "site": "none"}
+
+
+@dataclass(frozen=True)
+class WorkflowHooks:
+    """What the job API does for the workflow: start a submitted job's execution, and answer the
+    placement wait of a job canceled while queued (so its execution ends at once)."""
+
+    tokens: TaskTokens
+    executions: Executions | None
+    settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+
+    def submitted(self, job: Job) -> None:
+        if self.executions is None:
+            return
+        try:
+            self.executions.start(job.id, self.settings.execution_input(job.id))
+        except StoreUnavailable:
+            # The job is stored; the next scheduling pass starts its execution (repair_executions).
+            return
+
+    def canceled(self, before: Job, after: Job) -> None:
+        token = before.run.placement_token
+        if after.status is S.CANCELED and token:
+            self.tokens.succeed(token, placement_output(after))
+
+
+def release_holds(hosts: HostRepository, job: Job, attempt: int) -> None:
+    if isinstance(job.placement, OnPremPlacement):
+        for h in job.placement.hosts:
+            hosts.release(h.host_id, attempt_key(job.id, attempt))
+
+
+@dataclass(frozen=True)
+class WorkflowService:
+    jobs: JobRepository
+    hosts: HostRepository
+    tokens: TaskTokens
+    queues: WorkQueues
+    trigger: PassTrigger
+    clock: Clock
+    settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return job
+
+    # -- WaitForPlacement ------------------------------------------------------------------------
+    def await_placement(self, job_id: str, token: str, execution: str | None = None) -> None:
+        """Park the execution's placement token on the queued job and ask for a pass. A job already
+        placed (the pass won the race with this write) or ended answers the token at once."""
+        for _ in range(RETRIES):
+            job = self._job(job_id)
+            if job.status is S.QUEUED:
+                run = job.run.model_copy(update={"placement_token": token, "execution": execution})
+                try:
+                    self.jobs.update(job.updated(job.updated_at, run=run))
+                except Conflict:
+                    continue
+                self.trigger.request(f"job {job_id} queued")
+                return
+            self.tokens.succeed(token, placement_output(job))
+            return
+        raise Conflict(f"job {job_id!r} kept changing while waiting for placement")
+
+    # -- DispatchOnPrem --------------------------------------------------------------------------
+    def dispatch_onprem(self, job_id: str, attempt: int, token: str) -> None:
+        """Keep the attempt's dispatch token on the job and put one work message on each placed
+        host's queue (rank = position in the placement). Sent again on a retried task: a host
+        claims an attempt once."""
+        for _ in range(RETRIES):
+            job = self._job(job_id)
+            if job.attempts != attempt or job.status.is_terminal:
+                self.tokens.fail(token, Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current")
+                return
+            if job.status is S.CANCELING and not job.run.claimed:
+                self.tokens.fail(token, Failure.CANCELED.error_name, "canceled before any host claimed it")
+                return
+            placement = job.placement
+            if not isinstance(placement, OnPremPlacement) or job.run.fencing_token is None:
+                self.tokens.fail(token, Failure.INVALID_SPEC.error_name, "the job has no on-prem placement")
+                return
+            run = job.run.model_copy(update={"dispatch_token": token})
+            try:
+                self.jobs.update(job.updated(job.updated_at, run=run))
+            except Conflict:
+                continue
+            claim_by = self.clock() + timedelta(seconds=self.settings.claim_s)
+            for rank, h in enumerate(placement.hosts):
+                message = WorkMessage(
+                    job_id=job.id,
+                    attempt=attempt,
+                    fencing_token=job.run.fencing_token,
+                    rank=rank,
+                    world_size=len(placement.hosts),
+                    gpu_ids=h.gpu_ids,
+                    claim_by=claim_by,
+                )
+                self.queues.send(h.host_id, message.model_dump_json())
+            return
+        raise Conflict(f"job {job_id!r} kept changing while dispatching")
+
+    # -- ClassifyFailure -------------------------------------------------------------------------
+    def classify_failure(
+        self, job_id: str, attempt: int, error: str | None, cause: str | None
+    ) -> dict[str, Any]:
+        """Name the failure, free the attempt's GPUs and move the job: RETRYING (with the backoff to
+        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``."""
+        for _ in range(RETRIES):
+            job = self._job(job_id)
+            if job.status.is_terminal or job.status in (S.QUEUED, S.RETRYING):
+                return {"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0}
+            now = self.clock()
+            ran = None if job.run.started_at is None else (now - job.run.started_at).total_seconds()
+            failure = failure_from_error(error, ran, job.spec.timeout_minutes * 60)
+            canceling = job.status is S.CANCELING
+            if job.run.stop and failure in (Failure.CANCELED, Failure.NONZERO_EXIT, Failure.AGENT_ERROR):
+                failure = Failure.PREEMPTED
+            elif failure is Failure.CANCELED and not canceling:
+                failure = Failure.AGENT_ERROR
+            detail = (job.run.stop or _short(cause)) if failure is Failure.PREEMPTED else _short(cause)
+            decision = retry_decision(
+                failure,
+                detail,
+                job.run.counted_failures,
+                job.spec.retry.max_attempts,
+                canceling,
+                self.settings.backoff,
+                self.rng,
+            )
+            run = job.run.model_copy(
+                update={
+                    "dispatch_token": None,
+                    "placement_token": None,
+                    "stop": None,
+                    "last_failure": decision.reason,
+                    "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
+                    "excluded_hosts": _excluded(job, failure),
+                }
+            )
+            target = {Action.RETRY: S.RETRYING, Action.FAIL: S.FAILED, Action.CANCEL: S.CANCELED}[
+                decision.action
+            ]
+            if job.status is S.STARTING and target is S.CANCELED:
+                target = S.CANCELED  # STARTING never reaches here canceled without CANCELING
+            nxt, event = job.transition(target, decision.reason, now, run=run)
+            try:
+                self.jobs.save(nxt, event)
+            except Conflict:
+                continue
+            release_holds(self.hosts, job, attempt)
+            self.trigger.request(f"job {job_id} attempt {attempt} ended")
+            return {"action": decision.action.value, "backoff_s": decision.backoff_s}
+        raise Conflict(f"job {job_id!r} kept changing while classifying its failure")
+
+    # -- Requeue ---------------------------------------------------------------------------------
+    def requeue(self, job_id: str) -> dict[str, Any]:
+        """After the backoff: RETRYING -> QUEUED, unplaced, for the next pass."""
+        for _ in range(RETRIES):
+            job = self._job(job_id)
+            if job.status is not S.RETRYING:
+                return {"outcome": "queued" if job.status is S.QUEUED else "ended"}
+            nxt, event = job.transition(
+                S.QUEUED,
+                f"waiting for placement (attempt {job.attempts + 1})",
+                self.clock(),
+                placement=None,
+                site=None,
+            )
+            try:
+                self.jobs.save(nxt, event)
+            except Conflict:
+                continue
+            return {"outcome": "queued"}
+        raise Conflict(f"job {job_id!r} kept changing while requeueing")
+
+    # -- Finalize --------------------------------------------------------------------------------
+    def finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """Every rank succeeded: COMPLETED (a job being canceled that finished first completes too)."""
+        for _ in range(RETRIES):
+            job = self._job(job_id)
+            if job.status.is_terminal:
+                return {"status": str(job.status)}
+            now = self.clock()
+            if job.status is S.STARTING:
+                job, event = job.transition(S.RUNNING, "running", now)
+                try:
+                    self.jobs.save(job, event)
+                except Conflict:
+                    continue
+            run = job.run.model_copy(update={"dispatch_token": None})
+            nxt, event = job.transition(S.COMPLETED, f"completed (attempt {attempt})", now, run=run)
+            try:
+                self.jobs.save(nxt, event)
+            except Conflict:
+                continue
+            release_holds(self.hosts, job, attempt)
+            self.trigger.request(f"job {job_id} completed")
+            return {"status": str(nxt.status)}
+        raise Conflict(f"job {job_id!r} kept changing while finalizing")
+
+    def new_fencing_token(self) -> str:
+        return secrets.token_urlsafe(18)
+
+
+def _short(text: str | None, limit: int = 300) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _excluded(job: Job, failure: Failure) -> tuple[str, ...]:
+    """Hosts the next placement avoids: the failed attempt's, when the failure was the host's (only the
+    last failure's, so a small fleet never shuts a job out for good)."""
+    if failure in EXCLUDES_LOCATION and isinstance(job.placement, OnPremPlacement):
+        return tuple(h.host_id for h in job.placement.hosts)
+    return ()
+
+
+__all__ = ["RunState", "WorkflowService", "WorkflowSettings", "placement_output", "release_holds"]
