@@ -37,11 +37,21 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/datasets/{name}": ("GET", "PUT"),
 }
 
+#: The agent API (docs/agent-protocol.md), served by its own function; hosts only.
+AGENT_ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/agent/register": ("POST",),
+    "/v1/agent/heartbeat": ("POST",),
+    "/v1/agent/claim": ("POST",),
+    "/v1/agent/report": ("POST",),
+}
+
 
 #: The principal tag that marks an IAM principal of the account as allowed to reach the API at all
 #: (the API's resource policy denies every other caller). Which tenant and role a caller has is still
 #: decided by the Tenants table, never by the tag's value.
 DEFAULT_MEMBER_TAG = "berth:tenant"
+#: The principal tag of an on-prem host's identity (its value: the host id); admitted like members.
+HOST_TAG = "berth:host"
 #: Enhanced TLS policy: TLS 1.3, or TLS 1.2 with forward-secret (and post-quantum hybrid) key exchange.
 TLS_SECURITY_POLICY = "SecurityPolicy_TLS13_1_2_PFS_PQ_2025_09"
 #: Each function's reserved concurrency: bounds what one caller can make Berth spend, and keeps other
@@ -140,6 +150,12 @@ def resource_policy(member_tag: str) -> iam.PolicyDocument:
                 **invoke,  # type: ignore[arg-type]
             ),
             iam.PolicyStatement(
+                sid="AccountHostsMayInvoke",
+                principals=[iam.AccountRootPrincipal()],
+                conditions={"Null": {f"aws:PrincipalTag/{HOST_TAG}": "false"}},
+                **invoke,  # type: ignore[arg-type]
+            ),
+            iam.PolicyStatement(
                 sid="DenyOtherAccounts",
                 effect=iam.Effect.DENY,
                 principals=[iam.AnyPrincipal()],
@@ -150,11 +166,31 @@ def resource_policy(member_tag: str) -> iam.PolicyDocument:
                 sid="DenyPrincipalsWithoutMemberTag",
                 effect=iam.Effect.DENY,
                 principals=[iam.AnyPrincipal()],
-                conditions={"Null": {f"aws:PrincipalTag/{member_tag}": "true"}},
+                # Conditions of one statement are ANDed: denied when neither tag is present.
+                conditions={
+                    "Null": {f"aws:PrincipalTag/{member_tag}": "true", f"aws:PrincipalTag/{HOST_TAG}": "true"}
+                },
                 **invoke,  # type: ignore[arg-type]
             ),
         ]
     )
+
+
+def base_environment(tables: DataTables, storage: Storage) -> dict[str, str]:
+    """What every control-plane function reads (``berth.handlers.settings``)."""
+    return {
+        "BERTH_JOBS_TABLE": tables.jobs.table_name,
+        "BERTH_JOB_EVENTS_TABLE": tables.job_events.table_name,
+        "BERTH_TENANTS_TABLE": tables.tenants.table_name,
+        "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
+        "BERTH_HOSTS_TABLE": tables.hosts.table_name,
+        "BERTH_ARTIFACTS_BUCKET": storage.artifacts.bucket_name,
+        "BERTH_DATA_BUCKET": storage.data.bucket_name,
+        "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+        "POWERTOOLS_LOG_LEVEL": "INFO",
+        # Responses carry job specs (env included): never copy them into X-Ray.
+        "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
+    }
 
 
 class ApiFunction(Construct):
@@ -170,6 +206,7 @@ class ApiFunction(Construct):
         bundle: bool,
         reserved_concurrency: int = DEFAULT_API_RESERVED_CONCURRENCY,
         tenant_requests_per_second: int = DEFAULT_TENANT_REQUESTS_PER_SECOND,
+        workflow_environment: dict[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -199,18 +236,9 @@ class ApiFunction(Construct):
             reserved_concurrent_executions=reserved_concurrency,
             description="Berth control-plane HTTP API (/v1)",
             environment={
-                "BERTH_JOBS_TABLE": tables.jobs.table_name,
-                "BERTH_JOB_EVENTS_TABLE": tables.job_events.table_name,
-                "BERTH_TENANTS_TABLE": tables.tenants.table_name,
-                "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
-                "BERTH_HOSTS_TABLE": tables.hosts.table_name,
-                "BERTH_ARTIFACTS_BUCKET": storage.artifacts.bucket_name,
-                "BERTH_DATA_BUCKET": storage.data.bucket_name,
+                **base_environment(tables, storage),
+                **(workflow_environment or {}),
                 "POWERTOOLS_SERVICE_NAME": "berth-api",
-                "POWERTOOLS_METRICS_NAMESPACE": "Berth",
-                "POWERTOOLS_LOG_LEVEL": "INFO",
-                # Responses carry job specs (env included): never copy them into X-Ray.
-                "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
                 "BERTH_RATE_LIMIT_REQUESTS": str(tenant_requests_per_second),
                 "BERTH_RATE_LIMIT_WINDOW_S": "1",
             },
@@ -276,6 +304,7 @@ class BerthApi(Construct):
         *,
         handler: lambda_.IFunction,
         member_tag: str = DEFAULT_MEMBER_TAG,
+        agent_handler: lambda_.IFunction | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -342,9 +371,23 @@ class BerthApi(Construct):
             source_arn=self.rest_api.arn_for_execute_api(method="*", path="/*", stage=API_STAGE_NAME),
         )
         integration = apigw.LambdaIntegration(handler, proxy=True, scope_permission_to_method=False)
+        routes: list[tuple[str, tuple[str, ...], apigw.LambdaIntegration]] = [
+            (path, verbs, integration) for path, verbs in ROUTES.items()
+        ]
+        if agent_handler is not None:
+            agent_handler.add_permission(
+                f"ApiPermission.ApiScoped.{Names.node_unique_id(agent_handler.node)}.{Names.node_unique_id(self.rest_api.node)}",
+                principal=iam.ServicePrincipal("apigateway.amazonaws.com"),
+                scope=self.rest_api,
+                source_arn=self.rest_api.arn_for_execute_api(method="*", path="/*", stage=API_STAGE_NAME),
+            )
+            agent_integration = apigw.LambdaIntegration(
+                agent_handler, proxy=True, scope_permission_to_method=False
+            )
+            routes += [(path, verbs, agent_integration) for path, verbs in AGENT_ROUTES.items()]
 
         self.methods: list[apigw.Method] = []
-        for path, verbs in ROUTES.items():
+        for path, verbs, route_integration in routes:
             resource = self.rest_api.root.resource_for_path(path)
             params = {
                 f"method.request.path.{part[1:-1]}": True for part in path.split("/") if part.startswith("{")
@@ -353,7 +396,7 @@ class BerthApi(Construct):
                 self.methods.append(
                     resource.add_method(
                         verb,
-                        integration,
+                        route_integration,
                         authorization_type=apigw.AuthorizationType.IAM,
                         request_validator=self.validator,
                         request_parameters=params or None,

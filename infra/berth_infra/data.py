@@ -18,6 +18,7 @@ def _table(
     sort_key: tuple[str, ddb.AttributeType] | None = None,
     ttl_attribute: str | None = None,
     removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    stream: ddb.StreamViewType | None = None,
 ) -> ddb.Table:
     """A table with Berth's baseline: on-demand, PITR, AWS-managed KMS encryption, retained on delete."""
     return ddb.Table(
@@ -32,6 +33,7 @@ def _table(
         encryption=ddb.TableEncryption.AWS_MANAGED,
         time_to_live_attribute=ttl_attribute,
         removal_policy=removal_policy,
+        stream=stream,
     )
 
 
@@ -57,7 +59,14 @@ class DataTables(Construct):
             )
 
         # Job events: the state history of a job, ordered by a per-job sequence number.
-        self.job_events = _table(self, "JobEventsTable", partition_key="job_id", sort_key=("seq", _N))
+        # Its stream is the notifications' outbox: the notifier publishes each new event row.
+        self.job_events = _table(
+            self,
+            "JobEventsTable",
+            partition_key="job_id",
+            sort_key=("seq", _N),
+            stream=ddb.StreamViewType.NEW_IMAGE,
+        )
 
         # Tenants: tenant records, quotas and principal mappings (single-table style, generic `pk`), and
         # the per-tenant rate-limit windows (RATE#...), which expire through TTL.

@@ -98,7 +98,58 @@ def berth_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "(pyproject requires-python, CI, the local cloud); it is supported by Lambda and moves only "
             "with the project's Python version.",
         ),
+        *_workflow_acknowledgments(stack),
     ]
+
+
+def _workflow_acknowledgments(stack: BerthStack) -> list[NagAck]:
+    wf = stack.workflow
+    host_queues = "arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:berth-host-*"
+    fn_logical = Stack.of(stack).get_logical_id(wf.workflow_fn.function.node.default_child)  # type: ignore[arg-type]
+    acks = [
+        NagAck(
+            fn.function,
+            "AwsSolutions-L1",
+            "Python 3.11 like every Berth function: the version the project's code and tests target.",
+        )
+        for fn in (wf.workflow_fn, wf.scheduler_fn, wf.agent_fn, wf.notifier_fn)
+    ]
+    acks += [
+        NagAck(
+            fn.role,
+            f"AwsSolutions-IAM5[Resource::{host_queues}]",
+            "One work queue per on-prem host (berth-host-<host id>), created when a host registers: "
+            "host ids are not known when the stack deploys, so the prefix is the narrowest resource.",
+        )
+        for fn in (wf.workflow_fn, wf.agent_fn)
+    ]
+    acks += [
+        NagAck(
+            wf.notifier_fn.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "dynamodb:ListStreams (added by the stream event source) has no resource-level permissions; "
+            "the stream's reads are on the job-events table's stream only.",
+        ),
+        NagAck(
+            wf.state_machine.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "X-Ray tracing and CloudWatch Logs delivery of the state machine (logs:*LogDelivery, "
+            "xray:Put*) do not support resource-level permissions.",
+        ),
+        NagAck(
+            wf.state_machine.role,
+            f"AwsSolutions-IAM5[Resource::<{fn_logical}.Arn>:*]",
+            "Invoking the workflow function's versions and aliases (CDK's grant for LambdaInvoke); it is "
+            "the one function the state machine calls.",
+        ),
+        NagAck(
+            wf.job_events_queue,
+            "AwsSolutions-SQS3",
+            "An example target of job events for users to read (JobEventsQueueUrl); messages expire "
+            "after 4 days and nothing is lost by not having a dead-letter queue.",
+        ),
+    ]
+    return acks
 
 
 def acknowledge_findings(stack: BerthStack) -> list[NagAck]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from berth_infra.api import (
@@ -13,10 +14,12 @@ from berth_infra.api import (
     DEFAULT_TENANT_REQUESTS_PER_SECOND,
     ApiFunction,
     BerthApi,
+    base_environment,
 )
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
+from berth_infra.workflow import JobWorkflow
 
 STACK_NAME = "Berth"
 
@@ -41,12 +44,30 @@ class BerthStack(Stack):
         self.tables = DataTables(self, "Data")
         self.storage = Storage(self, "Storage")
         context = self.node.try_get_context
+        bundle = context_flag(self, "berth:bundle")
+        self.workflow = JobWorkflow(
+            self,
+            "Workflow",
+            tables=self.tables,
+            base_environment=base_environment(self.tables, self.storage),
+            bundle=bundle,
+        )
+        workflow_env = {
+            k: v
+            for k, v in self.workflow.environment.items()
+            if k.startswith(
+                ("BERTH_HEARTBEAT", "BERTH_LEASE", "BERTH_CLAIM", "BERTH_BACKOFF", "BERTH_ORPHAN")
+            )
+            or k == "BERTH_SCHEDULER_QUEUE_URL"
+        }
+        workflow_env["BERTH_STATE_MACHINE_ARN"] = self.workflow.state_machine_arn
         self.api_function = ApiFunction(
             self,
             "ApiFunction",
             tables=self.tables,
             storage=self.storage,
-            bundle=context_flag(self, "berth:bundle"),
+            bundle=bundle,
+            workflow_environment=workflow_env,
             reserved_concurrency=int(
                 context("berth:apiReservedConcurrency") or DEFAULT_API_RESERVED_CONCURRENCY
             ),
@@ -59,6 +80,16 @@ class BerthStack(Stack):
             "Api",
             handler=self.api_function.function,
             member_tag=str(context("berth:memberTag") or DEFAULT_MEMBER_TAG),
+            agent_handler=self.workflow.agent_fn.function,
+        )
+        # The API starts each job's execution and answers the placement wait of a job canceled while
+        # queued.
+        self.api_function.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="Workflow",
+                actions=["states:StartExecution", "states:SendTaskSuccess"],
+                resources=[self.workflow.state_machine_arn],
+            )
         )
 
         outputs = {
@@ -75,6 +106,17 @@ class BerthStack(Stack):
                 "Code bundles (bundles/<tenant>/sha256/)",
             ),
             "DataBucketName": (self.storage.data.bucket_name, "Tenant data (<tenant>/) and job outputs"),
+            "StateMachineArn": (self.workflow.state_machine_arn, "The job workflow (one execution per job)"),
+            "SchedulerQueueUrl": (self.workflow.trigger_queue.queue_url, "Scheduling pass requests"),
+            "EventBusName": (self.workflow.bus.event_bus_name, "Berth Job State Change events"),
+            "JobEventsQueueUrl": (
+                self.workflow.job_events_queue.queue_url,
+                "Example rule target: every Berth Job State Change",
+            ),
+            "HostPolicyArn": (
+                self.workflow.host_policy.managed_policy_arn,
+                "Attach to each on-prem host's role (tag berth:host=<host id>)",
+            ),
             "JobRoleArn": (
                 self.storage.job_role.role_arn,
                 "Role per-attempt job credentials are vended from",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -14,10 +15,18 @@ from typing import Any, TextIO
 
 import boto3
 
-from berth_tools.localcloud import cloudformation_deploy, gateway_config, lambda_runtime, seed, session_tokens
+from berth_tools.localcloud import (
+    cloudformation_deploy,
+    event_sources,
+    gateway_config,
+    lambda_runtime,
+    seed,
+    session_tokens,
+)
 from berth_tools.localcloud.cloudformation_deploy import DeployedStack
 from berth_tools.localcloud.front_door import FrontDoor
 from berth_tools.localcloud.moto_server import MotoServer
+from berth_tools.localcloud.scripted_agent import HostIdentity, Inventory, ScriptedAgent
 from berth_tools.localcloud.sigv4 import signed_headers
 from berth_tools.localcloud.state_dir import Profile, StateDir
 
@@ -25,6 +34,18 @@ DEFAULT_REGION = "us-east-1"
 #: Where the readiness probe sends its signed request (any answer but 403 means routing, SigV4 and the
 #: Lambda path work; a 5xx is reported as a warning: the handler itself is broken).
 READINESS_PATH = "/v1/jobs"
+#: The workflow's timings in the local cloud (function environment overrides): seconds, not minutes.
+LOCAL_TIMINGS: dict[str, str] = {
+    "BERTH_HEARTBEAT_S": "6",
+    "BERTH_LEASE_S": "6",
+    "BERTH_CLAIM_S": "60",
+    "BERTH_BACKOFF_BASE_S": "1",
+    "BERTH_BACKOFF_CAP_S": "4",
+    "BERTH_ORPHAN_GRACE_S": "10",
+}
+#: How often the local cloud fires scheduled rules (the scheduler's safety-net timer): the lease
+#: reaper runs in that pass, so it must be short next to the lease.
+LOCAL_TIMER_S = 2.0
 
 
 class LocalCloudError(RuntimeError):
@@ -45,6 +66,15 @@ class LocalCloud:
     console: TextIO | None = None  # progress, access log and handler logs (None: quiet)
     echo_handler_logs: bool = False
     seed_writer: seed.PutMember | None = None  # tests may replace Berth's tenants repository
+    agents: int = 0
+    """Scripted on-prem agents to start (each a host with its own IAM identity)."""
+    gpus_per_agent: int = 8
+    gpu_type: str | None = None
+    function_timings: dict[str, str] = field(default_factory=lambda: dict(LOCAL_TIMINGS))
+    timer_interval_s: float | None = LOCAL_TIMER_S
+    """Scheduled rules fire this often (None: at their own rate)."""
+    pollers: list[Any] = field(default_factory=list)
+    scripted_agents: list[ScriptedAgent] = field(default_factory=list)
     moto: MotoServer | None = None
     runtime: lambda_runtime.InProcessLambdaRuntime | None = None
     stack: DeployedStack | None = None
@@ -84,7 +114,11 @@ class LocalCloud:
         session_tokens.install()
         session = self.session()
         self.stack = cloudformation_deploy.deploy_stack(
-            session, self.moto.endpoint_url, self.template, stack_name=self.stack_name
+            session,
+            self.moto.endpoint_url,
+            self.template,
+            stack_name=self.stack_name,
+            environment=self.function_timings,
         )
         cloudformation_deploy.verify_stack(session, self.moto.endpoint_url, self.template, self.stack)
         t = self._step("deploy", t)
@@ -94,7 +128,9 @@ class LocalCloud:
             + (f"; not emulated: {', '.join(self.stack.skipped_types)}" if self.stack.skipped_types else "")
         )
         rest_api_id = self.output("ApiId")
-        self.seeded = seed.create_iam_users(session, self.moto.endpoint_url, rest_api_id, self.users)
+        hosts = seed.example_agents(self.agents, self.gpus_per_agent, self.gpu_type)
+        users = self.users + tuple(seed.SeedUser(f"host-{h}", h, "host") for h, _, _ in hosts)
+        self.seeded = seed.create_iam_users(session, self.moto.endpoint_url, rest_api_id, users)
         seed.seed_tenants(
             self.seeded,
             self.output("TenantsTableName"),
@@ -105,6 +141,7 @@ class LocalCloud:
             hosts_table=self.stack.outputs.get("HostsTableName"),
         )
         t = self._step("seed", t)
+        self._start_event_sources()
         self.front_door = FrontDoor(
             endpoint_url=self.moto.endpoint_url,
             rest_api_id=rest_api_id,
@@ -123,13 +160,34 @@ class LocalCloud:
             )
         t = self._step("front_door", t)
         self.probe_status = self._probe()
-        self._step("probe", t)
+        t = self._step("probe", t)
+        self._start_agents(hosts)
+        self._step("agents", t)
         if self._state is not None:
+            self._state.write_json("outputs.json", self.stack.outputs)
+            self._state.write_json(
+                "agents.json",
+                [
+                    {
+                        "host_id": a.identity.host_id,
+                        "pid": os.getpid(),
+                        "gpus": list(a.inventory.gpu_ids),
+                        "kind": "scripted",
+                    }
+                    for a in self.scripted_agents
+                ],
+            )
             self._state.write_env(self.exports)
 
     def stop(self) -> None:
         if self._state is not None:
             self._state.remove_env()
+        for agent in self.scripted_agents:
+            agent.stop()
+        self.scripted_agents = []
+        for poller in self.pollers:
+            poller.stop()
+        self.pollers = []
         if self.front_door is not None:
             self.front_door.stop()
             self.front_door = None
@@ -216,6 +274,84 @@ class LocalCloud:
             return status, raw.decode(errors="replace")
 
     # -- internals ---------------------------------------------------------------------------------
+    def _physical(self, ref: Any) -> str:
+        assert self.stack is not None
+        logical = ref.get("Ref") if isinstance(ref, dict) and "Ref" in ref else None
+        if logical is None and isinstance(ref, dict) and "Fn::GetAtt" in ref:
+            logical = ref["Fn::GetAtt"][0]
+        if logical is None or logical not in self.stack.resources:
+            raise LocalCloudError(f"cannot resolve {ref} in the deployed stack")
+        return self.stack.resources[logical][1]
+
+    def _start_event_sources(self) -> None:
+        """The template's event source mappings and scheduled rules, run by the local cloud."""
+        assert self.stack is not None
+        session = self.session()
+        sqs = session.client("sqs", endpoint_url=self.endpoint_url)
+        lam = session.client("lambda", endpoint_url=self.endpoint_url)
+        for props in self.stack.event_source_mappings.values():
+            function = self._physical(props["FunctionName"])
+            source = props["EventSourceArn"]
+            mapping = event_sources.Mapping(
+                function_name=function,
+                source_arn="",
+                batch_size=int(props.get("BatchSize", 10)),
+                window_s=float(props.get("MaximumBatchingWindowInSeconds", 0)),
+                partial_batch="ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
+                starting_position=str(props.get("StartingPosition", "TRIM_HORIZON")),
+                max_retries=int(props.get("MaximumRetryAttempts", 10)),
+            )
+            attr = source["Fn::GetAtt"][1] if isinstance(source, dict) and "Fn::GetAtt" in source else ""
+            if attr == "StreamArn":
+                table = self._physical(source)
+                ddb = session.client("dynamodb", endpoint_url=self.endpoint_url)
+                mapping.source_arn = ddb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+                streams = session.client("dynamodbstreams", endpoint_url=self.endpoint_url)
+                poller: Any = event_sources.StreamPoller(streams, lam, mapping)
+            else:
+                queue_url = self._physical(source)
+                mapping.source_arn = sqs.get_queue_attributes(
+                    QueueUrl=queue_url, AttributeNames=["QueueArn"]
+                )["Attributes"]["QueueArn"]
+                poller = event_sources.SqsPoller(sqs, lam, queue_url, mapping)
+            poller.start()
+            self.pollers.append(poller)
+        for lid, res in self.template.get("Resources", {}).items():
+            props = res.get("Properties", {})
+            if res.get("Type") != "AWS::Events::Rule" or not props.get("ScheduleExpression"):
+                continue
+            every = self.timer_interval_s or event_sources.schedule_seconds(props["ScheduleExpression"])
+            for target in props.get("Targets", []):
+                if not (isinstance(target.get("Arn"), dict) and "Fn::GetAtt" in target["Arn"]):
+                    continue
+                url = self._physical(target["Arn"])
+                if not url.startswith("http"):
+                    continue
+                body = target.get("Input", "{}")
+
+                def send(url: str = url, body: str = body) -> None:
+                    sqs.send_message(QueueUrl=url, MessageBody=body)
+
+                timer = event_sources.ScheduleTimer(send, float(every or 60), lid)
+                timer.start()
+                self.pollers.append(timer)
+
+    def _start_agents(self, hosts: list[tuple[str, str, int]]) -> None:
+        by_profile = self.profiles
+        for host_id, model, gpus in hosts:
+            user = by_profile[f"host-{host_id}"]
+            agent = ScriptedAgent(
+                api_url=self.api_url,
+                endpoint_url=self.endpoint_url,
+                region=self.region,
+                identity=HostIdentity(host_id, user.access_key_id, user.secret_access_key),
+                inventory=Inventory(
+                    host_id=host_id, gpu_type=model, gpu_ids=seed.host_gpu_ids(host_id, gpus)
+                ),
+            )
+            agent.start()
+            self.scripted_agents.append(agent)
+
     def _gateway_config(self, rest_api_id: str) -> gateway_config.GatewayConfig:
         """The deployed API's gateway responses and resource policy, from the template (moto drops them)."""
         assert self.stack is not None

@@ -58,6 +58,26 @@ FIXES: dict[str, str] = {
         "the function's log group is set to the deployed log group, so handler logs land where the "
         "template (and the CLI) expect them."
     ),
+    "event-bus-refs": (
+        "moto resolves Ref to an AWS::Events::EventBus as its model object (a rule naming its bus that "
+        "way crashes, an environment variable holds an object); Refs to a bus are replaced by its Name "
+        "(what Ref returns on AWS)."
+    ),
+    "event-source-mappings": (
+        "moto invokes a mapping's function synchronously inside the SendMessage or DynamoDB write "
+        "that fed it (no batching window, the writer blocked on the consumer); mappings are removed "
+        "from the template and run by the local cloud's own pollers (event_sources.py) with the "
+        "template's batch size, batching window and partial-batch responses."
+    ),
+    "executable-state-machines": (
+        "With execute_state_machine on, moto's Step Functions API serves its executing backend while its "
+        "CloudFormation creates state machines in the other one (the API cannot see them); each "
+        "deployed state machine is created again through the API with its resolved definition and role."
+    ),
+    "local-timings": (
+        "Function environment values named in the local cloud's timing overrides (heartbeat, lease, "
+        "backoff, ...) are replaced so tests and demos take seconds, not minutes."
+    ),
     "unsupported-resources": (
         "Resource types moto's CloudFormation does not implement (e.g. AWS::ApiGateway::Account, which "
         "only sets the account-wide CloudWatch role) are skipped by moto with a warning; they are listed "
@@ -74,6 +94,8 @@ class DeployedStack:
     resources: dict[str, tuple[str, str]]  # logical id -> (resource type, physical id)
     skipped_types: list[str] = field(default_factory=list)
     applied_fixes: list[str] = field(default_factory=list)
+    #: The template's event source mappings (logical id -> properties), run by the local cloud.
+    event_source_mappings: dict[str, dict[str, Any]] = field(default_factory=dict)
     deploy_seconds: float = 0.0
 
     def physical_ids(self, resource_type: str) -> list[str]:
@@ -166,12 +188,65 @@ class PreparedTemplate:
     applied_fixes: list[str]
     stage_variables: dict[str, dict[str, str]]
     skipped_types: list[str]
+    event_source_mappings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def prepare_template(template: dict[str, Any]) -> PreparedTemplate:
+def _fix_event_bus_refs(template: dict[str, Any]) -> bool:
+    resources: dict[str, Any] = template.get("Resources", {})
+    buses = {
+        lid: res.get("Properties", {}).get("Name")
+        for lid, res in resources.items()
+        if res.get("Type") == "AWS::Events::EventBus"
+        and isinstance(res.get("Properties", {}).get("Name"), str)
+    }
+    for bus_id, name in buses.items():
+        for key in list(template):
+            template[key] = _replace_refs(template[key], bus_id, name)
+    return bool(buses)
+
+
+def _take_event_source_mappings(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    resources: dict[str, Any] = template.get("Resources", {})
+    taken = {
+        lid: res.get("Properties", {})
+        for lid, res in resources.items()
+        if res.get("Type") == "AWS::Lambda::EventSourceMapping"
+    }
+    for lid in taken:
+        del resources[lid]
+    for res in resources.values():
+        depends = res.get("DependsOn")
+        if isinstance(depends, str):
+            depends = [depends]
+        if isinstance(depends, list) and any(d in taken for d in depends):
+            res["DependsOn"] = [d for d in depends if d not in taken]
+    return taken
+
+
+def _override_function_environment(template: dict[str, Any], overrides: dict[str, str]) -> bool:
+    changed = False
+    for res in template.get("Resources", {}).values():
+        if res.get("Type") != "AWS::Lambda::Function":
+            continue
+        variables = res.get("Properties", {}).get("Environment", {}).get("Variables", {})
+        for key, value in overrides.items():
+            if key in variables:
+                variables[key] = value
+                changed = True
+    return changed
+
+
+def prepare_template(template: dict[str, Any], environment: dict[str, str] | None = None) -> PreparedTemplate:
     """Return a transformed copy of `template` that moto's CloudFormation deploys faithfully."""
     fixed = copy.deepcopy(template)
     applied: list[str] = []
+    if _fix_event_bus_refs(fixed):
+        applied.append("event-bus-refs")
+    mappings = _take_event_source_mappings(fixed)
+    if mappings:
+        applied.append("event-source-mappings")
+    if environment and _override_function_environment(fixed, environment):
+        applied.append("local-timings")
     has_stage = any(r.get("Type") == "AWS::ApiGateway::Stage" for r in fixed.get("Resources", {}).values())
     stage_variables = _fold_api_stages(fixed)
     if has_stage:
@@ -181,7 +256,7 @@ def prepare_template(template: dict[str, Any]) -> PreparedTemplate:
     skipped = unsupported_resource_types(fixed)
     if skipped:
         applied.append("unsupported-resources")
-    return PreparedTemplate(fixed, applied, stage_variables, skipped)
+    return PreparedTemplate(fixed, applied, stage_variables, skipped, mappings)
 
 
 # -- account preparation (what `cdk bootstrap` would have done) ------------------------------------
@@ -249,9 +324,10 @@ def deploy_stack(
     template: dict[str, Any],
     stack_name: str = DEFAULT_STACK_NAME,
     timeout_s: float = 120.0,
+    environment: dict[str, str] | None = None,
 ) -> DeployedStack:
     started = time.monotonic()
-    prepared = prepare_template(template)
+    prepared = prepare_template(template, environment)
     applied = prepare_account(session, endpoint_url, prepared.template) + prepared.applied_fixes
     cfn = session.client("cloudformation", endpoint_url=endpoint_url)
     # moto warns once per reference to an unsupported type; they are reported in `skipped_types` instead.
@@ -288,12 +364,66 @@ def deploy_stack(
         resources=resources,
         skipped_types=prepared.skipped_types,
         applied_fixes=applied,
+        event_source_mappings=prepared.event_source_mappings,
     )
     _apply_stage_variables(session, endpoint_url, prepared, deployed)
+    if _recreate_state_machines(session, endpoint_url, prepared.template, deployed):
+        deployed.applied_fixes.append("executable-state-machines")
     if _apply_lambda_log_groups(prepared.template, deployed):
         deployed.applied_fixes.append("lambda-logging-config")
     deployed.deploy_seconds = time.monotonic() - started
     return deployed
+
+
+def _resolve(node: Any, session: boto3.session.Session, endpoint_url: str, deployed: DeployedStack) -> Any:
+    """Resolve Fn::Join, Ref and Fn::GetAtt ... Arn against the deployed stack (what CloudFormation did)."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, list):
+        return [_resolve(n, session, endpoint_url, deployed) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "Fn::Join" in node:
+        sep, parts = node["Fn::Join"]
+        return sep.join(str(_resolve(p, session, endpoint_url, deployed)) for p in parts)
+    if "Ref" in node:
+        pseudo = {
+            "AWS::Partition": "aws",
+            "AWS::Region": deployed.region,
+            "AWS::AccountId": DEFAULT_ACCOUNT_ID,
+        }
+        ref = node["Ref"]
+        return pseudo.get(ref) or deployed.resources[ref][1]
+    if "Fn::GetAtt" in node:
+        logical, attr = node["Fn::GetAtt"]
+        kind, physical = deployed.resources[logical]
+        if attr == "Arn" and kind == "AWS::Lambda::Function":
+            lam = session.client("lambda", endpoint_url=endpoint_url)
+            return lam.get_function(FunctionName=physical)["Configuration"]["FunctionArn"]
+        if attr == "Arn" and kind == "AWS::IAM::Role":
+            return session.client("iam", endpoint_url=endpoint_url).get_role(RoleName=physical)["Role"]["Arn"]
+        return physical
+    return {k: _resolve(v, session, endpoint_url, deployed) for k, v in node.items()}
+
+
+def _recreate_state_machines(
+    session: boto3.session.Session, endpoint_url: str, template: dict[str, Any], deployed: DeployedStack
+) -> bool:
+    sfn = session.client("stepfunctions", endpoint_url=endpoint_url)
+    done = False
+    for logical, res in template.get("Resources", {}).items():
+        if res.get("Type") != "AWS::StepFunctions::StateMachine" or logical not in deployed.resources:
+            continue
+        props = res.get("Properties", {})
+        arn = deployed.resources[logical][1]
+        sfn.create_state_machine(
+            name=arn.rsplit(":", 1)[1],
+            definition=_resolve(props["DefinitionString"], session, endpoint_url, deployed),
+            roleArn=_resolve(props.get("RoleArn", ""), session, endpoint_url, deployed),
+            type=props.get("StateMachineType", "STANDARD"),
+        )
+        done = True
+    return done
 
 
 def _apply_stage_variables(

@@ -14,8 +14,8 @@ from berth_tools.localcloud.lambda_runtime import sandbox_environment
 @dataclass(frozen=True)
 class SeedUser:
     profile: str  # IAM user name and AWS profile name
-    tenant: str
-    role: str  # "member" or "admin"
+    tenant: str  # for a host: its host id
+    role: str  # "member", "admin" or "host"
 
 
 #: The users `berth local up` creates; the brief's CLI contract names the profiles and tenants.
@@ -59,10 +59,10 @@ def create_iam_users(
     ]["Arn"]
     seeded = []
     for user in users:
-        # The berth:tenant tag is what the API's resource policy admits (berth_infra.api.DEFAULT_MEMBER_TAG).
-        created = iam.create_user(
-            UserName=user.profile, Tags=[{"Key": "berth:tenant", "Value": user.tenant}]
-        )["User"]
+        # The berth:tenant tag is what the API's resource policy admits (berth_infra.api.DEFAULT_MEMBER_TAG);
+        # a host's identity carries berth:host (its host id) instead.
+        tag = "berth:host" if user.role == "host" else "berth:tenant"
+        created = iam.create_user(UserName=user.profile, Tags=[{"Key": tag, "Value": user.tenant}])["User"]
         arn = created["Arn"]
         iam.attach_user_policy(UserName=user.profile, PolicyArn=policy_arn)
         key = iam.create_access_key(UserName=user.profile)["AccessKey"]
@@ -117,7 +117,7 @@ def seed_tenants(
             put_member(user.arn, user.tenant, user.role, user.unique_id)
         if writer is None:
             seed_example_data(tenants_table)
-            if hosts_table is not None:
+            if hosts_table is not None and not any(u.role == "host" for u in users):
                 seed_example_hosts(hosts_table)
             for name, value in EXAMPLE_SECRETS.items():
                 boto3.client("secretsmanager", endpoint_url=endpoint_url, region_name=region).create_secret(
@@ -162,6 +162,25 @@ EXAMPLE_HOSTS = (
 )
 #: Seeded hosts hold their lease this long (the simulated fleet does not heartbeat).
 EXAMPLE_HOST_LEASE_DAYS = 365
+
+
+def host_gpu_ids(host_id: str, gpus: int) -> tuple[str, ...]:
+    """Stable simulated device UUIDs of a host."""
+    import uuid
+
+    return tuple(f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host_id}.{i}.berth.local')}" for i in range(gpus))
+
+
+def example_agents(count: int, gpus: int, gpu_type: str | None) -> list[tuple[str, str, int]]:
+    """(host id, GPU model, GPUs) of ``count`` simulated agents: the example fleet's models in turn
+    (or all ``gpu_type``)."""
+    out = []
+    per_model: dict[str, int] = {}
+    for i in range(count):
+        model = gpu_type or EXAMPLE_HOSTS[i % len(EXAMPLE_HOSTS)][1]
+        n = per_model[model] = per_model.get(model, -1) + 1
+        out.append((f"sim-{model.lower()}-{n}", model, gpus))
+    return out
 
 
 def seed_example_hosts(hosts_table: str) -> None:

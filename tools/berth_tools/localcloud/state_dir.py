@@ -14,11 +14,13 @@ once the API answers and removed on shutdown, so a stale file never points at a 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_STATE_DIR = Path(".berth/local")
 
@@ -86,6 +88,10 @@ class StateDir:
 
     def write_env(self, exports: dict[str, str]) -> None:
         _write_private(self.env_file, render_exports(exports))
+
+    def write_json(self, name: str, value: Any) -> None:
+        """``outputs.json`` (the stack's outputs by name), ``agents.json`` (``{host_id, pid, gpus}``)."""
+        _write_private(self.root / name, json.dumps(value, indent=2) + "\n")
 
     def remove_env(self) -> None:
         self.env_file.unlink(missing_ok=True)

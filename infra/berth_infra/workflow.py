@@ -1,0 +1,433 @@
+"""The job workflow: the state machine, its task Lambda, the scheduler service, the agent API's
+Lambda, the notifier and the Berth event bus (docs/workflow.md has the diagram)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from berth_infra.bundling import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, function_code
+from berth_infra.data import DataTables
+
+LOG_RETENTION = logs.RetentionDays.ONE_MONTH
+HOST_QUEUE_PREFIX = "berth-host-"
+#: The one pass at a time: the scheduler's reserved concurrency.
+SCHEDULER_CONCURRENCY = 1
+#: How often the timer asks for a pass (a safety net; submits, finishes and capacity changes ask too).
+TIMER_MINUTES = 1
+
+#: Timings every control-plane function reads (seconds); ``-c berth:heartbeatSeconds=N`` etc.
+DEFAULT_TIMINGS: dict[str, int] = {
+    "BERTH_HEARTBEAT_S": 60,
+    "BERTH_LEASE_S": 90,
+    "BERTH_CLAIM_S": 300,
+    "BERTH_BACKOFF_BASE_S": 2,
+    "BERTH_BACKOFF_CAP_S": 300,
+    "BERTH_ORPHAN_GRACE_S": 120,
+}
+
+
+def _table_arns(tables: DataTables) -> dict[str, str]:
+    return {
+        "jobs": tables.jobs.table_arn,
+        "job_events": tables.job_events.table_arn,
+        "tenants": tables.tenants.table_arn,
+        "hosts": tables.hosts.table_arn,
+    }
+
+
+class ControlFunction(Construct):
+    """A control-plane Lambda with its own log group and a role that holds only what it is given."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        handler: str,
+        description: str,
+        environment: dict[str, str],
+        bundle: bool,
+        timeout_s: int = 30,
+        memory_mb: int = 512,
+        reserved_concurrency: int = 20,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.log_group = logs.LogGroup(
+            self, "LogGroup", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY
+        )
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=LAMBDA_RUNTIME,
+            architecture=LAMBDA_ARCHITECTURE,
+            handler=handler,
+            code=function_code(bundle),
+            memory_size=memory_mb,
+            timeout=Duration.seconds(timeout_s),
+            role=self.role,
+            log_group=self.log_group,
+            reserved_concurrent_executions=reserved_concurrency,
+            description=description,
+            environment=environment,
+        )
+        self.log_group.grant_write(self.role)
+
+    def allow(self, sid: str, actions: list[str], resources: list[str], conditions: Any = None) -> None:
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(sid=sid, actions=actions, resources=resources, conditions=conditions)
+        )
+
+
+def _tenant_counter_writes() -> dict[str, Any]:
+    """Terminal transitions decrement the tenant's active-job counter (TENANT# items only)."""
+    return {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["TENANT#*"]}}
+
+
+class JobWorkflow(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        tables: DataTables,
+        base_environment: dict[str, str],
+        bundle: bool,
+        timings: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        arns = _table_arns(tables)
+        host_queues = f"arn:{stack.partition}:sqs:{stack.region}:{stack.account}:{HOST_QUEUE_PREFIX}*"
+
+        # -- the scheduler's trigger queue, and the timer that fills it -----------------------------
+        self.trigger_dlq = sqs.Queue(
+            self,
+            "SchedulerTriggerDlq",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        self.trigger_queue = sqs.Queue(
+            self,
+            "SchedulerTriggerQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            visibility_timeout=Duration.seconds(6 * 60),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.trigger_dlq, max_receive_count=5),
+        )
+        self.timer = events.Rule(
+            self,
+            "SchedulerTimer",
+            description="A scheduling pass at least every minute (safety net)",
+            schedule=events.Schedule.rate(Duration.minutes(TIMER_MINUTES)),
+            targets=[
+                targets.SqsQueue(
+                    self.trigger_queue, message=events.RuleTargetInput.from_object({"reason": "timer"})
+                )
+            ],
+        )
+
+        # -- the bus and the example rule ------------------------------------------------------------
+        self.bus = events.EventBus(self, "Bus", event_bus_name=f"berth-{stack.stack_name}")
+        self.job_events_queue = sqs.Queue(
+            self,
+            "JobEventsQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(4),
+        )
+        self.example_rule = events.Rule(
+            self,
+            "JobEventsToQueue",
+            description="Example: every Berth Job State Change into an SQS queue (JobEventsQueueUrl)",
+            event_bus=self.bus,
+            event_pattern=events.EventPattern(source=["berth"], detail_type=["Berth Job State Change"]),
+            targets=[targets.SqsQueue(self.job_events_queue)],
+        )
+
+        env = {
+            **base_environment,
+            **{k: str(v) for k, v in (timings or DEFAULT_TIMINGS).items()},
+            "BERTH_SCHEDULER_QUEUE_URL": self.trigger_queue.queue_url,
+            "BERTH_HOST_QUEUE_PREFIX": HOST_QUEUE_PREFIX,
+            "BERTH_EVENT_BUS_NAME": self.bus.event_bus_name,
+        }
+        self.environment = env
+
+        # -- functions -----------------------------------------------------------------------------
+        self.workflow_fn = ControlFunction(
+            self,
+            "WorkflowFunction",
+            handler="berth.handlers.workflow.lambda_handler",
+            description="Berth job workflow tasks (placement wait, dispatch, classify, requeue, finalize)",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-workflow"},
+            bundle=bundle,
+        )
+        self.scheduler_fn = ControlFunction(
+            self,
+            "SchedulerFunction",
+            handler="berth.handlers.scheduler.lambda_handler",
+            description="Berth scheduler service: one scheduling pass per trigger batch",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-scheduler"},
+            bundle=bundle,
+            timeout_s=60,
+            memory_mb=1769,
+            reserved_concurrency=SCHEDULER_CONCURRENCY,
+        )
+        self.agent_fn = ControlFunction(
+            self,
+            "AgentApiFunction",
+            handler="berth.handlers.agent_api.lambda_handler",
+            description="Berth agent API (/v1/agent): host registration, heartbeats, claims, reports",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-agent-api"},
+            bundle=bundle,
+        )
+        self.notifier_fn = ControlFunction(
+            self,
+            "NotifierFunction",
+            handler="berth.handlers.notifier.lambda_handler",
+            description="Berth notifier: job state changes from the events table's stream to EventBridge",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-notifier"},
+            bundle=bundle,
+            reserved_concurrency=5,
+        )
+
+        # -- the state machine -----------------------------------------------------------------------
+        # Named, so the functions' policies can name its ARN without a reference cycle (the state
+        # machine refers to the workflow function, whose role must not refer back to it).
+        self.state_machine_name = f"berth-jobs-{stack.stack_name}"
+        self.state_machine = self._state_machine()
+        sm_arn = self.state_machine_arn = (
+            f"arn:{stack.partition}:states:{stack.region}:{stack.account}:stateMachine:{self.state_machine_name}"
+        )
+        token_actions = ["states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"]
+
+        # -- permissions, function by function (tests/infra holds the expected set) ----------------
+        for fn in (self.workflow_fn, self.scheduler_fn, self.agent_fn):
+            fn.allow("Jobs", ["dynamodb:GetItem", "dynamodb:PutItem"], [arns["jobs"]])
+            fn.allow("JobEvents", ["dynamodb:PutItem"], [arns["job_events"]])
+            fn.allow("TenantCounters", ["dynamodb:UpdateItem"], [arns["tenants"]], _tenant_counter_writes())
+            fn.allow("Tokens", token_actions, [sm_arn])
+            fn.allow("Trigger", ["sqs:SendMessage"], [self.trigger_queue.queue_arn])
+        self.workflow_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
+        self.workflow_fn.allow(
+            "HostQueues", ["sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"], [host_queues]
+        )
+        self.agent_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
+        self.agent_fn.allow("Membership", ["dynamodb:GetItem"], [arns["tenants"]])
+        self.agent_fn.allow("HostQueues", ["sqs:CreateQueue", "sqs:TagQueue"], [host_queues])
+        self.scheduler_fn.allow(
+            "Hosts", ["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]]
+        )
+        self.scheduler_fn.allow("Queue", ["dynamodb:Query"], [f"{arns['jobs']}/index/by_status"])
+        self.scheduler_fn.allow("TenantsRead", ["dynamodb:GetItem"], [arns["tenants"]])
+        self.scheduler_fn.allow("Executions", ["states:StartExecution"], [sm_arn])
+        self.notifier_fn.allow("Publish", ["events:PutEvents"], [self.bus.event_bus_arn])
+
+        # -- event sources ------------------------------------------------------------------------
+        self.scheduler_fn.function.add_event_source(
+            sources.SqsEventSource(
+                self.trigger_queue,
+                batch_size=1000,
+                max_batching_window=Duration.seconds(1),
+                report_batch_item_failures=True,
+            )
+        )
+        self.notifier_fn.function.add_event_source(
+            sources.DynamoEventSource(
+                tables.job_events,
+                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+                batch_size=100,
+                max_batching_window=Duration.seconds(0),
+                retry_attempts=10,
+                bisect_batch_on_error=True,
+            )
+        )
+
+        # Only Berth's notifier may put events with source "berth" on the bus (spoofed events).
+        events.CfnEventBusPolicy(
+            self,
+            "BusPolicy",
+            event_bus_name=self.bus.event_bus_name,
+            statement_id="OnlyBerthPublishes",
+            statement={
+                "Sid": "OnlyBerthPublishes",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "events:PutEvents",
+                "Resource": self.bus.event_bus_arn,
+                "Condition": {
+                    "StringNotEquals": {"aws:PrincipalArn": self.notifier_fn.role.role_arn},
+                    "StringEquals": {"events:source": "berth"},
+                },
+            },
+        )
+
+        # -- what an on-prem host's own identity may do: its queue, and the agent API -----------------
+        self.host_policy = iam.ManagedPolicy(
+            self,
+            "HostPolicy",
+            description="Attach to each on-prem host's IAM role (tagged berth:host=<host id>)",
+            statements=[
+                iam.PolicyStatement(
+                    sid="OwnWorkQueue",
+                    actions=[
+                        "sqs:ReceiveMessage",
+                        "sqs:DeleteMessage",
+                        "sqs:ChangeMessageVisibility",
+                        "sqs:GetQueueUrl",
+                    ],
+                    resources=[
+                        f"arn:{stack.partition}:sqs:{stack.region}:{stack.account}:{HOST_QUEUE_PREFIX}"
+                        "${aws:PrincipalTag/berth:host}"
+                    ],
+                ),
+            ],
+        )
+
+    def _state_machine(self) -> sfn.StateMachine:
+        fn = self.workflow_fn.function
+
+        def task(
+            state_id: str, action: str, extra: dict[str, Any], wait: bool = False, **kwargs: Any
+        ) -> tasks.LambdaInvoke:
+            payload = {"action": action, "job_id": sfn.JsonPath.string_at("$.job_id"), **extra}
+            if wait:
+                payload["task_token"] = sfn.JsonPath.task_token
+            return tasks.LambdaInvoke(
+                self,
+                state_id,
+                lambda_function=fn,
+                payload=sfn.TaskInput.from_object(payload),
+                **({"integration_pattern": sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN} if wait else {}),
+                retry_on_service_exceptions=True,
+                **kwargs,
+            )
+
+        attempt = {"attempt": sfn.JsonPath.number_at("$.placed.attempt")}
+        wait_for_placement = task(
+            "WaitForPlacement",
+            "await_placement",
+            {"execution": sfn.JsonPath.string_at("$$.Execution.Id")},
+            wait=True,
+            result_path="$.placed",
+            comment="Park a task token on the queued job; the scheduler answers it when it places the job",
+        )
+        dispatch_onprem = task(
+            "DispatchOnPrem",
+            "dispatch_onprem",
+            attempt,
+            wait=True,
+            result_path="$.result",
+            heartbeat_timeout=sfn.Timeout.at("$.heartbeat_s"),
+            task_timeout=sfn.Timeout.at("$.placed.timeout_s"),
+            comment="Work messages to the placed hosts; their agents report through the agent API",
+        )
+        dispatch_cloud = sfn.Pass(
+            self,
+            "DispatchCloud",
+            comment="Extension point for the cloud branch (AWS Batch): until it is deployed no job is "
+            "placed in the cloud (BERTH_CLOUD_ENABLED=false), and one that is fails as a cloud API error",
+            result=sfn.Result.from_object(
+                {"Error": "Berth.CloudApiError", "Cause": "no cloud dispatcher is deployed in this stack"}
+            ),
+            result_path="$.failure",
+        )
+        finalize = task(
+            "Finalize",
+            "finalize",
+            attempt,
+            result_selector={"status": sfn.JsonPath.string_at("$.Payload.status")},
+            result_path="$.final",
+        )
+        classify = task(
+            "ClassifyFailure",
+            "classify_failure",
+            {
+                **attempt,
+                "error": sfn.JsonPath.string_at("$.failure.Error"),
+                "cause": sfn.JsonPath.string_at("$.failure.Cause"),
+            },
+            result_selector={
+                "action": sfn.JsonPath.string_at("$.Payload.action"),
+                "backoff_s": sfn.JsonPath.number_at("$.Payload.backoff_s"),
+            },
+            result_path="$.decision",
+        )
+        backoff = sfn.Wait(self, "Backoff", time=sfn.WaitTime.seconds_path("$.decision.backoff_s"))
+        requeue = task(
+            "Requeue",
+            "requeue",
+            {},
+            result_selector={"outcome": sfn.JsonPath.string_at("$.Payload.outcome")},
+            result_path="$.requeued",
+        )
+        done = sfn.Succeed(self, "Done")
+        canceled = sfn.Succeed(self, "Canceled")
+        failed = sfn.Fail(self, "JobFailed", error="Berth.JobFailed", cause="the job failed; see its events")
+
+        dispatch_onprem.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
+        dispatch_onprem.next(finalize)
+        finalize.next(done)
+        dispatch_cloud.next(classify)
+        classify.next(
+            sfn.Choice(self, "RetryOrEnd")
+            .when(sfn.Condition.string_equals("$.decision.action", "retry"), backoff)
+            .when(sfn.Condition.string_equals("$.decision.action", "cancel"), canceled)
+            .otherwise(failed)
+        )
+        backoff.next(requeue)
+        requeue.next(
+            sfn.Choice(self, "Requeued")
+            .when(sfn.Condition.string_equals("$.requeued.outcome", "queued"), wait_for_placement)
+            .otherwise(canceled)
+        )
+        definition = wait_for_placement.next(
+            sfn.Choice(self, "Placed")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.string_equals("$.placed.outcome", "placed"),
+                    sfn.Condition.string_equals("$.placed.site", "onprem"),
+                ),
+                dispatch_onprem,
+            )
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.string_equals("$.placed.outcome", "placed"),
+                    sfn.Condition.string_equals("$.placed.site", "cloud"),
+                ),
+                dispatch_cloud,
+            )
+            .when(sfn.Condition.string_equals("$.placed.outcome", "canceled"), canceled)
+            .otherwise(done)
+        )
+        self.state_machine_logs = logs.LogGroup(
+            self, "StateMachineLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY
+        )
+        return sfn.StateMachine(
+            self,
+            "JobStateMachine",
+            state_machine_name=self.state_machine_name,
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_chainable(definition),
+            tracing_enabled=True,
+            logs=sfn.LogOptions(
+                destination=self.state_machine_logs, level=sfn.LogLevel.ALL, include_execution_data=False
+            ),
+            comment="One execution per Berth job (named after it): placement, dispatch, retries, finish",
+        )
