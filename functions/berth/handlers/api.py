@@ -7,7 +7,6 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 import json
 import warnings
 from datetime import UTC, datetime, timedelta
-from functools import cache
 from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -49,7 +48,7 @@ from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import runtime, schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
-from berth.handlers.settings import settings
+from berth.handlers.settings import per_environment, settings
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.ratelimit import RateLimiter
@@ -79,7 +78,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-@cache
+@per_environment
 def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
@@ -96,14 +95,14 @@ def _services() -> tuple[JobService, TenantService]:
     return jobs, TenantService(tenants)
 
 
-@cache
+@per_environment
 def _hooks() -> WorkflowHooks:
     return WorkflowHooks(
         tokens=runtime.task_tokens(), executions=runtime.executions(), settings=runtime.workflow_settings()
     )
 
 
-@cache
+@per_environment
 def _job_repository() -> DynamoJobRepository:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
@@ -112,7 +111,7 @@ def _job_repository() -> DynamoJobRepository:
     )
 
 
-@cache
+@per_environment
 def _fleet() -> FleetService:
     cfg = settings()
     source = SnapshotSource(
@@ -126,7 +125,7 @@ def _fleet() -> FleetService:
     return FleetService(source, cache_s=cfg.feasibility_cache_s)
 
 
-@cache
+@per_environment
 def _storage() -> StorageService:
     cfg = settings()
     return StorageService(
@@ -137,7 +136,7 @@ def _storage() -> StorageService:
     )
 
 
-@cache
+@per_environment
 def _rate_limiter() -> RateLimiter:
     cfg = settings()
     return RateLimiter(
@@ -145,7 +144,7 @@ def _rate_limiter() -> RateLimiter:
     )
 
 
-@cache
+@per_environment
 def _idempotent_submit() -> Any:
     cfg = settings()
     config = IdempotencyConfig(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from functools import cache
 
 from berth.dal.documents import DynamoDocumentRepository
 from berth.dal.hosts import DynamoHostRepository
@@ -20,7 +19,7 @@ from berth.dal.workflow import (
     SqsWorkQueues,
 )
 from berth.domain.workflow import Backoff
-from berth.handlers.settings import settings
+from berth.handlers.settings import per_environment, settings
 from berth.logic.agent import AgentService
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
@@ -31,7 +30,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-@cache
+@per_environment
 def job_repository() -> DynamoJobRepository:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
@@ -40,17 +39,17 @@ def job_repository() -> DynamoJobRepository:
     )
 
 
-@cache
+@per_environment
 def host_repository() -> DynamoHostRepository:
     return DynamoHostRepository(settings().hosts_table)
 
 
-@cache
+@per_environment
 def tenant_repository() -> DynamoTenantRepository:
     return DynamoTenantRepository(settings().tenants_table)
 
 
-@cache
+@per_environment
 def workflow_settings() -> WorkflowSettings:
     cfg = settings()
     return WorkflowSettings(
@@ -62,7 +61,7 @@ def workflow_settings() -> WorkflowSettings:
     )
 
 
-@cache
+@per_environment
 def snapshot_source() -> SnapshotSource:
     cfg = settings()
     return SnapshotSource(
@@ -75,33 +74,33 @@ def snapshot_source() -> SnapshotSource:
     )
 
 
-@cache
+@per_environment
 def task_tokens() -> SfnTaskTokens:
     return SfnTaskTokens()
 
 
-@cache
+@per_environment
 def work_queues() -> SqsWorkQueues:
     return SqsWorkQueues(settings().host_queue_prefix)
 
 
-@cache
+@per_environment
 def pass_trigger() -> SqsPassTrigger:
     return SqsPassTrigger(settings().scheduler_queue_url)
 
 
-@cache
+@per_environment
 def executions() -> SfnExecutions | None:
     arn = settings().state_machine_arn
     return SfnExecutions(arn) if arn else None
 
 
-@cache
+@per_environment
 def event_publisher() -> EventBridgePublisher:
     return EventBridgePublisher(settings().event_bus_name)
 
 
-@cache
+@per_environment
 def workflow_service() -> WorkflowService:
     return WorkflowService(
         jobs=job_repository(),
@@ -114,7 +113,7 @@ def workflow_service() -> WorkflowService:
     )
 
 
-@cache
+@per_environment
 def scheduler_service() -> SchedulerService:
     return SchedulerService(
         source=snapshot_source(),
@@ -130,7 +129,7 @@ def scheduler_service() -> SchedulerService:
     )
 
 
-@cache
+@per_environment
 def agent_service() -> AgentService:
     return AgentService(
         jobs=job_repository(),

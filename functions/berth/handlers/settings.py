@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from functools import cache
+import os
+import threading
+from collections.abc import Callable
+from functools import cache, wraps
+from typing import TypeVar
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -53,6 +57,43 @@ class Settings(BaseSettings):
     cloud_enabled: bool = False
 
 
+def environment_key() -> tuple[tuple[str, str], ...]:
+    """The configuration this process sees now (``BERTH_*``). Lambda gives each function its own
+    process; the local cloud runs every function in one (with a per-invocation environment), so
+    everything built from the configuration is cached per configuration, never per process."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("BERTH_")))
+
+
 @cache
-def settings() -> Settings:
+def _settings(key: tuple[tuple[str, str], ...]) -> Settings:
+    del key
     return Settings()  # values come from the environment
+
+
+def settings() -> Settings:
+    return _settings(environment_key())
+
+
+settings.cache_clear = _settings.cache_clear  # type: ignore[attr-defined]
+
+T = TypeVar("T")
+
+
+def per_environment(build: Callable[[], T]) -> Callable[[], T]:
+    """Like ``functools.cache`` for a builder without arguments, but one value per configuration."""
+    built: dict[tuple[tuple[str, str], ...], T] = {}
+    lock = threading.Lock()
+
+    @wraps(build)
+    def get() -> T:
+        key = environment_key()
+        value = built.get(key)
+        if value is None:
+            with lock:
+                value = built.get(key)
+                if value is None:
+                    value = built[key] = build()
+        return value
+
+    get.cache_clear = built.clear  # type: ignore[attr-defined]
+    return get

@@ -63,6 +63,7 @@ class _Loop(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.stopping = threading.Event()
         self.errors = 0
+        self.last_error = ""
 
     def stop(self) -> None:
         self.stopping.set()
@@ -71,8 +72,9 @@ class _Loop(threading.Thread):
         while not self.stopping.is_set():
             try:
                 self.step()
-            except Exception:  # the emulator keeps polling, as AWS would
+            except Exception as exc:  # the emulator keeps polling, as AWS would
                 self.errors += 1
+                self.last_error = repr(exc)
                 if self.stopping.wait(0.5):
                     return
 
@@ -189,10 +191,11 @@ class StreamPoller(_Loop):
                 busy = True
                 event = {"Records": [{**r, "eventSourceARN": self.mapping.source_arn} for r in records]}
                 for attempt in range(self.mapping.max_retries + 1):
-                    ok, _ = _invoke(self.lambda_client, self.mapping.function_name, event)
+                    ok, answer = _invoke(self.lambda_client, self.mapping.function_name, event)
                     if ok or self.stopping.is_set():
                         break
                     self.errors += 1
+                    self.last_error = str(answer)[:500]
                     time.sleep(min(5.0, 0.2 * 2**attempt))
                 self.batches += 1
             self.iterators[sid] = got.get("NextShardIterator") or iterator
