@@ -220,6 +220,21 @@ SURFACES: tuple[Surface, ...] = (
         "replaced",
         "lists moto's package directory (about 170 stat calls) on every request; computed once instead",
     ),
+    # -- metering: what the control plane would be billed for (metering) ------------------------------------
+    Surface(
+        "moto.moto_server.threaded_moto_server:ThreadedMotoServer#_server",
+        "read",
+        "the werkzeug server whose WSGI app the meter's middleware wraps (`app` is werkzeug's, public)",
+    ),
+    Surface(
+        "moto.stepfunctions.parser.asl.eval.event.event_manager:EventManager.add_event",
+        "wrapped",
+        "every history event of every execution: StateEntered events are the billed state transitions",
+        ("context", "event_type"),
+    ),
+    Surface("moto.iam.models:get_account_id_from", "called", "the account of a DynamoDB request's access key"),
+    Surface("moto.dynamodb.models:dynamodb_backends", "read", "the tables whose items a write's units are sized by"),
+    Surface("moto.dynamodb.models.dynamo_type:Item.to_json", "called", "a stored item in wire format, to size it"),
     # -- STS GetSessionToken mints real temporary credentials (session_tokens) ----------------------------
     Surface(
         "moto.sts.responses:TokenResponse.get_session_token",
