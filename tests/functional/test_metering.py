@@ -134,6 +134,7 @@ def test_dynamodb_write_units_from_item_sizes(server: MotoServer, ddb: Any) -> N
     assert _delta(server, lambda: ddb.delete_item(TableName=TABLE, Key={"pk": {"S": "b"}})) == (3, 0)
     # a delete of nothing: at least 1
     assert _delta(server, lambda: ddb.delete_item(TableName=TABLE, Key={"pk": {"S": "zz"}})) == (1, 0)
+
     # a validation error is not charged
     def invalid() -> None:
         with pytest.raises(ddb.exceptions.ClientError):
@@ -176,7 +177,9 @@ def test_dynamodb_read_units(server: MotoServer, ddb: Any) -> None:
     for sk in range(3):
         item = {"pk": {"S": "job"}, "sk": {"N": str(sk)}, "data": {"S": "x" * (1500 - 13)}}
         assert metering.item_size(item) == 1500
-        assert _delta(server, lambda item=item: ddb.put_item(TableName=RANGE_TABLE, Item=item), RANGE_TABLE) == (
+        assert _delta(
+            server, lambda item=item: ddb.put_item(TableName=RANGE_TABLE, Item=item), RANGE_TABLE
+        ) == (
             2,
             0,
         )
@@ -318,3 +321,34 @@ def test_bill_at_list_prices() -> None:
     assert aws_prices.cost_per_1000_jobs({"total_usd": 0.02}, 50) == pytest.approx(0.4)
     with pytest.raises(ValueError):
         aws_prices.cost_per_1000_jobs(bill, 0)
+
+
+def test_step_functions_retries_are_transitions(server: MotoServer) -> None:
+    sfn = _client(server, "stepfunctions")
+    definition = {
+        "StartAt": "Call",
+        "States": {
+            "Call": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::dynamodb:getItem",
+                "Parameters": {"TableName": "meter-no-such-table", "Key": {"pk": {"S": "x"}}},
+                "Retry": [
+                    {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2, "BackoffRate": 1}
+                ],
+                "End": True,
+            }
+        },
+    }
+    machine = sfn.create_state_machine(
+        name="meter-retries", definition=json.dumps(definition), roleArn="arn:aws:iam::123456789012:role/sfn"
+    )["stateMachineArn"]
+    start = _meter(server)["meter"]["stepfunctions"]
+    execution = sfn.start_execution(stateMachineArn=machine, input="{}")["executionArn"]
+    deadline = time.monotonic() + 30
+    while sfn.describe_execution(executionArn=execution)["status"] == "RUNNING":
+        assert time.monotonic() < deadline, "the execution did not finish"
+        time.sleep(0.1)
+    assert sfn.describe_execution(executionArn=execution)["status"] == "FAILED"
+    end = _meter(server)["meter"]["stepfunctions"]
+    assert end["state_transitions"] - start["state_transitions"] == 1 + 2  # entered once, retried twice
+    assert end["by_type"][metering.RETRY_TRANSITION] - start["by_type"].get(metering.RETRY_TRANSITION, 0) == 2

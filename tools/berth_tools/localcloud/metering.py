@@ -18,7 +18,8 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
 - Lambda invocations with their billed duration and configured memory (`record_lambda`, called by
   `lambda_runtime` for every invocation, whatever invoked it);
 - Step Functions state transitions: every `...StateEntered` history event of every execution, counted
-  as moto's execution engine records it (`install_state_machine_hook`);
+  as moto's execution engine records it, plus every retry a state's `Retry` grants (AWS bills retries as
+  transitions) (`install_state_machine_hook`);
 - API Gateway REST requests (`record_api_request`, called by the front door for each request that
   passes authentication and reaches its integration).
 
@@ -63,6 +64,9 @@ _DYNAMODB_READS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "Transa
 #: Errors after which DynamoDB still charges the write (the condition was evaluated on the item).
 _CHARGED_WRITE_ERRORS = ("ConditionalCheckFailedException", "TransactionCanceledException")
 _STATE_MACHINE_HOOK = "moto.stepfunctions.parser.asl.eval.event.event_manager:EventManager.add_event"
+_RETRY_HOOK = "moto.stepfunctions.parser.asl.component.state.exec.execute_state:ExecutionState._handle_retry"
+#: The `by_type` key under which retries (a Retry that runs the state again) are counted as transitions.
+RETRY_TRANSITION = "Retry"
 
 
 # -- item sizes, as DynamoDB computes them ------------------------------------------------------------------
@@ -180,9 +184,12 @@ def _service_from_target(target: str) -> str:
     prefix = target.split(".", 1)[0]
     if prefix.startswith("DynamoDB"):
         return "dynamodb"
-    return {"AmazonSQS": "sqs", "AWSEvents": "events", "AWSStepFunctions": "states", "Logs_20140328": "logs"}.get(
-        prefix, "unknown"
-    )
+    return {
+        "AmazonSQS": "sqs",
+        "AWSEvents": "events",
+        "AWSStepFunctions": "states",
+        "Logs_20140328": "logs",
+    }.get(prefix, "unknown")
 
 
 def _json(payload: bytes) -> dict[str, Any]:
@@ -318,7 +325,7 @@ class Meter:
             pass
         return answer
 
-    # DynamoDB ------------------------------------------------------------------------------------------------
+    # DynamoDB -------------------------------------------------------------------------------------
     def _dynamodb_write(self, request: ObservedRequest, call: Callable[[], Answer]) -> Answer:
         body = request.json_body()
         with dynamodb_isolation.WRITE_LOCK:
@@ -366,7 +373,7 @@ class Meter:
                 table = (spec.get("Get") or {}).get("TableName", "")
                 self.record_dynamodb(table, read_units=2 * read_units(item_size(response.get("Item")), True))
 
-    # SQS and EventBridge ---------------------------------------------------------------------------------------
+    # SQS and EventBridge --------------------------------------------------------------------
     def _sqs_request(self, request: ObservedRequest, answer: Answer) -> None:
         operation = request.operation
         body = request.json_body()
@@ -428,7 +435,9 @@ def _dynamodb_backend(request: ObservedRequest) -> Any:
     return moto_compat.surface("moto.dynamodb.models:dynamodb_backends")[account][request.region]
 
 
-def _written_items(backend: Any, operation: str, body: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any], int, int]]:
+def _written_items(
+    backend: Any, operation: str, body: dict[str, Any]
+) -> Iterable[tuple[str, dict[str, Any], int, int]]:
     """(table, key, factor, size of the item written or 0) for each item a write request touches."""
 
     def key_of(table_name: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -479,7 +488,7 @@ def _stored_size(backend: Any, table_name: str, key: dict[str, Any]) -> int:
 METER = Meter()
 
 
-# -- the moto server: middleware and the local-only route ------------------------------------------------------
+# -- the moto server: middleware and the local-only route -------------------------------------------
 class MeterMiddleware:
     """WSGI middleware around moto's server app: meters each AWS request, serves `/_berth/meter`."""
 
@@ -497,10 +506,14 @@ class MeterMiddleware:
         if path.startswith("/moto-api"):
             return self.app(environ, start_response)
         headers = [
-            (key[5:].replace("_", "-"), str(value)) for key, value in environ.items() if key.startswith("HTTP_")
+            (key[5:].replace("_", "-"), str(value))
+            for key, value in environ.items()
+            if key.startswith("HTTP_")
         ]
         headers.append(("content-type", environ.get("CONTENT_TYPE", "")))
-        probe = ObservedRequest(environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""), headers, b"")
+        probe = ObservedRequest(
+            environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""), headers, b""
+        )
         if probe.service not in self.BODY_SERVICES:
             self.meter.record_request(probe.service, probe.operation)
             return self.app(environ, start_response)
@@ -531,7 +544,9 @@ class MeterMiddleware:
     def _meter_route(self, environ: dict[str, Any], start_response: Any, path: str) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         if environ.get("REMOTE_ADDR", "127.0.0.1") not in LOCAL_ADDRESSES:
-            return _json_answer(start_response, "403 Forbidden", {"message": "the meter answers 127.0.0.1 only"})
+            return _json_answer(
+                start_response, "403 Forbidden", {"message": "the meter answers 127.0.0.1 only"}
+            )
         if path == METER_PATH and method == "GET":
             return _json_answer(start_response, "200 OK", report(self.meter))
         if path == METER_RESET_PATH and method == "POST":
@@ -579,4 +594,14 @@ def install_state_machine_hook(meter: Meter | None = None) -> None:
         return original(self, context, event_type, *args, **kwargs)
 
     add_event.__wrapped__ = original  # type: ignore[attr-defined]
+    original_retry = moto_compat.surface(_RETRY_HOOK)
+
+    def handle_retry(self: Any, env: Any, failure_event: Any) -> Any:
+        outcome = original_retry(self, env, failure_event)
+        if getattr(outcome, "name", None) == "CanRetry":
+            target.record_state_entered(RETRY_TRANSITION)
+        return outcome
+
+    handle_retry.__wrapped__ = original_retry  # type: ignore[attr-defined]
     _SFN_PATCH.append(moto_compat.replace(_STATE_MACHINE_HOOK, add_event))
+    _SFN_PATCH.append(moto_compat.replace(_RETRY_HOOK, handle_retry))

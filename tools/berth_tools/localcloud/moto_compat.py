@@ -232,9 +232,23 @@ SURFACES: tuple[Surface, ...] = (
         "every history event of every execution: StateEntered events are the billed state transitions",
         ("context", "event_type"),
     ),
-    Surface("moto.iam.models:get_account_id_from", "called", "the account of a DynamoDB request's access key"),
-    Surface("moto.dynamodb.models:dynamodb_backends", "read", "the tables whose items a write's units are sized by"),
-    Surface("moto.dynamodb.models.dynamo_type:Item.to_json", "called", "a stored item in wire format, to size it"),
+    Surface(
+        "moto.stepfunctions.parser.asl.component.state.exec.execute_state:ExecutionState._handle_retry",
+        "wrapped",
+        "a Retry that retries is a billed state transition too (RetryOutcome.CanRetry)",
+        ("env", "failure_event"),
+    ),
+    Surface(
+        "moto.iam.models:get_account_id_from", "called", "the account of a DynamoDB request's access key"
+    ),
+    Surface(
+        "moto.dynamodb.models:dynamodb_backends",
+        "read",
+        "the tables whose items a write's units are sized by",
+    ),
+    Surface(
+        "moto.dynamodb.models.dynamo_type:Item.to_json", "called", "a stored item in wire format, to size it"
+    ),
     # -- STS GetSessionToken mints real temporary credentials (session_tokens) ----------------------------
     Surface(
         "moto.sts.responses:TokenResponse.get_session_token",
