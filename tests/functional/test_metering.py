@@ -352,3 +352,113 @@ def test_step_functions_retries_are_transitions(server: MotoServer) -> None:
     end = _meter(server)["meter"]["stepfunctions"]
     assert end["state_transitions"] - start["state_transitions"] == 1 + 2  # entered once, retried twice
     assert end["by_type"][metering.RETRY_TRANSITION] - start["by_type"].get(metering.RETRY_TRANSITION, 0) == 2
+
+
+def test_dynamodb_secondary_index_writes(server: MotoServer) -> None:
+    ddb = _client(server, "dynamodb")
+    table = "meter-jobs"
+    ddb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "status", "AttributeType": "S"},
+            {"AttributeName": "team", "AttributeType": "S"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by_status",
+                "KeySchema": [{"AttributeName": "status", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": "by_team",
+                "KeySchema": [{"AttributeName": "team", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+    def units() -> dict[str, float]:
+        tables = _meter(server)["meter"]["dynamodb"]["tables"]
+        return {
+            name: tables.get(name, {}).get("write_units", 0.0)
+            for name in (table, f"{table}/by_status", f"{table}/by_team")
+        }
+
+    def delta(call: Callable[[], Any]) -> tuple[float, ...]:
+        before = units()
+        call()
+        after = units()
+        return tuple(after[name] - before[name] for name in before)
+
+    def update(expression: str, values: dict[str, Any]) -> Callable[[], Any]:
+        names = {"#s": "status"} if "#s" in expression else {}
+        return lambda: ddb.update_item(
+            TableName=table,
+            Key={"pk": {"S": "j"}},
+            UpdateExpression=expression,
+            ExpressionAttributeValues=values,
+            **({"ExpressionAttributeNames": names} if names else {}),
+        )
+
+    # 2,000 bytes with both index keys: table 2, by_status (ALL) 2, by_team (keys only: 9 bytes) 1
+    item = {"pk": {"S": "j"}, "status": {"S": "QUEUED"}, "team": {"S": "ab"}, "data": {"S": "x" * 1975}}
+    assert metering.item_size(item) == 2000
+    assert delta(lambda: ddb.put_item(TableName=table, Item=item)) == (2, 2, 1)
+    # a non-key attribute: by_status rewrites its copy, by_team projects nothing that changed
+    assert delta(update("SET note = :n", {":n": {"S": "n"}})) == (2, 2, 0)
+    # the index key changes: a delete and a put in by_status
+    assert delta(update("SET #s = :s", {":s": {"S": "RUNNING"}})) == (2, 4, 0)
+    # the item leaves the sparse by_team index
+    assert delta(
+        lambda: ddb.update_item(TableName=table, Key={"pk": {"S": "j"}}, UpdateExpression="REMOVE team")
+    ) == (
+        2,
+        2,
+        1,
+    )
+    # an item without the index keys is in no index
+    assert delta(lambda: ddb.put_item(TableName=table, Item={"pk": {"S": "k"}})) == (1, 0, 0)
+
+    # a failed conditional write changes no index
+    def conditional() -> None:
+        with pytest.raises(ddb.exceptions.ConditionalCheckFailedException):
+            ddb.put_item(TableName=table, Item=item, ConditionExpression="attribute_not_exists(pk)")
+
+    assert delta(conditional) == (2, 0, 0)
+    assert delta(lambda: ddb.delete_item(TableName=table, Key={"pk": {"S": "j"}})) == (2, 2, 0)
+
+
+def test_requests_are_named_by_service_and_operation() -> None:
+    auth = (
+        "AWS4-HMAC-SHA256 Credential=AKID/20261201/us-east-1/{}/aws4_request, SignedHeaders=host, Signature=x"
+    )
+    form = "Action=SendMessage&MessageBody=" + "q" * 70_000 + "&MessageAttribute.1.Name=k"
+    query_protocol = metering.ObservedRequest(
+        "POST",
+        "/",
+        "",
+        [("Authorization", auth.format("sqs")), ("Content-Type", "application/x-www-form-urlencoded")],
+        form.encode(),
+    )
+    assert (query_protocol.service, query_protocol.operation, query_protocol.region) == (
+        "sqs",
+        "SendMessage",
+        "us-east-1",
+    )
+    invoke = metering.ObservedRequest(
+        "POST",
+        "/2015-03-31/functions/berth-api/invocations",
+        "",
+        [("Authorization", auth.format("lambda"))],
+        b"{}",
+    )
+    assert (invoke.service, invoke.operation) == ("lambda", "Invoke")
+    target = metering.ObservedRequest("POST", "/", "", [("X-Amz-Target", "AWSEvents.PutEvents")], b"{}")
+    assert (target.service, target.operation) == ("events", "PutEvents")
+    meter = metering.Meter()
+    meter.observe(query_protocol, lambda: (200, [], b""))
+    assert meter.snapshot()["sqs"] == {"requests": 1, "billed_requests": 2, "payload_bytes": 70_001}
+    assert meter.snapshot()["requests"] == {"sqs": {"SendMessage": 1}}

@@ -9,7 +9,8 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
 - DynamoDB capacity units, computed as DynamoDB does from item sizes (`item_size`): writes from the
   stored item before and after the write (read from moto's tables under the DynamoDB write lock, so
   nothing else writes in between), 1 WRU per started KB of the larger, 2x in transactions, a failed
-  conditional write charged for the existing item (minimum 1); reads from the items in the response,
+  conditional write charged for the existing item (minimum 1), plus the writes each secondary index
+  receives (`_index_write_units`; counted under `table/index`); reads from the items in the response,
   0.5 RRU per started 4 KB eventually consistent, 1 strongly consistent, 2x in transactions, a GetItem
   of a missing item 1 unit, Query and Scan by the total size of the returned items (minimum 1 unit);
 - SQS requests in 64 KB chunks of message payload (body plus message attributes), EventBridge
@@ -332,19 +333,25 @@ class Meter:
             try:
                 backend = _dynamodb_backend(request)
                 targets = list(_written_items(backend, request.operation, body))
-                before = [_stored_size(backend, table, key) for table, key, _factor, _new in targets]
+                before = [_stored_item(backend, table, key) for table, key, _factor, _new in targets]
             except Exception:
                 backend, targets, before = None, [], []
             answer = call()
             try:
-                after = [_stored_size(backend, table, key) for table, key, _factor, _new in targets]
+                after = [_stored_item(backend, table, key) for table, key, _factor, _new in targets]
             except Exception:
-                after = [0] * len(targets)
+                after = [None] * len(targets)
         status, _, payload = answer
         if status >= 300 and _error_type(payload) not in _CHARGED_WRITE_ERRORS:
             return answer  # a validation error or a missing table is not charged
         for (table, _key, factor, new), old, now in zip(targets, before, after, strict=True):
-            self.record_dynamodb(table, write_units=factor * write_units(max(old, now, new)))
+            size = max(item_size(old), item_size(now), new)
+            self.record_dynamodb(table, write_units=factor * write_units(size))
+            try:
+                for index, units in _index_write_units(backend.get_table(table), old, now):
+                    self.record_dynamodb(f"{table}/{index}", write_units=units)
+            except Exception:
+                pass
         return answer
 
     def _dynamodb_read(self, request: ObservedRequest, answer: Answer) -> None:
@@ -469,19 +476,66 @@ def _written_items(
                     yield table_name, action.get("Key") or {}, 2, 0
 
 
-def _stored_size(backend: Any, table_name: str, key: dict[str, Any]) -> int:
-    """Size of the item stored under `key` now (0 when there is none or the table does not exist)."""
+def _stored_item(backend: Any, table_name: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The item stored under `key` now, in wire format (None when there is none or no such table)."""
     if backend is None:
-        return 0
+        return None
     try:
         table = backend.get_table(table_name)
         hash_key, range_key = backend.get_keys_value(table, key)
         stored = table.get_item(hash_key, range_key)
     except Exception:
-        return 0
+        return None
     if stored is None:
-        return 0
-    return item_size(stored.to_json()["Attributes"])
+        return None
+    attributes: dict[str, Any] = stored.to_json()["Attributes"]
+    return attributes
+
+
+def _project(
+    item: dict[str, Any] | None, keys: list[str], table_keys: list[str], projection: dict[str, Any]
+) -> dict[str, Any] | None:
+    """What an index holds of `item` (None: the item lacks the index's key, a sparse index skips it)."""
+    if item is None or any(name not in item for name in keys):
+        return None
+    kind = projection.get("ProjectionType", "ALL")
+    if kind == "ALL":
+        return item
+    wanted = set(table_keys) | set(keys)
+    if kind == "INCLUDE":
+        wanted |= set(projection.get("NonKeyAttributes") or [])
+    return {name: value for name, value in item.items() if name in wanted}
+
+
+def _index_write_units(
+    table: Any, before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> Iterable[tuple[str, int]]:
+    """WRUs a write costs in each secondary index, as DynamoDB counts them.
+
+    An item enters an index when it has the index's key attributes. Putting an item into an index or
+    removing it is one index write of its projected size; changing its index key is two (a delete and a
+    put); changing a projected attribute only is one, of the larger projection; changing nothing projected
+    is none (so a failed conditional write costs nothing in the indexes)."""
+    table_keys = [table.hash_key_attr] + ([table.range_key_attr] if table.range_key_attr else [])
+    for index in list(table.global_indexes or []) + list(table.indexes or []):
+        keys = [part["AttributeName"] for part in index.schema]
+        projection = index.projection or {}
+
+        old, new = (
+            _project(before, keys, table_keys, projection),
+            _project(after, keys, table_keys, projection),
+        )
+        if old is None and new is None:
+            continue
+        if old is None or new is None:
+            units = write_units(item_size(old if new is None else new))
+        elif any(old[name] != new[name] for name in keys):
+            units = write_units(item_size(old)) + write_units(item_size(new))
+        elif old != new:
+            units = write_units(max(item_size(old), item_size(new)))
+        else:
+            continue
+        yield index.name, units
 
 
 #: The meter of this process (moto's backends, and so the local cloud, are process-global).

@@ -232,6 +232,14 @@ SURFACES: tuple[Surface, ...] = (
         "every history event of every execution: StateEntered events are the billed state transitions",
         ("context", "event_type"),
     ),
+    *(
+        Surface(f"moto.dynamodb.models.table:Table#{attr}", "read", "the indexes a metered write also writes")
+        for attr in ("indexes", "global_indexes")
+    ),
+    *(
+        Surface(f"moto.dynamodb.models.table:SecondaryIndex#{attr}", "read", "an index's key and projection")
+        for attr in ("name", "schema", "projection")
+    ),
     Surface(
         "moto.stepfunctions.parser.asl.component.state.exec.execute_state:ExecutionState._handle_retry",
         "wrapped",
