@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,11 +38,7 @@ def _client(server: MotoServer, service: str, transport: InProcessTransport | No
 
 def _meter(server: MotoServer, reset: bool = False) -> dict[str, Any]:
     """The meter as a bench client reads it: over HTTP from the moto server's port."""
-    path = metering.METER_RESET_PATH if reset else metering.METER_PATH
-    request = urllib.request.Request(server.endpoint_url + path, data=b"" if reset else None)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        result: dict[str, Any] = json.loads(response.read())
-    return result
+    return metering.read_meter(server.endpoint_url, reset=reset)
 
 
 @pytest.fixture(scope="module")

@@ -623,6 +623,18 @@ def report(meter: Meter | None = None) -> dict[str, Any]:
     return {"meter": snapshot, "bill": aws_prices.bill(snapshot)}
 
 
+def read_meter(endpoint_url: str, reset: bool = False, timeout: float = 10.0) -> dict[str, Any]:
+    """A bench client's view: `GET /_berth/meter` (or `POST /_berth/meter/reset`) of the local cloud whose
+    AWS endpoint (`AWS_ENDPOINT_URL`, the moto server) is `endpoint_url`: `{"meter": ..., "bill": ...}`."""
+    import urllib.request
+
+    path = METER_RESET_PATH if reset else METER_PATH
+    request = urllib.request.Request(endpoint_url.rstrip("/") + path, data=b"" if reset else None)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        result: dict[str, Any] = json.loads(response.read())
+    return result
+
+
 def wrap_server(server: Any, meter: Meter | None = None) -> None:
     """Put `MeterMiddleware` around the WSGI app of a started moto `ThreadedMotoServer` (idempotent)."""
     werkzeug_server = server._server  # declared: moto_compat ThreadedMotoServer#_server
