@@ -459,3 +459,10 @@ def test_requests_are_named_by_service_and_operation() -> None:
     meter.observe(query_protocol, lambda: (200, [], b""))
     assert meter.snapshot()["sqs"] == {"requests": 1, "billed_requests": 2, "payload_bytes": 70_001}
     assert meter.snapshot()["requests"] == {"sqs": {"SendMessage": 1}}
+
+
+def test_query_protocol_operations_through_the_server(server: MotoServer) -> None:
+    sts = _client(server, "sts")
+    before = _meter(server)["meter"]["requests"].get("sts", {}).get("GetCallerIdentity", 0)
+    sts.get_caller_identity()
+    assert _meter(server)["meter"]["requests"]["sts"]["GetCallerIdentity"] == before + 1

@@ -546,7 +546,8 @@ METER = Meter()
 class MeterMiddleware:
     """WSGI middleware around moto's server app: meters each AWS request, serves `/_berth/meter`."""
 
-    #: Services whose request and response bodies the meter reads; others pass through untouched.
+    #: Services whose request and response bodies the meter reads; others pass through untouched (but for
+    #: query-protocol requests, whose operation is in the form-encoded body).
     BODY_SERVICES = frozenset({"dynamodb", "sqs", "events", "logs"})
 
     def __init__(self, app: Any, meter: Meter | None = None) -> None:
@@ -568,7 +569,8 @@ class MeterMiddleware:
         probe = ObservedRequest(
             environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""), headers, b""
         )
-        if probe.service not in self.BODY_SERVICES:
+        form_encoded = "x-www-form-urlencoded" in environ.get("CONTENT_TYPE", "")  # Action= in the body
+        if probe.service not in self.BODY_SERVICES and not form_encoded:
             self.meter.record_request(probe.service, probe.operation)
             return self.app(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
