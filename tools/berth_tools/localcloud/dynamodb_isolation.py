@@ -29,6 +29,9 @@ from berth_tools.localcloud import moto_compat
 #: Backend methods that write, serialised in this process.
 WRITE_OPERATIONS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 _BACKEND = "moto.dynamodb.models:DynamoDBBackend"
+#: Held by every serialised write (reentrant: a write may trigger another, e.g. through a stream). The meter
+#: holds it around a whole write request to read the item before and after it (`metering`).
+WRITE_LOCK = threading.RLock()
 _EXC = "moto.dynamodb.exceptions:"
 
 
@@ -178,7 +181,7 @@ def install() -> Callable[[], None]:
     backend = moto_compat.resolve(_BACKEND)
     if getattr(backend.put_item, "_berth_isolated", False):
         return lambda: None  # already installed (by the local cloud, or an enclosing test fixture)
-    lock = threading.RLock()
+    lock = WRITE_LOCK
     patches: list[moto_compat.Patch] = []
     for name in WRITE_OPERATIONS:
         path = f"{_BACKEND}.{name}"

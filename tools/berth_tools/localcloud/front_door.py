@@ -40,7 +40,7 @@ import boto3
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
-from berth_tools.localcloud import resource_policy
+from berth_tools.localcloud import metering, resource_policy
 from berth_tools.localcloud.gateway_config import GatewayConfig
 from berth_tools.localcloud.moto_server import LOCAL_HOST
 from berth_tools.localcloud.moto_transport import InProcessTransport
@@ -432,6 +432,7 @@ class FrontDoor:
             principal=principal,
             stage_variables=self.stage_variables,
         )
+        metering.METER.record_api_request()  # API Gateway bills each request that reaches its integration
         result = self._lambda.invoke(FunctionName=method.function_arn, Payload=json.dumps(event).encode())
         raw = result["Payload"].read()
         if result.get("FunctionError"):

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import botocore.handlers
 
-from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud import metering, moto_compat
 from berth_tools.localcloud.moto_transport import InProcessTransport
 
 if TYPE_CHECKING:
@@ -263,10 +263,17 @@ class InProcessLambdaRuntime:
                 self._streams[fn.function_arn] = stream
             return stream
 
+    def record_invocation(self, fn: LambdaFunction, duration_ms: float) -> None:
+        """The metering hook: each invocation's duration and configured MemorySize (see `metering`)."""
+        metering.METER.record_lambda(fn.function_name, duration_ms, int(fn.memory_size or 128))
+
     def _ship_logs(self, fn: LambdaFunction, stream: str, text: str) -> None:
         lines = [line for line in text.splitlines() if line.strip()]
         if not lines:
             return
+        metering.METER.record_log_bytes(
+            sum(len(line.encode()) + metering.LOG_EVENT_OVERHEAD_BYTES for line in lines)
+        )
         now_ms = int(time.time() * 1000)
         events = [{"timestamp": now_ms, "message": line} for line in lines]
         try:
@@ -309,14 +316,19 @@ class InProcessLambdaRuntime:
         started = time.monotonic()
         context = LambdaContext(fn, request_id, stream, started + timeout_s)
         buffer = io.StringIO()
+        ran: dict[str, float] = {}  # when the handler started and ended in its sandbox (billed duration)
 
         env["_X_AMZN_TRACE_ID"] = _trace_header(event)
 
         def run() -> Any:
-            _SANDBOX_ENV.set(env)
-            _SANDBOX_LOG.set(buffer)
-            handler = self._handler(fn)  # imported inside the sandbox: module-level os.environ reads work
-            return handler(event, context)
+            ran["start"] = time.monotonic()
+            try:
+                _SANDBOX_ENV.set(env)
+                _SANDBOX_LOG.set(buffer)
+                handler = self._handler(fn)  # imported inside the sandbox: module-level os.environ reads work
+                return handler(event, context)
+            finally:
+                ran["end"] = time.monotonic()
 
         _route_std_streams()  # something (a test runner, a REPL) may have replaced sys.stdout since install
         sandbox = contextvars.Context()  # a fresh context: nothing of the caller's leaks in
@@ -344,6 +356,13 @@ class InProcessLambdaRuntime:
             buffer.write(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(trace)}")
             payload = json.dumps(error).encode()
         elapsed_ms = (time.monotonic() - started) * 1000
+        # Billed: the handler's own run in its sandbox (not the wait for a free sandbox); a timeout bills
+        # the whole timeout, as Lambda does.
+        if function_error is not None and "end" not in ran:
+            billed_ms = timeout_s * 1000
+        else:
+            billed_ms = (ran.get("end", started) - ran.get("start", started)) * 1000
+        self.record_invocation(fn, billed_ms)
         handler_output = buffer.getvalue()
         text = (
             f"START RequestId: {request_id} Version: {fn.version}\n{handler_output}"

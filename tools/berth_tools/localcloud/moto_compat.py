@@ -220,6 +220,43 @@ SURFACES: tuple[Surface, ...] = (
         "replaced",
         "lists moto's package directory (about 170 stat calls) on every request; computed once instead",
     ),
+    # -- metering: what the control plane would be billed for (metering) ------------------------------------
+    Surface(
+        "moto.moto_server.threaded_moto_server:ThreadedMotoServer#_server",
+        "read",
+        "the werkzeug server whose WSGI app the meter's middleware wraps (`app` is werkzeug's, public)",
+    ),
+    Surface(
+        "moto.stepfunctions.parser.asl.eval.event.event_manager:EventManager.add_event",
+        "wrapped",
+        "every history event of every execution: StateEntered events are the billed state transitions",
+        ("context", "event_type"),
+    ),
+    *(
+        Surface(f"moto.dynamodb.models.table:Table#{attr}", "read", "the indexes a metered write also writes")
+        for attr in ("indexes", "global_indexes")
+    ),
+    *(
+        Surface(f"moto.dynamodb.models.table:SecondaryIndex#{attr}", "read", "an index's key and projection")
+        for attr in ("name", "schema", "projection")
+    ),
+    Surface(
+        "moto.stepfunctions.parser.asl.component.state.exec.execute_state:ExecutionState._handle_retry",
+        "wrapped",
+        "a Retry that retries is a billed state transition too (RetryOutcome.CanRetry)",
+        ("env", "failure_event"),
+    ),
+    Surface(
+        "moto.iam.models:get_account_id_from", "called", "the account of a DynamoDB request's access key"
+    ),
+    Surface(
+        "moto.dynamodb.models:dynamodb_backends",
+        "read",
+        "the tables whose items a write's units are sized by",
+    ),
+    Surface(
+        "moto.dynamodb.models.dynamo_type:Item.to_json", "called", "a stored item in wire format, to size it"
+    ),
     # -- STS GetSessionToken mints real temporary credentials (session_tokens) ----------------------------
     Surface(
         "moto.sts.responses:TokenResponse.get_session_token",

@@ -9,7 +9,7 @@ import os
 import urllib.request
 from typing import Any
 
-from berth_tools.localcloud import dynamodb_isolation, moto_compat, moto_faithful
+from berth_tools.localcloud import dynamodb_isolation, metering, moto_compat, moto_faithful
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -64,12 +64,16 @@ class MotoServer:
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
         )
         server.start()  # a daemon thread: it never keeps the process alive on its own
+        # Every AWS request through the server is metered; GET /_berth/meter reads the meter (metering).
+        metering.wrap_server(server)
+        metering.install_state_machine_hook()
         self._server = server
         self._port = int(server.get_host_and_port()[1])
         os.environ["MOTO_PORT"] = str(self._port)
         # moto's backends are process-global: start from an empty cloud even if this process ran one before.
         self.reset()
         self.configure(self._config)
+        metering.METER.reset()  # the deployment and seeding of a previous cloud in this process do not count
         return self
 
     def reset(self) -> None:

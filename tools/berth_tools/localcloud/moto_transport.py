@@ -31,7 +31,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud import metering, moto_compat
 
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
@@ -84,11 +84,15 @@ class InProcessTransport:
         target = request.headers.get("X-Amz-Target") or ""
         if isinstance(target, bytes):
             target = target.decode()
-        try:
+        observed = metering.ObservedRequest(request.method, parts.path, parts.query, headers, data)
+
+        def serve() -> metering.Answer:
             if target.startswith(_DYNAMODB_TARGET):
-                code, pairs, payload = contextvars.Context().run(self._dynamodb, request, data)
-            else:
-                code, pairs, payload = contextvars.Context().run(self._wsgi, request, parts, headers, data)
+                return contextvars.Context().run(self._dynamodb, request, data)
+            return contextvars.Context().run(self._wsgi, request, parts, headers, data)
+
+        try:
+            code, pairs, payload = metering.METER.observe(observed, serve)
         except Exception:  # a bug in moto: answer 500 as its server would, never raise into the SDK caller
             print(f"berth local: moto failed on {request.method} {request.url}:", file=sys.__stderr__)
             traceback.print_exc(file=sys.__stderr__)
