@@ -1,0 +1,439 @@
+"""The workflow's services over the in-memory fakes (which pass the same contract suites as the
+DynamoDB repositories): scheduling passes racing or crashing half-way, the failure taxonomy and
+retry decisions, and the agent service's fencing."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from berth.domain.errors import NotFound
+from berth.domain.fleet import HostInventory
+from berth.domain.job import Job, new_job, new_job_id
+from berth.domain.job_spec import JobSpec
+from berth.domain.placement import OnPremPlacement
+from berth.domain.status import JobStatus
+from berth.domain.workflow import (
+    Action,
+    AttemptRef,
+    AttemptReport,
+    Backoff,
+    Failure,
+    FailureClass,
+    HeartbeatRequest,
+    ReportEvent,
+    classify,
+    failure_from_error,
+    retry_decision,
+)
+from berth.logic.agent import AgentService, AlreadyClaimed, Fenced, HostCaller
+from berth.logic.scheduler_service import SchedulerService
+from berth.logic.snapshot import SnapshotSource
+from berth.logic.workflow import WorkflowService, WorkflowSettings
+from tests.unit.fakes import FakeDocuments, FakeHosts, fake_store
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Tokens:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.ended: set[str] = set()
+
+    def succeed(self, token: str, output: dict[str, Any]) -> bool:
+        self.calls.append(("succeed", token, output))
+        return self._end(token)
+
+    def fail(self, token: str, error: str, cause: str) -> bool:
+        self.calls.append(("fail", token, error))
+        return self._end(token)
+
+    def heartbeat(self, token: str) -> bool:
+        self.calls.append(("heartbeat", token, None))
+        return token not in self.ended
+
+    def _end(self, token: str) -> bool:
+        if token in self.ended:
+            return False
+        self.ended.add(token)
+        return True
+
+    def of(self, kind: str) -> list[tuple[str, str, Any]]:
+        return [c for c in self.calls if c[0] == kind]
+
+
+class Queues:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def ensure(self, host_id: str) -> str:
+        return f"https://sqs/berth-host-{host_id}"
+
+    def send(self, host_id: str, body: str) -> None:
+        self.sent.append((host_id, body))
+
+
+class Trigger:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int]] = []
+
+    def request(self, reason: str, delay_s: int = 0) -> None:
+        self.requests.append((reason, delay_s))
+
+
+class World:
+    def __init__(self, hosts: int = 2, gpus: int = 8) -> None:
+        self.jobs, self.tenants = fake_store()
+        self.hosts = FakeHosts()
+        self.clock = Clock()
+        self.tokens = Tokens()
+        self.queues = Queues()
+        self.trigger = Trigger()
+        self.settings = WorkflowSettings(heartbeat_s=6, lease_s=6, orphan_grace_s=10)
+        self.source = SnapshotSource(
+            self.jobs, self.tenants, self.hosts, FakeDocuments(), self.clock, cloud_enabled=False
+        )
+        counter = iter(range(10**6))
+        self.scheduler = SchedulerService(
+            self.source,
+            self.jobs,
+            self.hosts,
+            self.tokens,
+            self.trigger,
+            self.clock,
+            new_token=lambda: f"fence-{next(counter)}",
+            settings=self.settings,
+        )
+        self.workflow = WorkflowService(
+            self.jobs,
+            self.hosts,
+            self.tokens,
+            self.queues,
+            self.trigger,
+            self.clock,
+            self.settings,
+            rng=random.Random(7),
+        )
+        self.agent = AgentService(
+            self.jobs, self.hosts, self.tokens, self.queues, self.trigger, self.clock, self.settings
+        )
+        for i in range(hosts):
+            self.register(f"h{i}", gpus)
+
+    def register(self, host_id: str, gpus: int) -> None:
+        self.agent.register(
+            HostCaller(host_id, f"arn:host/{host_id}"),
+            HostInventory(
+                host_id=host_id,
+                pool="default",
+                gpu_type="A100",
+                gpu_ids=tuple(f"GPU-{host_id}-{i}" for i in range(gpus)),
+                cpu=64,
+                memory_gib=512,
+            ),
+        )
+
+    def submit(self, gpus: int = 1, **spec: Any) -> Job:
+        body = {
+            "name": "t",
+            "image": "busybox",
+            "command": ["true"],
+            "resources": {"gpu_type": "A100", "gpus": gpus},
+        }
+        body.update(spec)
+        job, event = new_job(
+            new_job_id(self.clock()), "vision", "alice", JobSpec.model_validate(body), self.clock()
+        )
+        self.jobs.create(job, event, max_active=1000)
+        return job
+
+    def job(self, job_id: str) -> Job:
+        found = self.jobs.get(job_id)
+        assert found is not None
+        return found
+
+    def held(self) -> list[str]:
+        return [g for h in self.hosts.list_hosts() for hold in h.holds.values() for g in hold.gpu_ids]
+
+    def run_to_running(self, job: Job) -> tuple[Job, str]:
+        """Park a placement token, run a pass, dispatch, claim and start: the job is RUNNING."""
+        self.workflow.await_placement(job.id, f"place-{job.id}")
+        self.scheduler.run_pass()
+        placed = self.job(job.id)
+        assert placed.status is JobStatus.STARTING
+        self.workflow.dispatch_onprem(job.id, placed.attempts, f"dispatch-{job.id}-{placed.attempts}")
+        host = _host(placed)
+        ref = _ref(self.job(job.id))
+        self.agent.claim(HostCaller(host, ""), ref)
+        self.agent.report(HostCaller(host, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.STARTED))
+        return self.job(job.id), host
+
+
+def _host(job: Job) -> str:
+    assert isinstance(job.placement, OnPremPlacement)
+    return job.placement.hosts[0].host_id
+
+
+def _ref(job: Job) -> AttemptRef:
+    assert job.run.fencing_token is not None
+    return AttemptRef(job_id=job.id, attempt=job.attempts, fencing_token=job.run.fencing_token)
+
+
+# -- the taxonomy -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "ran", "expected"),
+    [
+        ("Berth.HostLost", None, Failure.HOST_LOST),
+        ("Berth.NonZeroExit", 5.0, Failure.NONZERO_EXIT),
+        ("States.Timeout", 30.0, Failure.HEARTBEAT_TIMEOUT),
+        ("States.HeartbeatTimeout", 30.0, Failure.HEARTBEAT_TIMEOUT),
+        ("States.Timeout", 4000.0, Failure.TIMEOUT),
+        ("States.TaskFailed", None, Failure.AGENT_ERROR),
+        ("Berth.Nonsense", None, Failure.AGENT_ERROR),
+    ],
+)
+def test_errors_name_one_failure(error: str, ran: float | None, expected: Failure) -> None:
+    assert failure_from_error(error, ran, timeout_s=3600) is expected
+
+
+def test_every_failure_has_a_class() -> None:
+    assert classify(Failure.HOST_LOST) is FailureClass.TRANSIENT
+    assert classify(Failure.BAD_IMAGE) is FailureClass.PERMANENT
+    assert classify(Failure.NONZERO_EXIT) is FailureClass.PERMANENT
+    assert classify(Failure.CANCELED) is FailureClass.CANCELED
+    for failure in Failure:
+        assert classify(failure) in FailureClass
+
+
+def test_retry_decisions_bound_attempts_and_back_off() -> None:
+    rng = random.Random(1)
+    backoff = Backoff(base_s=2, cap_s=30)
+    first = retry_decision(Failure.HOST_LOST, "x", 0, 3, False, backoff, rng)
+    assert first.action is Action.RETRY and 1 <= first.backoff_s <= 2
+    third = retry_decision(Failure.HOST_LOST, "x", 2, 3, False, backoff, rng)
+    assert third.action is Action.FAIL and "exhausted" in third.reason
+    assert retry_decision(Failure.NONZERO_EXIT, "exit 3", 0, 3, False, backoff, rng).action is Action.FAIL
+    assert retry_decision(Failure.HOST_LOST, "x", 0, 3, True, backoff, rng).action is Action.CANCEL
+    # Preemption is not the job's fault: it never uses up an attempt.
+    preempted = retry_decision(Failure.PREEMPTED, "x", 2, 3, False, backoff, rng)
+    assert preempted.action is Action.RETRY and not preempted.counted
+    delays = [backoff.delay(n, random.Random(n)) for n in range(1, 12)]
+    assert max(delays) <= 30
+
+
+# -- the scheduler service ---------------------------------------------------------------------
+
+
+def test_a_pass_places_answers_the_token_and_holds_the_gpus() -> None:
+    w = World()
+    job = w.submit(gpus=2)
+    w.workflow.await_placement(job.id, "tok")
+    report = w.scheduler.run_pass()
+    placed = w.job(job.id)
+    assert report.placed == 1 and placed.status is JobStatus.STARTING and placed.attempts == 1
+    assert (
+        "succeed",
+        "tok",
+        {"outcome": "placed", "site": "onprem", "attempt": 1, "timeout_s": 86520},
+    ) in w.tokens.calls
+    assert isinstance(placed.placement, OnPremPlacement) and len(placed.placement.hosts[0].gpu_ids) == 2
+    assert sorted(w.held()) == sorted(placed.placement.hosts[0].gpu_ids)
+
+
+def test_a_placement_token_parked_after_the_pass_is_answered_at_once() -> None:
+    w = World()
+    job = w.submit()
+    w.scheduler.run_pass()  # places before the execution parked its token
+    w.workflow.await_placement(job.id, "late")
+    assert w.tokens.of("succeed")[-1][1] == "late"
+
+
+def test_two_racing_passes_never_give_a_gpu_twice() -> None:
+    w = World(hosts=2, gpus=4)
+    jobs = [w.submit(gpus=g) for g in (3, 2, 2, 1, 4, 1)]
+    for j in jobs:
+        w.workflow.await_placement(j.id, f"t-{j.id}")
+    barrier = threading.Barrier(2)
+    original = w.source.pass_inputs
+
+    def synchronized() -> Any:
+        inputs = original()
+        barrier.wait(timeout=5)  # both passes decide from the same snapshot
+        return inputs
+
+    w.source = w.scheduler.source  # same object
+    object.__setattr__(w.scheduler.source, "pass_inputs", synchronized)
+    reports: list[Any] = []
+    threads = [threading.Thread(target=lambda: reports.append(w.scheduler.run_pass())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = w.held()
+    assert len(held) == len(set(held)) <= 8
+    placed = [w.job(j.id) for j in jobs if w.job(j.id).status is JobStatus.STARTING]
+    assert all(p.attempts == 1 for p in placed)
+    assert sum(r.placed for r in reports) == len(placed)
+    assert sum(r.skipped for r in reports) >= 1  # the loser of each race skipped, and decides again next pass
+    for p in placed:
+        assert isinstance(p.placement, OnPremPlacement)
+        for h in p.placement.hosts:
+            record = w.hosts.get(h.host_id)
+            assert record is not None and record.holds[f"{p.id}#1"].gpu_ids == h.gpu_ids
+
+
+def test_a_pass_crashing_half_way_leaves_the_store_consistent() -> None:
+    w = World(hosts=1, gpus=8)
+    a, b = w.submit(gpus=4), w.submit(gpus=4)
+    for j in (a, b):
+        w.workflow.await_placement(j.id, f"t-{j.id}")
+
+    def crash(job: Job) -> None:
+        raise RuntimeError("the pass died here")
+
+    object.__setattr__(w.scheduler, "after_apply", crash)
+    with pytest.raises(RuntimeError):
+        w.scheduler.run_pass()
+    first, second = w.job(a.id), w.job(b.id)
+    assert first.status is JobStatus.STARTING and second.status is JobStatus.QUEUED
+    assert len(w.held()) == 4  # exactly the first job's hold
+    object.__setattr__(w.scheduler, "after_apply", None)
+    w.scheduler.run_pass()  # the next pass redoes what was not applied
+    assert w.job(b.id).status is JobStatus.STARTING
+    held = w.held()
+    assert len(held) == len(set(held)) == 8
+
+
+def test_a_hold_without_its_job_write_is_released_after_the_grace_period() -> None:
+    w = World(hosts=1, gpus=8)
+    job = w.submit(gpus=8)
+    w.workflow.await_placement(job.id, "t")
+
+    def lose_the_race(_: Job) -> None:  # another writer moves the job between hold and save
+        w.jobs.jobs[job.id] = w.job(job.id).updated(NOW)
+
+    w.jobs.before_save = lose_the_race
+    report = w.scheduler.run_pass()
+    assert report.skipped == 1 and w.held() == []  # the losing pass gave its hold back at once
+    # A pass that died between the two writes leaves a hold nobody names: released after the grace.
+    w.hosts.hold("h0", "j-ghost#1", ("GPU-h0-0",), 1, 1, at=NOW)
+    assert w.scheduler.run_pass().orphans_released == 0
+    w.clock.now = NOW + timedelta(seconds=11)
+    w.hosts.heartbeat("h0", w.clock.now + timedelta(seconds=6))
+    w.scheduler.run_pass()
+    assert "GPU-h0-0" not in [
+        g for h in w.hosts.list_hosts() for x in h.holds.values() for g in x.gpu_ids if x
+    ]
+
+
+def test_lost_hosts_fail_their_attempts_as_host_lost() -> None:
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+    w.clock.now = NOW + timedelta(seconds=7)  # past the 6 s lease
+    report = w.scheduler.run_pass()
+    assert report.lost_hosts == [host]
+    assert ("fail", f"dispatch-{job.id}-1", "Berth.HostLost") in w.tokens.calls
+    result = w.workflow.classify_failure(job.id, 1, "Berth.HostLost", "lease expired")
+    after = w.job(job.id)
+    assert result["action"] == "retry" and after.status is JobStatus.RETRYING
+    assert after.run.excluded_hosts == (host,) and w.held() == []
+
+
+# -- the agent service -------------------------------------------------------------------------
+
+
+def test_a_second_claim_of_the_same_attempt_loses() -> None:
+    w = World(hosts=1)
+    job = w.submit()
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    assert len(w.queues.sent) == 1
+    ref = _ref(w.job(job.id))
+    w.agent.claim(HostCaller("h0", ""), ref)
+    with pytest.raises(AlreadyClaimed):
+        w.agent.claim(HostCaller("h0", ""), ref)
+
+
+def test_a_host_cannot_read_or_report_on_another_hosts_attempt() -> None:
+    w = World(hosts=2)
+    job, host = w.run_to_running(w.submit())
+    other = "h1" if host == "h0" else "h0"
+    ref = _ref(job)
+    with pytest.raises(NotFound):
+        w.agent.claim(HostCaller(other, ""), ref)
+    with pytest.raises(NotFound):
+        w.agent.report(HostCaller(other, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    beat = w.agent.heartbeat(HostCaller(other, ""), HeartbeatRequest(attempts=[ref]))
+    assert beat["directives"][0]["action"] == "stop"
+
+
+def test_a_stale_host_is_fenced_after_its_attempt_was_replaced() -> None:
+    w = World(hosts=2)
+    job, host = w.run_to_running(w.submit())
+    stale = _ref(job)
+    w.workflow.classify_failure(job.id, 1, "Berth.HostLost", "lease expired")
+    w.workflow.requeue(job.id)
+    w.workflow.await_placement(job.id, "again")
+    w.scheduler.run_pass()
+    moved = w.job(job.id)
+    assert moved.attempts == 2 and _host(moved) != host  # the failed host is avoided
+    with pytest.raises((Fenced, NotFound)):
+        w.agent.report(HostCaller(host, ""), AttemptReport(**stale.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.job(job.id).status is JobStatus.STARTING
+
+
+def test_a_wrong_fencing_token_is_refused() -> None:
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+    forged = AttemptRef(job_id=job.id, attempt=job.attempts, fencing_token="guess")
+    with pytest.raises(Fenced):
+        w.agent.report(
+            HostCaller(host, ""), AttemptReport(**forged.model_dump(), event=ReportEvent.SUCCEEDED)
+        )
+
+
+def test_cancel_directive_reaches_the_running_host() -> None:
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+    nxt, event = job.transition(JobStatus.CANCELING, "cancel requested", NOW)
+    w.jobs.save(nxt, event)
+    beat = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(nxt)]))
+    assert beat["directives"] == [
+        {"job_id": job.id, "attempt": 1, "action": "cancel", "reason": "cancel requested"}
+    ]
+    w.agent.report(HostCaller(host, ""), AttemptReport(**_ref(nxt).model_dump(), event=ReportEvent.CANCELED))
+    assert ("fail", f"dispatch-{job.id}-1", "Berth.Canceled") in w.tokens.calls
+    assert w.workflow.classify_failure(job.id, 1, "Berth.Canceled", "stopped")["action"] == "cancel"
+    assert w.job(job.id).status is JobStatus.CANCELED and w.held() == []
+
+
+def test_every_rank_must_succeed() -> None:
+    w = World(hosts=2, gpus=8)
+    job = w.submit(gpus=16, resources={"gpu_type": "A100", "gpus": 16, "nodes": 2})
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    placed = w.job(job.id)
+    assert isinstance(placed.placement, OnPremPlacement) and len(placed.placement.hosts) == 2
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    ref = _ref(placed)
+    for h in ("h0", "h1"):
+        w.agent.claim(HostCaller(h, ""), ref)
+    w.agent.report(HostCaller("h0", ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert not w.tokens.of("succeed")[1:]  # one rank is not the attempt
+    w.agent.report(HostCaller("h1", ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.tokens.of("succeed")[-1][1] == "d"
