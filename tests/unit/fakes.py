@@ -260,7 +260,8 @@ class FakeTenants:
                 "role": str(Role(role)),
                 "unique_id": unique_id,
             }
-            self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
+            if Role(role) is not Role.HOST:
+                self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
 
     def quota(self, tenant: str) -> Quota | None:
         item = self.table.items.get("TENANT#" + tenant)

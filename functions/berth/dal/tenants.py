@@ -34,6 +34,8 @@ class DynamoTenantRepository:
         with translated("write tenant membership"):
             row = self._Row(PRINCIPAL + principal, tenant=tenant, role=str(Role(role)), unique_id=unique_id)
             row.save()
+            if Role(role) is Role.HOST:
+                return  # a host's row names its host id, not a tenant
             try:
                 self._Row(TENANT + tenant, tenant=tenant).save(condition=self._Row.pk.does_not_exist())
             except PutError as exc:  # the tenant record already exists: keep its quota

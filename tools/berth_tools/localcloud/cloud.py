@@ -67,6 +67,8 @@ class LocalCloud:
     echo_handler_logs: bool = False
     seed_writer: seed.PutMember | None = None  # tests may replace Berth's tenants repository
     agents: int = 0
+    example_hosts: bool = True
+    """With no agents: seed the example fleet as static hosts (no agent runs their jobs)."""
     """Scripted on-prem agents to start (each a host with its own IAM identity)."""
     gpus_per_agent: int = 8
     gpu_type: str | None = None
@@ -138,7 +140,7 @@ class LocalCloud:
             self.region,
             self.seed_writer,
             # Templates without a hosts table (the local cloud's own test fixtures) get no fleet.
-            hosts_table=self.stack.outputs.get("HostsTableName"),
+            hosts_table=self.stack.outputs.get("HostsTableName") if self.example_hosts else None,
         )
         t = self._step("seed", t)
         self._start_event_sources()
@@ -335,6 +337,39 @@ class LocalCloud:
                 timer = event_sources.ScheduleTimer(send, float(every or 60), lid)
                 timer.start()
                 self.pollers.append(timer)
+
+    def host_identity(self, host_id: str) -> HostIdentity:
+        """Create an on-prem host's IAM identity (user tagged berth:host, registered as a host)."""
+        assert self.stack is not None
+        session = self.session()
+        (user,) = seed.create_iam_users(
+            session,
+            self.endpoint_url,
+            self.output("ApiId"),
+            (seed.SeedUser(f"host-{host_id}", host_id, "host"),),
+            policy_name=f"{seed.INVOKE_POLICY_NAME}-{host_id}",
+        )
+        seed.seed_tenants(
+            [user], self.output("TenantsTableName"), self.endpoint_url, self.region, members_only=True
+        )
+        self.seeded.append(user)
+        return HostIdentity(host_id, user.access_key_id, user.secret_access_key)
+
+    def scripted_agent(
+        self, host_id: str, gpus: int = 8, gpu_type: str = "A100", start: bool = True
+    ) -> ScriptedAgent:
+        """A scripted agent on a new host of its own (tests)."""
+        agent = ScriptedAgent(
+            api_url=self.api_url,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+            identity=self.host_identity(host_id),
+            inventory=Inventory(host_id=host_id, gpu_type=gpu_type, gpu_ids=seed.host_gpu_ids(host_id, gpus)),
+        )
+        if start:
+            agent.start()
+        self.scripted_agents.append(agent)
+        return agent
 
     def _start_agents(self, hosts: list[tuple[str, str, int]]) -> None:
         by_profile = self.profiles

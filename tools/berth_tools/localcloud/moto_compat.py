@@ -296,6 +296,12 @@ SURFACES: tuple[Surface, ...] = (
     Surface("moto.sts.models:AssumedRole#expiration", "read", "when the session's credentials expire"),
     Surface("moto.core.utils:utcnow", "called", "moto's clock for session expiry"),
     Surface(
+        "moto.stepfunctions.responses:StepFunctionResponse.send_task_failure",
+        "replaced",
+        "SendTaskFailure keeps its cause (moto drops it; the Catch's Cause carries the failure detail)",
+    ),
+    Surface("moto.core.responses:EmptyResult", "called", "the empty answer of SendTaskFailure"),
+    Surface(
         "moto.s3.responses:S3Response._get_checksum",
         "wrapped",
         "S3 refuses a PutObject whose content does not hash to its x-amz-checksum-sha256 (BadDigest)",

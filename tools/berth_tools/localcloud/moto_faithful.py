@@ -11,6 +11,9 @@
 - **IAM wildcards.** moto turns a policy's ``*`` into a regex and leaves every other character a
   regex metacharacter (``.`` matches anything, ``?`` is an error). IAM matches ``*`` as any run and
   ``?`` as one character, all else literally; session policies name secrets as ``name-??????``.
+- **Step Functions task failure causes.** moto's SendTaskFailure drops ``cause``; AWS hands it to
+  the state's Catch as ``Cause``. Berth's workflow reads the failure's detail (an exit code, which
+  host) from it.
 - **S3 checksums.** moto stores whatever ``x-amz-checksum-sha256`` a PutObject claims. S3 refuses
   the upload (BadDigest) when the content does not hash to it; Berth's presigned bundle uploads
   depend on that to keep content-addressed bundles honest.
@@ -94,6 +97,13 @@ def _secret_resource(self: Any) -> str:
     return f"arn:aws:secretsmanager:{self.region}:{self.current_account}:secret:{secret_id}"
 
 
+def _send_task_failure(self: Any) -> Any:
+    self.stepfunction_backend.send_task_failure(
+        self._get_param("taskToken"), error=self._get_param("error"), cause=self._get_param("cause")
+    )
+    return moto_compat.surface("moto.core.responses:EmptyResult")()
+
+
 def install() -> Callable[[], None]:
     """Apply the patches; returns the undo."""
     check = moto_compat.surface(f"{_AC}:IAMRequestBase.check_action_permitted")
@@ -106,11 +116,14 @@ def install() -> Callable[[], None]:
         moto_compat.replace(f"{_AC}:IAMRequestBase.check_action_permitted", _check_action_permitted(check)),
         moto_compat.replace("moto.s3.responses:S3Response._get_checksum", _get_checksum(checksum)),
         moto_compat.replace(f"{_AC}:IAMPolicyStatement._match", staticmethod(_iam_match)),
+        moto_compat.replace(
+            "moto.stepfunctions.responses:StepFunctionResponse.send_task_failure", _send_task_failure
+        ),
     ]
     sm_owner._determine_resource = _secret_resource
 
     def undo() -> None:
-        for patch in reversed(patches[:2]):
+        for patch in reversed([*patches[:2], patches[3]]):
             patch.undo()
         statement._match = match
         if not had_resource:

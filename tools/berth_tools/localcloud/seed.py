@@ -39,7 +39,11 @@ class SeededUser:
 
 
 def create_iam_users(
-    session: boto3.session.Session, endpoint_url: str, rest_api_id: str, users: tuple[SeedUser, ...]
+    session: boto3.session.Session,
+    endpoint_url: str,
+    rest_api_id: str,
+    users: tuple[SeedUser, ...],
+    policy_name: str = INVOKE_POLICY_NAME,
 ) -> list[SeededUser]:
     """IAM users with one access key each and a managed policy allowing execute-api:Invoke on the API."""
     iam = session.client("iam", endpoint_url=endpoint_url)
@@ -54,7 +58,7 @@ def create_iam_users(
             }
         ],
     }
-    policy_arn = iam.create_policy(PolicyName=INVOKE_POLICY_NAME, PolicyDocument=json.dumps(policy_document))[
+    policy_arn = iam.create_policy(PolicyName=policy_name, PolicyDocument=json.dumps(policy_document))[
         "Policy"
     ]["Arn"]
     seeded = []
@@ -98,6 +102,7 @@ def seed_tenants(
     region: str,
     writer: PutMember | None = None,
     hosts_table: str | None = None,
+    members_only: bool = False,
 ) -> None:
     """Map each user's principal to its tenant and role, through Berth's own tenants repository.
 
@@ -115,7 +120,7 @@ def seed_tenants(
         put_member = writer or tenant_repository_writer(tenants_table)
         for user in users:
             put_member(user.arn, user.tenant, user.role, user.unique_id)
-        if writer is None:
+        if writer is None and not members_only:
             seed_example_data(tenants_table)
             if hosts_table is not None and not any(u.role == "host" for u in users):
                 seed_example_hosts(hosts_table)
