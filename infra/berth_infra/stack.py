@@ -58,7 +58,7 @@ class BerthStack(Stack):
             if k.startswith(
                 ("BERTH_HEARTBEAT", "BERTH_LEASE", "BERTH_CLAIM", "BERTH_BACKOFF", "BERTH_ORPHAN")
             )
-            or k == "BERTH_SCHEDULER_QUEUE_URL"
+            or k in ("BERTH_SCHEDULER_QUEUE_URL", "BERTH_CLOUD_ENABLED")
         }
         workflow_env["BERTH_STATE_MACHINE_ARN"] = self.workflow.state_machine_arn
         self.api_function = ApiFunction(

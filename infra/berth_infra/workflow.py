@@ -108,6 +108,7 @@ class JobWorkflow(Construct):
         base_environment: dict[str, str],
         bundle: bool,
         timings: dict[str, int] | None = None,
+        cloud_enabled: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -166,6 +167,8 @@ class JobWorkflow(Construct):
             "BERTH_SCHEDULER_QUEUE_URL": self.trigger_queue.queue_url,
             "BERTH_HOST_QUEUE_PREFIX": HOST_QUEUE_PREFIX,
             "BERTH_EVENT_BUS_NAME": self.bus.event_bus_name,
+            # No cloud dispatcher (AWS Batch) is deployed yet: cloud offers stay out of the fleet.
+            "BERTH_CLOUD_ENABLED": "true" if cloud_enabled else "false",
         }
         self.environment = env
 

@@ -53,8 +53,10 @@ class Settings(BaseSettings):
     orphan_grace_s: int = 120
     #: A queued job without a placement wait this long after submit gets its execution (re)started.
     execution_repair_s: int = 30
-    #: False until the cloud-bursting issue deploys a cloud dispatcher: nothing is placed in the cloud.
-    cloud_enabled: bool = False
+    #: Whether cloud offers are part of the fleet. The stack sets it false (``-c berth:cloudEnabled``)
+    #: until it deploys a cloud dispatcher (AWS Batch): then nothing is placed in, or accepted for, the
+    #: cloud, and feasibility, explain and capacity say so.
+    cloud_enabled: bool = True
 
 
 def environment_key() -> tuple[tuple[str, str], ...]:

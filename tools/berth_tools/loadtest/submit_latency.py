@@ -34,7 +34,7 @@ SPEC: dict[str, Any] = {
     "name": "latency-probe",
     "image": "busybox",
     "command": ["true"],
-    "resources": {"gpu_type": "T4", "gpus": 1},
+    "resources": {"gpu_type": "V100", "gpus": 1},
 }
 #: Where the local cloud's front door answers with its process id (outside any stage; 127.0.0.1 only).
 LOCAL_STATS_PATH = "/_local/stats"
