@@ -13,7 +13,7 @@ from moto.dynamodb.models.dynamo_type import Item
 
 from berth_tools.client import BerthClient, ClientConfig
 from berth_tools.loadtest.submit_latency import measure, sample_process
-from berth_tools.localcloud.cloud import LocalCloud, load_template
+from berth_tools.localcloud.cloud import LOCAL_TIMINGS, LocalCloud, load_template
 
 from .conftest import REAL_TEMPLATE
 from .test_real_template import _cold_start_handlers
@@ -34,8 +34,11 @@ MAX_GROWTH_PER_SUBMIT_KIB = 64
 @pytest.fixture(scope="module")
 def loaded_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
     _cold_start_handlers()
+    # The API path alone: no workflow execution per submit (the whole path is `berth bench e2e`).
     with LocalCloud(
-        template=load_template(REAL_TEMPLATE), state_dir=tmp_path_factory.mktemp("state")
+        template=load_template(REAL_TEMPLATE),
+        state_dir=tmp_path_factory.mktemp("state"),
+        function_timings={**LOCAL_TIMINGS, "BERTH_STATE_MACHINE_ARN": ""},
     ) as cloud:
         yield cloud
     _cold_start_handlers()
