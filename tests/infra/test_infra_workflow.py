@@ -35,7 +35,7 @@ def _output_ref(s: Synthesized, output_id: str) -> str:
 
 def _state_machine(s: Synthesized) -> dict[str, Any]:
     (machine,) = s.resources("AWS::StepFunctions::StateMachine").values()
-    return machine["Properties"]  # type: ignore[no-any-return]
+    return machine["Properties"]
 
 
 def _resolve(value: Any) -> str:
@@ -53,13 +53,13 @@ def _resolve(value: Any) -> str:
 def _definition(s: Synthesized) -> dict[str, Any]:
     body = _state_machine(s)["DefinitionString"]
     if isinstance(body, str):
-        return json.loads(body)  # type: ignore[no-any-return]
+        return json.loads(body)
     separator, parts = body["Fn::Join"]
-    return json.loads(separator.join(_resolve(p) for p in parts))  # type: ignore[no-any-return]
+    return json.loads(separator.join(_resolve(p) for p in parts))
 
 
 def _states(s: Synthesized) -> dict[str, dict[str, Any]]:
-    return _definition(s)["States"]  # type: ignore[no-any-return]
+    return _definition(s)["States"]
 
 
 # -- the state machine --------------------------------------------------------------------------------
