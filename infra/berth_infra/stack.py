@@ -9,6 +9,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from berth_infra.api import (
+    AGENT_ROUTES,
+    API_STAGE_NAME,
     DEFAULT_API_RESERVED_CONCURRENCY,
     DEFAULT_MEMBER_TAG,
     DEFAULT_TENANT_REQUESTS_PER_SECOND,
@@ -81,6 +83,18 @@ class BerthStack(Stack):
             handler=self.api_function.function,
             member_tag=str(context("berth:memberTag") or DEFAULT_MEMBER_TAG),
             agent_handler=self.workflow.agent_fn.function,
+        )
+        # An on-prem host's identity calls the agent API's routes (SigV4): HostPolicy names exactly them.
+        self.workflow.host_policy.add_statements(
+            iam.PolicyStatement(
+                sid="AgentApi",
+                actions=["execute-api:Invoke"],
+                resources=[
+                    self.api.rest_api.arn_for_execute_api(method=verb, path=path, stage=API_STAGE_NAME)
+                    for path, verbs in AGENT_ROUTES.items()
+                    for verb in verbs
+                ],
+            )
         )
         # The API starts each job's execution and answers the placement wait of a job canceled while
         # queued.

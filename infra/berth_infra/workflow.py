@@ -161,6 +161,13 @@ class JobWorkflow(Construct):
             targets=[targets.SqsQueue(self.job_events_queue)],
         )
 
+        # Named, so the functions' policies and environment can name its ARN without a reference
+        # cycle (the state machine refers to the workflow function, whose role must not refer back).
+        self.state_machine_name = f"berth-jobs-{stack.stack_name}"
+        sm_arn = self.state_machine_arn = (
+            f"arn:{stack.partition}:states:{stack.region}:{stack.account}:stateMachine:{self.state_machine_name}"
+        )
+
         env = {
             **base_environment,
             **{k: str(v) for k, v in (timings or DEFAULT_TIMINGS).items()},
@@ -186,7 +193,12 @@ class JobWorkflow(Construct):
             "SchedulerFunction",
             handler="berth.handlers.scheduler.lambda_handler",
             description="Berth scheduler service: one scheduling pass per trigger batch",
-            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-scheduler"},
+            # The pass restarts a queued job's execution whose start was lost (repair_executions).
+            environment={
+                **env,
+                "BERTH_STATE_MACHINE_ARN": sm_arn,
+                "POWERTOOLS_SERVICE_NAME": "berth-scheduler",
+            },
             bundle=bundle,
             timeout_s=60,
             memory_mb=1769,
@@ -211,22 +223,24 @@ class JobWorkflow(Construct):
         )
 
         # -- the state machine -----------------------------------------------------------------------
-        # Named, so the functions' policies can name its ARN without a reference cycle (the state
-        # machine refers to the workflow function, whose role must not refer back to it).
-        self.state_machine_name = f"berth-jobs-{stack.stack_name}"
         self.state_machine = self._state_machine()
-        sm_arn = self.state_machine_arn = (
-            f"arn:{stack.partition}:states:{stack.region}:{stack.account}:stateMachine:{self.state_machine_name}"
-        )
-        token_actions = ["states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"]
+        # Every function answers task tokens (placement and dispatch waits); only the agent API
+        # heartbeats them (agents' attempt heartbeats).
+        answer_tokens = ["states:SendTaskSuccess", "states:SendTaskFailure"]
 
         # -- permissions, function by function (tests/infra holds the expected set) ----------------
         for fn in (self.workflow_fn, self.scheduler_fn, self.agent_fn):
             fn.allow("Jobs", ["dynamodb:GetItem", "dynamodb:PutItem"], [arns["jobs"]])
             fn.allow("JobEvents", ["dynamodb:PutItem"], [arns["job_events"]])
-            fn.allow("TenantCounters", ["dynamodb:UpdateItem"], [arns["tenants"]], _tenant_counter_writes())
-            fn.allow("Tokens", token_actions, [sm_arn])
             fn.allow("Trigger", ["sqs:SendMessage"], [self.trigger_queue.queue_arn])
+        self.workflow_fn.allow("Tokens", answer_tokens, [sm_arn])
+        self.scheduler_fn.allow("Tokens", answer_tokens, [sm_arn])
+        self.agent_fn.allow("Tokens", [*answer_tokens, "states:SendTaskHeartbeat"], [sm_arn])
+        # Only the workflow's tasks end jobs (classify: FAILED/CANCELED, finalize: COMPLETED), which
+        # decrements the tenant's active-job counter; the scheduler and the agent API never do.
+        self.workflow_fn.allow(
+            "TenantCounters", ["dynamodb:UpdateItem"], [arns["tenants"]], _tenant_counter_writes()
+        )
         self.workflow_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
         self.workflow_fn.allow(
             "HostQueues", ["sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"], [host_queues]
@@ -317,7 +331,11 @@ class JobWorkflow(Construct):
                 state_id,
                 lambda_function=fn,
                 payload=sfn.TaskInput.from_object(payload),
-                **({"integration_pattern": sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN} if wait else {}),
+                integration_pattern=(
+                    sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN
+                    if wait
+                    else sfn.IntegrationPattern.REQUEST_RESPONSE
+                ),
                 retry_on_service_exceptions=True,
                 **kwargs,
             )

@@ -29,7 +29,7 @@ class Synthesized:
 
     @property
     def json(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.template.to_json()
+        data: dict[str, Any] = dict(self.template.to_json())
         return data
 
     def resources(self, type_: str) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from aws_cdk.assertions import Match
 
-from berth_infra.api import API_STAGE_NAME, ROUTES
+from berth_infra.api import AGENT_ROUTES, API_STAGE_NAME, ROUTES
 from tests.infra.conftest import Synthesized
 
 
@@ -41,11 +41,29 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "ArtifactsBucketName",
         "DataBucketName",
         "JobRoleArn",
+        "StateMachineArn",
+        "SchedulerQueueUrl",
+        "EventBusName",
+        "JobEventsQueueUrl",
+        "HostPolicyArn",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]
     assert synthesized.json["Resources"][stage_id]["Properties"]["StageName"] == API_STAGE_NAME
     assert url[0] == "https://" and url[-1] == "/"
+    outputs = synthesized.json["Outputs"]
+    resources = synthesized.json["Resources"]
+    for output_id, type_ in {
+        "SchedulerQueueUrl": "AWS::SQS::Queue",
+        "JobEventsQueueUrl": "AWS::SQS::Queue",
+        "EventBusName": "AWS::Events::EventBus",
+        "HostPolicyArn": "AWS::IAM::ManagedPolicy",
+    }.items():
+        assert resources[outputs[output_id]["Value"]["Ref"]]["Type"] == type_, output_id
+    # The state machine's ARN is built from its name (no reference cycle with the workflow function).
+    (machine,) = synthesized.resources("AWS::StepFunctions::StateMachine").values()
+    arn = outputs["StateMachineArn"]["Value"]["Fn::Join"][1]
+    assert arn[-1] == ":stateMachine:" + machine["Properties"]["StateMachineName"]
 
 
 def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) -> None:
@@ -106,10 +124,22 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
         assert "GlobalSecondaryIndexes" not in props
 
 
+def _function_by_handler(s: Synthesized, handler: str) -> tuple[str, dict[str, Any]]:
+    (found,) = [
+        (fn_id, fn)
+        for fn_id, fn in s.resources("AWS::Lambda::Function").items()
+        if fn["Properties"]["Handler"] == handler
+    ]
+    return found
+
+
+API_HANDLER = "berth.handlers.api.lambda_handler"
+AGENT_HANDLER = "berth.handlers.agent_api.lambda_handler"
+
+
 def test_api_function(synthesized: Synthesized) -> None:
-    functions = synthesized.resources("AWS::Lambda::Function")
-    assert len(functions) == 1
-    (fn_id, fn), *_ = functions.items()
+    assert len(synthesized.resources("AWS::Lambda::Function")) == 5
+    fn_id, fn = _function_by_handler(synthesized, API_HANDLER)
     assert synthesized.json["Outputs"]["ApiFunctionName"]["Value"] == {"Ref": fn_id}
     props = fn["Properties"]
     assert props["Handler"] == "berth.handlers.api.lambda_handler"
@@ -133,6 +163,16 @@ def test_api_function(synthesized: Synthesized) -> None:
         "POWERTOOLS_TRACER_CAPTURE_RESPONSE": "false",
         "BERTH_RATE_LIMIT_REQUESTS": "50",
         "BERTH_RATE_LIMIT_WINDOW_S": "1",
+        # The workflow's timings (the execution input carries the heartbeat), its trigger queue and
+        # the state machine it starts one execution of per job.
+        "BERTH_HEARTBEAT_S": "60",
+        "BERTH_LEASE_S": "90",
+        "BERTH_CLAIM_S": "300",
+        "BERTH_BACKOFF_BASE_S": "2",
+        "BERTH_BACKOFF_CAP_S": "300",
+        "BERTH_ORPHAN_GRACE_S": "120",
+        "BERTH_SCHEDULER_QUEUE_URL": outputs["SchedulerQueueUrl"]["Value"],
+        "BERTH_STATE_MACHINE_ARN": outputs["StateMachineArn"]["Value"],
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"
@@ -164,6 +204,10 @@ def _as_list(value: Any) -> list[Any]:
 #: What each function's code does, written out independently of infra/: (resource, actions) per
 #: statement. A resource is a table output name, "<output>/index/<name>", the function's log group
 #: ("logs") or "*". A new function, a new action or a new table must be added here on purpose.
+STATE_MACHINE = "stateMachine:berth-jobs-Berth"
+HOST_QUEUES = "sqs:berth-host-*"
+WORKFLOW_FUNCTION = "function:berth.handlers.workflow.lambda_handler"
+
 EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
     "berth.handlers.api.lambda_handler": {
         ("*", None): {"xray:PutTraceSegments", "xray:PutTelemetryRecords"},
@@ -187,6 +231,81 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
             "dynamodb:UpdateItem",
             "dynamodb:DeleteItem",
         },
+        # WorkflowHooks: start a submitted job's execution; answer the placement wait of a job
+        # canceled while queued.
+        (STATE_MACHINE, None): {"states:StartExecution", "states:SendTaskSuccess"},
+    },
+    # WorkflowService (logic/workflow.py): one action per task state.
+    "berth.handlers.workflow.lambda_handler": {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        # jobs.get; jobs.update (a put) and jobs.save (a transaction: job put + event put)
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem"},
+        # classify (FAILED/CANCELED) and finalize (COMPLETED) decrement the tenant's active jobs
+        ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
+        # release_holds: hosts.release reads the hold, then removes it conditionally
+        ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # await_placement answers a placed/ended job's token; dispatch_onprem fails a stale one
+        (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
+        # dispatch_onprem: SqsWorkQueues.send ensures the host's queue (created with a tag) first
+        (HOST_QUEUES, None): {"sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"},
+        # a pass after await_placement, classify and finalize
+        ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
+    },
+    # SchedulerService (logic/scheduler_service.py) and SnapshotSource (logic/snapshot.py).
+    "berth.handlers.scheduler.lambda_handler": {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        # jobs.get (orphans), jobs.update (reasons, stop), jobs.save (QUEUED -> STARTING: never a
+        # terminal transition, so no tenant counter)
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem"},
+        # quotas, registered datasets, the stored policy and offers (DOC#)
+        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        # list_hosts, get, hold/release/mark_lost
+        ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # answers placement tokens; fails the dispatch token of a lost host's attempt
+        (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure", "states:StartExecution"},
+        # wake_at (a delayed pass), and the SQS event source mapping's own actions
+        ("SchedulerQueueUrl", None): {
+            "sqs:SendMessage",
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        },
+    },
+    # AgentService (logic/agent.py) and TenantService.host.
+    AGENT_HANDLER: {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        # jobs.get, jobs.update (claim, report), jobs.save (STARTING -> RUNNING only)
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem"},
+        # the caller's PRINCIPAL# membership row (role host)
+        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        # register (get + conditional update), heartbeat
+        ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # attempt heartbeats, success of the last rank, failures, cancel before start
+        (STATE_MACHINE, None): {
+            "states:SendTaskSuccess",
+            "states:SendTaskFailure",
+            "states:SendTaskHeartbeat",
+        },
+        # register ensures the host's queue (never sends to it)
+        (HOST_QUEUES, None): {"sqs:CreateQueue", "sqs:TagQueue"},
+        ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
+    },
+    # EventBridgePublisher (dal/workflow.py) fed by the job-events stream.
+    "berth.handlers.notifier.lambda_handler": {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        ("EventBusName", None): {"events:PutEvents"},
+        ("JobEventsTableName/stream", None): {
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator",
+        },
+        ("*", None): {"dynamodb:ListStreams"},
     },
 }
 
@@ -205,6 +324,28 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
         "secretsmanager:GetSecretValue",
         "secret:berth/*",
     ): "job role's outer bound; sessions name their secrets",
+    ("sqs:CreateQueue", HOST_QUEUES): "one work queue per host, created at registration: host ids are "
+    "not known at deploy time",
+    ("sqs:TagQueue", HOST_QUEUES): "the host queue is tagged berth:host at creation",
+    ("sqs:SendMessage", HOST_QUEUES): "work messages to the placed hosts' queues",
+    ("dynamodb:ListStreams", "*"): "the stream event source's ListStreams has no resource-level permissions",
+    ("lambda:InvokeFunction", f"{WORKFLOW_FUNCTION}:*"): "CDK's LambdaInvoke grant: the workflow "
+    "function's versions and aliases, the one function the state machine calls",
+    **{
+        (action, "*"): "state machine logging and tracing: no resource-level permissions"
+        for action in (
+            "logs:CreateLogDelivery",
+            "logs:DeleteLogDelivery",
+            "logs:DescribeLogGroups",
+            "logs:DescribeResourcePolicies",
+            "logs:GetLogDelivery",
+            "logs:ListLogDeliveries",
+            "logs:PutResourcePolicy",
+            "logs:UpdateLogDelivery",
+            "xray:GetSamplingRules",
+            "xray:GetSamplingTargets",
+        )
+    },
 }
 
 
@@ -215,16 +356,31 @@ def _resource_name(s: Synthesized, resource: Any, log_groups: set[str]) -> str:
     named = {
         s.json["Outputs"][o]["Value"]["Ref"]: o
         for o in s.json["Outputs"]
-        if o.endswith(("TableName", "BucketName")) and "Ref" in s.json["Outputs"][o]["Value"]
+        if o.endswith(("TableName", "BucketName", "QueueUrl", "BusName"))
+        and "Ref" in s.json["Outputs"][o]["Value"]
     }
-    if "Fn::GetAtt" in resource:
-        logical = resource["Fn::GetAtt"][0]
-        return "logs" if logical in log_groups else named[logical]
-    parts = resource["Fn::Join"][1]
-    text = "".join(
-        p if isinstance(p, str) else (named[p["Fn::GetAtt"][0]] if "Fn::GetAtt" in p else "") for p in parts
+    named.update(
+        {
+            fn_id: f"function:{fn['Properties']['Handler']}"
+            for fn_id, fn in s.resources("AWS::Lambda::Function").items()
+        }
     )
-    return text.split(":secret:", 1)[1].join(("secret:", "")) if ":secret:" in text else text
+
+    def get_att(value: dict[str, Any]) -> str:
+        logical, attribute = value["Fn::GetAtt"]
+        if logical in log_groups:
+            return "logs"
+        return named[logical] + ("/stream" if attribute == "StreamArn" else "")
+
+    if "Fn::GetAtt" in resource:
+        return get_att(resource)
+    parts = resource["Fn::Join"][1]
+    text = "".join(p if isinstance(p, str) else (get_att(p) if "Fn::GetAtt" in p else "") for p in parts)
+    if text.startswith("arn::") and ":::" in text:
+        # arn:<partition>:<service>:<region>:<account>:<rest>, pseudo parameters left out
+        service, rest = text.split(":")[2], text.split(":::", 1)[1]
+        return rest if ":" in rest else f"{service}:{rest}"
+    return text
 
 
 def _role_statements(s: Synthesized, role_id: str) -> list[dict[str, Any]]:
@@ -294,6 +450,7 @@ def test_api_resource_policy_admits_only_tagged_principals_of_the_account(synthe
     statements = {st["Sid"]: st for st in api["Properties"]["Policy"]["Statement"]}
     assert set(statements) == {
         "AccountMembersMayInvoke",
+        "AccountHostsMayInvoke",
         "DenyOtherAccounts",
         "DenyPrincipalsWithoutMemberTag",
     }
@@ -304,10 +461,14 @@ def test_api_resource_policy_admits_only_tagged_principals_of_the_account(synthe
         "StringNotEquals": {"aws:PrincipalAccount": {"Ref": "AWS::AccountId"}}
     }
     assert statements["DenyPrincipalsWithoutMemberTag"]["Effect"] == "Deny"
+    # Conditions of one statement are ANDed: denied only when the principal carries neither tag.
     assert statements["DenyPrincipalsWithoutMemberTag"]["Condition"] == {
-        "Null": {"aws:PrincipalTag/berth:tenant": "true"}
+        "Null": {"aws:PrincipalTag/berth:tenant": "true", "aws:PrincipalTag/berth:host": "true"}
     }
-    assert "root" in json.dumps(statements["AccountMembersMayInvoke"]["Principal"])
+    for sid, tag in (("AccountMembersMayInvoke", "berth:tenant"), ("AccountHostsMayInvoke", "berth:host")):
+        assert statements[sid]["Effect"] == "Allow"
+        assert "root" in json.dumps(statements[sid]["Principal"])
+        assert statements[sid]["Condition"] == {"Null": {f"aws:PrincipalTag/{tag}": "false"}}
 
 
 def test_api_has_an_enhanced_tls_policy(synthesized: Synthesized) -> None:
@@ -330,10 +491,13 @@ def test_access_log_names_caller_key_error_and_tls(synthesized: Synthesized) -> 
         assert fields[key] == variable
 
 
-def test_lambda_role_has_no_managed_policies(synthesized: Synthesized) -> None:
-    fn = next(iter(synthesized.resources("AWS::Lambda::Function").values()))
-    role_id = fn["Properties"]["Role"]["Fn::GetAtt"][0]
-    assert "ManagedPolicyArns" not in synthesized.json["Resources"][role_id]["Properties"]
+def test_lambda_roles_have_no_managed_policies(synthesized: Synthesized) -> None:
+    roles = set()
+    for fn in synthesized.resources("AWS::Lambda::Function").values():
+        role_id = fn["Properties"]["Role"]["Fn::GetAtt"][0]
+        roles.add(role_id)
+        assert "ManagedPolicyArns" not in synthesized.json["Resources"][role_id]["Properties"]
+    assert len(roles) == 5  # a role per function
 
 
 def _method_paths(s: Synthesized) -> dict[tuple[str, str], dict[str, Any]]:
@@ -354,24 +518,45 @@ def _method_paths(s: Synthesized) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
-    expected = {(path, verb) for path, verbs in ROUTES.items() for verb in verbs}
-    assert set(_method_paths(synthesized)) == expected
-    assert ("/v1/jobs", "POST") in expected and ("/v1/tenants/{tenant}/quota", "PUT") in expected
-    assert len(expected) == 20
-    assert ("/v1/policy", "PUT") in expected and ("/v1/offers", "GET") in expected
+    public = {(path, verb) for path, verbs in ROUTES.items() for verb in verbs}
+    agent = {(path, verb) for path, verbs in AGENT_ROUTES.items() for verb in verbs}
+    assert set(_method_paths(synthesized)) == public | agent
+    assert not public & agent
+    assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
+    assert len(public) == 20
+    assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
+    assert agent == {
+        ("/v1/agent/register", "POST"),
+        ("/v1/agent/heartbeat", "POST"),
+        ("/v1/agent/claim", "POST"),
+        ("/v1/agent/report", "POST"),
+    }
+    assert not any(path.startswith("/v1/agent") for path, _ in public)
+
+
+def _integration_function(integration: dict[str, Any]) -> str:
+    """The logical id of the Lambda function a proxy integration's URI names."""
+    (fn_id,) = [
+        p["Fn::GetAtt"][0]
+        for p in integration["Uri"]["Fn::Join"][1]
+        if isinstance(p, dict) and "Fn::GetAtt" in p
+    ]
+    return str(fn_id)
 
 
 def test_every_method_uses_aws_iam_and_lambda_proxy(synthesized: Synthesized) -> None:
-    fn_id = next(iter(synthesized.resources("AWS::Lambda::Function")))
-    methods = synthesized.resources("AWS::ApiGateway::Method")
+    api_fn, _ = _function_by_handler(synthesized, API_HANDLER)
+    agent_fn, _ = _function_by_handler(synthesized, AGENT_HANDLER)
+    methods = _method_paths(synthesized)
     assert methods
-    for method in methods.values():
-        props = method["Properties"]
+    for (path, _verb), props in methods.items():
         assert props["AuthorizationType"] == "AWS_IAM"
         integration = props["Integration"]
         assert integration["Type"] == "AWS_PROXY"
         assert integration["IntegrationHttpMethod"] == "POST"
-        assert fn_id in str(integration["Uri"])
+        # The agent routes go to the agent API's own function, every other route to the API's.
+        expected = agent_fn if path.startswith("/v1/agent/") else api_fn
+        assert _integration_function(integration) == expected, path
         assert "RequestValidatorId" in props
 
 
@@ -415,9 +600,19 @@ def test_stage_logging_tracing_throttling(synthesized: Synthesized) -> None:
 def test_invoke_permission_is_scoped_to_this_api_and_stage(synthesized: Synthesized) -> None:
     permissions = synthesized.resources("AWS::Lambda::Permission")
     api_id = synthesized.json["Outputs"]["ApiId"]["Value"]["Ref"]
-    assert len(permissions) == 1
+    # One permission per function the API integrates with, none for any other function.
+    integrated = {
+        _integration_function(props["Integration"]) for props in _method_paths(synthesized).values()
+    }
+    assert integrated == {
+        _function_by_handler(synthesized, API_HANDLER)[0],
+        _function_by_handler(synthesized, AGENT_HANDLER)[0],
+    }
+    assert len(permissions) == len(integrated)
+    assert {p["Properties"]["FunctionName"]["Fn::GetAtt"][0] for p in permissions.values()} == integrated
     for permission in permissions.values():
         props = permission["Properties"]
+        assert props["Action"] == "lambda:InvokeFunction"
         assert props["Principal"] == "apigateway.amazonaws.com"
         parts = props["SourceArn"]["Fn::Join"][1]
         assert parts[-2:] == [{"Ref": api_id}, f"/{API_STAGE_NAME}/*/*"]
