@@ -173,6 +173,7 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_ORPHAN_GRACE_S": "120",
         "BERTH_SCHEDULER_QUEUE_URL": outputs["SchedulerQueueUrl"]["Value"],
         "BERTH_STATE_MACHINE_ARN": outputs["StateMachineArn"]["Value"],
+        "BERTH_CLOUD_ENABLED": "false",
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"

@@ -205,7 +205,9 @@ class FakeHosts:
                 or current.lease_expires_at >= now
             ):
                 return False
-            self.hosts[host_id] = current.model_copy(update={"healthy": False, "version": current.version + 1})
+            self.hosts[host_id] = current.model_copy(
+                update={"healthy": False, "version": current.version + 1}
+            )
             return True
 
 

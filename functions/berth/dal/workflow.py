@@ -75,7 +75,11 @@ class SfnExecutions:
 
 
 def host_queue_name(prefix: str, host_id: str) -> str:
-    return (prefix + _QUEUE_NAME_RE.sub("_", host_id))[:80]
+    """``<prefix><host id>``: host ids use only queue-name characters (``fleet.HOST_ID_RE``), so the
+    name is exactly what a host's IAM policy names through its ``berth:host`` tag."""
+    if _QUEUE_NAME_RE.search(host_id) or len(prefix + host_id) > 80:
+        raise ValueError(f"host id {host_id!r} cannot name a queue")
+    return prefix + host_id
 
 
 class SqsWorkQueues:

@@ -13,7 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-HOST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: Host ids name the host's work queue (``berth-host-<host id>``) and its IAM tag, so they use only
+#: what an SQS queue name allows.
+HOST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 POOL_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 

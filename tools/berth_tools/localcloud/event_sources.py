@@ -48,14 +48,15 @@ def _json_default(value: Any) -> Any:
 
 
 def _invoke(lambda_client: Any, function_name: str, event: dict[str, Any]) -> tuple[bool, Any]:
-    payload = json.dumps(event, default=_json_default).encode()
-    response = lambda_client.invoke(FunctionName=function_name, Payload=payload)
+    request = json.dumps(event, default=_json_default).encode()
+    response = lambda_client.invoke(FunctionName=function_name, Payload=request)
     body = response["Payload"].read()
+    answer: Any
     try:
-        payload = json.loads(body) if body else None
+        answer = json.loads(body) if body else None
     except ValueError:
-        payload = None
-    return "FunctionError" not in response, payload
+        answer = None
+    return "FunctionError" not in response, answer
 
 
 class _Loop(threading.Thread):
