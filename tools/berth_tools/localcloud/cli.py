@@ -67,6 +67,17 @@ def up(
     template: Path | None = typer.Option(
         None, "--template", help="CloudFormation template to deploy (default: cdk.out/Berth.template.json)."
     ),
+    agents: int = typer.Option(
+        4,
+        "--agents",
+        min=0,
+        max=64,
+        help="On-prem hosts to start, each a scripted agent with its own IAM identity (agents.json).",
+    ),
+    gpus_per_agent: int = typer.Option(8, "--gpus-per-agent", min=1, max=16, help="Simulated GPUs per host."),
+    gpu_type: str | None = typer.Option(
+        None, "--gpu-type", help="GPU model of every host (default: the example fleet's A100 and V100 in turn)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No access log or handler logs on the console."),
     output: OutputFormat = typer.Option(
         OutputFormat.TABLE, "--output", "-o", help="table: shell exports; json: one JSON object when ready"
@@ -98,6 +109,9 @@ def up(
         moto_port=moto_port,
         console=None if quiet else console,
         echo_handler_logs=not quiet,
+        agents=agents,
+        gpus_per_agent=gpus_per_agent,
+        gpu_type=gpu_type,
     )
     try:
         try:
