@@ -18,6 +18,7 @@ def repatriate(ctx: PassContext) -> None:
     if not rule.enabled or not ctx.policy.use_onprem or not any(ctx.index.free_total.values()):
         return
     now = ctx.now
+    rates = _instance_rates(ctx) if rule.instance_share else {}
     scored: list[tuple[float, str, RunningJob, float]] = []
     for r in ctx.snapshot.running:
         if (
@@ -34,7 +35,8 @@ def repatriate(ctx: PassContext) -> None:
         lost = r.lost_progress_s(now)
         if lost > rule.max_lost_progress_s:
             continue
-        saving = r.hourly_usd * (end - now - lost - rule.restart_overhead_s) / 3600.0
+        hourly = rates.get(r.instance_id, 0.0) * r.gpus if r.instance_id else 0.0
+        saving = max(hourly, r.hourly_usd) * (end - now - lost - rule.restart_overhead_s) / 3600.0
         if saving >= rule.min_saving_usd:
             scored.append((-saving, r.job_id, r, lost))
     scored.sort(key=lambda s: (s[0], s[1]))
@@ -44,6 +46,21 @@ def repatriate(ctx: PassContext) -> None:
             break
         if _move(ctx, r, -neg_saving, lost):
             moved += 1
+
+
+def _instance_rates(ctx: PassContext) -> dict[str | None, float]:
+    """Per shared instance: its whole price per hour over the GPUs its jobs use now. A job left
+    alone on a large instance keeps all of it paid, so moving it saves that, not its GPU share."""
+    used: dict[str, int] = {}
+    for r in ctx.snapshot.running:
+        if r.instance_id is not None:
+            used[r.instance_id] = used.get(r.instance_id, 0) + r.gpus
+    rates: dict[str | None, float] = {}
+    for iid, gpus in used.items():
+        inst = ctx.slots.instances.get(iid)
+        if inst is not None and gpus > 0:
+            rates[iid] = inst.hourly_usd / gpus
+    return rates
 
 
 def _move(ctx: PassContext, r: RunningJob, saving: float, lost: float) -> bool:

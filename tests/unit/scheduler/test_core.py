@@ -173,6 +173,49 @@ def test_repatriates_checkpointing_cloud_job_when_onprem_frees() -> None:
     assert d.repatriations == []
 
 
+def test_repatriation_scores_a_job_left_alone_on_a_shared_instance_by_the_whole_instance() -> None:
+    from berth.scheduler.snapshot import CloudInstance
+
+    def alone(others: int) -> tuple[list[RunningJob], CloudInstance]:
+        # An 8-GPU instance at 8 USD/h; "cj" (1 GPU, its share 1 USD/h) has about 2 h left.
+        jobs = [
+            RunningJob(
+                job_id=jid,
+                tenant="a",
+                gpu_type="V100",
+                gpus=1,
+                started_at=NOW - 1000,
+                site=Site.CLOUD,
+                region="us-east-1",
+                instance_type="p3.16xlarge",
+                hourly_usd=1.0,
+                checkpointing=True,
+                checkpoint_interval_s=900.0,
+                expected_end_at=NOW + 7200,
+                instance_id="i-1",
+            )
+            for jid in ["cj", *(f"o{k}" for k in range(others))]
+        ]
+        inst = CloudInstance(
+            "i-1", "us-east-1", "z1", "p3.16xlarge", "V100", True, 8, 64.0, 488.0, 8.0,
+            7 - others, 60.0 - 4 * others, 480.0 - 8 * others,
+        )  # fmt: skip
+        return jobs, inst
+
+    jobs, inst = alone(0)
+    s = snap([], jobs, [host("h1", free=1)], instances=(inst,))
+    pol = policy(repatriation={"min_saving_usd": 5.0})
+    # Its GPU share saves about 1.6 USD: below the threshold, it stays.
+    assert schedule(s, pol, NOW).repatriations == []
+    pol = policy(repatriation={"min_saving_usd": 5.0, "instance_share": True})
+    (rep,) = schedule(s, pol, NOW).repatriations
+    assert rep.job_id == "cj" and rep.saving_usd > 10  # the whole instance: 8 USD/h for ~1.6 h
+    # Sharing the instance with seven others, it pays only its share: not worth a restart.
+    jobs, inst = alone(7)
+    s = snap([], jobs, [host("h1", free=1)], instances=(inst,))
+    assert schedule(s, pol, NOW).repatriations == []
+
+
 def test_fair_share_serves_the_tenant_with_lower_share_first() -> None:
     hosts = [host("h1", free=4)]
     run = [running("r", "heavy", (("h1", 4),))]
