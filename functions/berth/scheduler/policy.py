@@ -144,8 +144,9 @@ class RepatriationRule(_Rule):
     """Score a job on a shared instance by the instance's whole price over the GPUs in use on it
     (a job left alone on a large instance keeps all of it paid), not only by its GPU share."""
     consolidate: bool = False
-    """Stop and requeue a checkpointing job left alone on a larger shared instance when a smaller
-    instance of its kind would save ``min_saving_usd`` after the restart (``runtime.repatriate_q``)."""
+    """Stop and requeue (with ``enabled``) a checkpointing job left alone on a larger shared
+    instance when a smaller instance of its kind would save ``min_saving_usd`` after the restart
+    (``runtime.repatriate_q``)."""
     before_queue: bool = False
     """Offer freed on-prem capacity to long-running cloud jobs before the queue: a slot holding a
     job with days left saves more cloud hours than one holding a fresh short job (which may burst)."""

@@ -60,7 +60,7 @@ def consolidate(ctx: PassContext) -> None:
     is stopped and requeued; the next pass places it again under every rule (on-prem, a free slot,
     or its own instance)."""
     rule = ctx.policy.repatriation
-    if not rule.consolidate or not ctx.snapshot.instances:
+    if not (rule.enabled and rule.consolidate) or not ctx.snapshot.instances:
         return
     now = ctx.now
     alone: dict[str, RunningJob | None] = {}

@@ -413,6 +413,10 @@ def test_consolidation_frees_a_large_instance_a_job_holds_alone() -> None:
     # Off by default; not while others share the instance; not a fresh attempt; not when the
     # saving (7 USD/h for the 5 min left after the restart) is below the threshold.
     assert schedule(_alone_on(1), policy(), NOW).preemptions == []
+    assert (
+        schedule(_alone_on(1), policy(repatriation={"consolidate": True, "enabled": False}), NOW).preemptions
+        == []
+    )
     assert schedule(_alone_on(2), pol, NOW).preemptions == []
     assert schedule(_alone_on(1, started_at=NOW - 60), pol, NOW).preemptions == []
     assert schedule(_alone_on(1, end_in=600), pol, NOW).preemptions == []
