@@ -29,7 +29,7 @@ from berth.scheduler.ordering import job_order_key, ordered, submit_order
 from berth.scheduler.outcomes import JobOutcome, Rule, Step, step_from
 from berth.scheduler.packing import pack
 from berth.scheduler.policy import SchedulingPolicy
-from berth.scheduler.repatriation import repatriate
+from berth.scheduler.repatriation import consolidate, repatriate
 from berth.scheduler.slots import SlotLedger
 from berth.scheduler.snapshot import PendingJob, Snapshot
 
@@ -92,6 +92,7 @@ class SchedulingPass:
             pack(ctx.slots, ctx)
             ctx.slots.fill_free_slots(ctx)
         repatriate(ctx)
+        consolidate(ctx)
         ctx.decisions.shares = dict(sorted(ctx.fair.shares.items()))
         return ctx.decisions
 

@@ -77,7 +77,9 @@ Assignment = OnPremAssignment | CloudAssignment
 
 @dataclass(slots=True, frozen=True)
 class Preemption:
-    """Stop ``job_id`` (it goes back to the queue) so that ``for_job`` can run."""
+    """Stop ``job_id`` (it goes back to the queue) so that ``for_job`` can run; with rule
+    ``repatriation.consolidate`` ``for_job`` is the job itself, freeing a larger instance it held
+    alone so that it restarts somewhere cheaper."""
 
     job_id: str
     tenant: str

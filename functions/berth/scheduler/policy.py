@@ -140,6 +140,13 @@ class RepatriationRule(_Rule):
     max_lost_progress_s: Annotated[float, Field(ge=0)] = 1800.0
     restart_overhead_s: Annotated[float, Field(ge=0)] = 300.0
     max_per_pass: Annotated[int, Field(ge=0)] = 16
+    instance_share: bool = False
+    """Score a job on a shared instance by the instance's whole price over the GPUs in use on it
+    (a job left alone on a large instance keeps all of it paid), not only by its GPU share."""
+    consolidate: bool = False
+    """Stop and requeue (with ``enabled``) a checkpointing job left alone on a larger shared
+    instance when a smaller instance of its kind would save ``min_saving_usd`` after the restart
+    (``runtime.repatriate_q``)."""
     before_queue: bool = False
     """Offer freed on-prem capacity to long-running cloud jobs before the queue: a slot holding a
     job with days left saves more cloud hours than one holding a fresh short job (which may burst)."""
