@@ -36,6 +36,7 @@ console = Console()
 @dataclass
 class Scenario:
     env: dict[str, str]
+    state_dir: Path = Path()
     results: list[tuple[str, bool, str]] = field(default_factory=list)
 
     def client(self, profile: str) -> BerthClient:
@@ -123,8 +124,81 @@ def run(s: Scenario) -> None:
         assert code == 3 and out["error"]["code"] == "NotFound", (code, out)
         return f"bob asking for {ids['alice']} gets 404 NotFound (exit 3)"
 
+    def wait_for(job_id: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = alice.get(job_id)
+            if done(job):
+                return dict(job)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{job_id} stayed {job['status']}: {job['reason']}")
+            time.sleep(0.3)
+
+    def is_(*statuses: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda j: j["status"] in statuses
+
+    def runs_to_completion() -> str:
+        done = wait_for(ids["alice"], is_("COMPLETED", "FAILED", "CANCELED"))
+        assert done["status"] == "COMPLETED", done
+        _, hist, _ = s.cli("alice", "events", ids["alice"])
+        moves = [e["to"] for e in hist["events"]]
+        assert moves == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"], moves
+        seen = _bus_events(s.env, s.state_dir, ids["alice"], 4)
+        assert seen == moves, seen
+        host = done["placement"]["hosts"][0]
+        return (
+            f"{ids['alice']} ran on {host['host_id']} ({host['gpus']} GPUs {done['placement']['gpu_type']}): "
+            f"{' → '.join(moves)}; the same 4 changes arrived on the JobEventsQueueUrl queue"
+        )
+
+    def transient_retry() -> str:
+        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "flaky-host-trial"}
+        spec["resources"] = {**spec["resources"], "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["env"] = {"SCRIPTED_FAIL_ATTEMPTS": "1"}
+        job = alice.submit(spec)
+        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"))
+        assert done["status"] == "COMPLETED" and done["attempts"] == 2, done
+        events = alice.events(job["id"])["events"]
+        moves = [e["to"] for e in events]
+        assert moves.count("RETRYING") == 1 and moves[-1] == "COMPLETED", moves
+        retry = next(e for e in events if e["to"] == "RETRYING")
+        hosts = [e["reason"].split(": ", 1)[1].split(" ")[0] for e in events if e["to"] == "STARTING"]
+        assert hosts[0] != hosts[1], hosts
+        return f"attempt 1 on {hosts[0]}: {retry['reason']}; attempt 2 on {hosts[1]} COMPLETED"
+
+    def cancel_running() -> str:
+        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "long-run"}
+        spec["resources"] = {**spec["resources"], "gpus": 2, "cpu": 8, "memory_gib": 32}
+        spec["env"] = {"SCRIPTED_RUN_S": "300"}
+        job = alice.submit(spec)
+        wait_for(job["id"], is_("RUNNING"))
+        code, out, err = s.cli("alice", "cancel", job["id"])
+        assert code == 0 and out["status"] == "CANCELING", (code, out, err)
+        done = wait_for(job["id"], is_("CANCELED", "COMPLETED", "FAILED"), 30)
+        assert done["status"] == "CANCELED", done
+        moves = [e["to"] for e in alice.events(job["id"])["events"]]
+        assert moves[-2:] == ["CANCELING", "CANCELED"], moves
+        return f"{job['id']}: {' → '.join(moves)} (the host stopped it and confirmed)"
+
+    def waits_and_explains() -> str:
+        blocker = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "env": {"SCRIPTED_RUN_S": "300"}}
+        for i in range(2):
+            ids[f"blocker{i}"] = alice.submit({**blocker, "name": f"resnet-long-{i}"})["id"]
+        for i in range(2):
+            wait_for(ids[f"blocker{i}"], is_("RUNNING"))
+        code, job, err = s.cli("alice", "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"))
+        assert code == 0, err
+        ids["waiting"] = job["id"]
+        time.sleep(2.5)
+        code, out, err = s.cli("alice", "explain", job["id"])
+        assert code == 0, (code, err)
+        ex = out["explanation"]
+        assert out["status"] == "QUEUED" and ex is not None, out
+        assert "capacity" in json.dumps(ex["rules"]), ex
+        return f"{job['id']} waits: {ex['summary'][:110]}"
+
     def idempotent_retry() -> str:
-        spec = json.loads(json.dumps(_yaml(EXAMPLES / "sweep-vision.yaml")))
+        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "resnet-sweep"}
         key = str(uuid.uuid4())
         first, second = alice.submit(spec, key), alice.submit(spec, key)
         assert first["id"] == second["id"], (first["id"], second["id"])
@@ -143,7 +217,11 @@ def run(s: Scenario) -> None:
         _, hist, _ = s.cli("alice", "events", ids["sweep"])
         moves = [f"{e['from'] or '∅'}→{e['to']}" for e in hist["events"]]
         assert moves == ["∅→QUEUED", "QUEUED→CANCELED"], moves
-        return f"{ids['sweep']} CANCELED; history {' , '.join(moves)}"
+        for key in ("waiting", "blocker0", "blocker1"):
+            alice.cancel(ids[key])
+        for key in ("waiting", "blocker0", "blocker1"):
+            wait_for(ids[key], is_("CANCELED"), 30)
+        return f"{ids['sweep']} CANCELED at once; history {' , '.join(moves)} (and the blockers canceled)"
 
     def bad_spec() -> str:
         before = len(alice.list(limit=100)["jobs"])
@@ -229,18 +307,13 @@ def run(s: Scenario) -> None:
             return f"refused with 422 Infeasible, rule {rule!r}: {exc.message}"
         raise AssertionError("an 8xH200 job was accepted though no host or offer has H200s")
 
-    def explain_and_capacity() -> str:
-        code, out, err = s.cli("alice", "explain", ids["alice"])
-        assert code == 0, (code, err)
-        ex = out["explanation"]
-        assert ex is not None and ex["rules"] is not None, out
+    def capacity() -> str:
         code, cap, err = s.cli("admin", "capacity")
         assert code == 0 and cap["totals"]["hosts"] >= 1, (code, err)
         tot = cap["totals"]
         return (
-            f"explain {ids['alice']}: {ex['outcome']} ({ex['summary'][:80]}); capacity: "
-            f"{tot['hosts']} hosts, {tot['free_gpus']}/{tot['gpus']} GPUs free, "
-            f"{len(cap['cloud']['regions'])} cloud regions"
+            f"capacity: {tot['hosts']} hosts, {tot['free_gpus']}/{tot['gpus']} GPUs free, "
+            f"{len(cap['cloud']['regions'])} cloud regions (no cloud dispatcher deployed yet)"
         )
 
     for title, fn in [
@@ -248,17 +321,45 @@ def run(s: Scenario) -> None:
         ("bob submits a 2xA100 fine-tuning job", bob_submits),
         ("each team sees only its own jobs", each_sees_own),
         ("bob cannot see alice's job", bob_cannot_read_alice),
+        (
+            "alice's job runs to completion on an on-prem host; its events reach EventBridge",
+            runs_to_completion,
+        ),
+        ("a transient failure is retried on another host and completes", transient_retry),
+        ("a running job is canceled: the host stops it", cancel_running),
+        ("with the V100 hosts full, berth explain says why a job waits", waits_and_explains),
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
         ("alice cancels a queued job", cancel),
         ("a bad spec is refused with a clear message", bad_spec),
         ("a job no host or cloud offer could ever take is refused at submit", infeasible),
-        ("berth explain says why a queued job waits; berth capacity shows the fleet", explain_and_capacity),
+        ("berth capacity shows the fleet", capacity),
         ("requests without a SigV4 signature are refused", unsigned),
         ("quotas are an admin's business", quotas),
         ("alice submits a code-bundle job: the CLI uploads ./mnist once", code_bundle),
         ("another team cannot use vision's code, data or secrets", foreign_code_and_data),
     ]:
         s.step(title, fn)
+
+
+def _bus_events(env: dict[str, str], state_dir: Path, job_id: str, count: int) -> list[str]:
+    """The state changes of ``job_id`` that reached the example rule's queue (JobEventsQueueUrl)."""
+    import boto3
+
+    outputs = json.loads((state_dir / "outputs.json").read_text())
+    sqs = boto3.session.Session(profile_name="admin").client(
+        "sqs", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"]
+    )
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 15
+    while len(seen) < count and time.monotonic() < deadline:
+        got = sqs.receive_message(
+            QueueUrl=outputs["JobEventsQueueUrl"], MaxNumberOfMessages=10, WaitTimeSeconds=1
+        )
+        for m in got.get("Messages", []):
+            detail = json.loads(m["Body"])["detail"]
+            if detail["job_id"] == job_id:
+                seen[detail["seq"]] = detail["to"]
+    return [seen[k] for k in sorted(seen)]
 
 
 def _yaml(path: Path) -> Any:
@@ -271,7 +372,7 @@ def main() -> int:
     state_dir = ROOT / ".berth" / "demo"
     state_dir.mkdir(parents=True, exist_ok=True)
     proc, env = _start_local_cloud(state_dir)
-    scenario = Scenario(env)
+    scenario = Scenario(env, state_dir)
     try:
         run(scenario)
     finally:
