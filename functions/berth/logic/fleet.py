@@ -241,7 +241,11 @@ class FleetService:
             "totals": totals,
             "pools": [pools[k] for k in sorted(pools)],
             "hosts": hosts,
-            "cloud": {"offers_version": fleet.offers_version, "regions": region_rows},
+            "cloud": {
+                "enabled": self.source.cloud_enabled,
+                "offers_version": fleet.offers_version,
+                "regions": region_rows,
+            },
             "policy_version": fleet.policy_version,
         }
 
