@@ -76,7 +76,7 @@ def up(
     ),
     gpus_per_agent: int = typer.Option(8, "--gpus-per-agent", min=1, max=16, help="Simulated GPUs per host."),
     gpu_type: str | None = typer.Option(
-        None, "--gpu-type", help="GPU model of every host (default: the example fleet's A100 and V100 in turn)."
+        None, "--gpu-type", help="GPU model of every host (default: A100 and V100 in turn)."
     ),
     quiet: bool = typer.Option(False, "--quiet", help="No access log or handler logs on the console."),
     output: OutputFormat = typer.Option(
