@@ -402,6 +402,16 @@ class JobWorkflow(Construct):
         canceled = sfn.Succeed(self, "Canceled")
         failed = sfn.Fail(self, "JobFailed", error="Berth.JobFailed", cause="the job failed; see its events")
 
+        # A task Lambda that fails (the store briefly unavailable, a crash) is retried with backoff:
+        # each is idempotent, and none may leave its job stranded by ending the execution.
+        for step in (wait_for_placement, finalize, classify, requeue):
+            step.add_retry(
+                errors=["States.TaskFailed"],
+                interval=Duration.seconds(1),
+                max_attempts=6,
+                backoff_rate=2,
+                jitter_strategy=sfn.JitterType.FULL,
+            )
         dispatch_onprem.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
         dispatch_onprem.next(finalize)
         finalize.next(done)

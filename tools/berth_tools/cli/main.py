@@ -13,15 +13,18 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth_tools.cli import fleet_cmd, jobs_cmd, loadtest_cmd, sim_cmd
+    from berth_tools.cli import bench_cmd, fleet_cmd, jobs_cmd, loadtest_cmd, sim_cmd
     from berth_tools.localcloud import cli as local_cli
 
-    bench = typer.Typer(help="Benchmarks: the scheduler core, the API over HTTP.", no_args_is_help=True)
+    bench = typer.Typer(
+        help="Benchmarks: the scheduler core and pass, the API, jobs end to end.", no_args_is_help=True
+    )
     app.add_typer(bench, name="bench")
     jobs_cmd.register(app)
     fleet_cmd.register(app)
     sim_cmd.register(app, bench)
     loadtest_cmd.register(bench)
+    bench_cmd.register(bench)
     local_cli.register(app)
 
 

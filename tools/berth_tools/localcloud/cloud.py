@@ -75,6 +75,8 @@ class LocalCloud:
     function_timings: dict[str, str] = field(default_factory=lambda: dict(LOCAL_TIMINGS))
     timer_interval_s: float | None = LOCAL_TIMER_S
     """Scheduled rules fire this often (None: at their own rate)."""
+    scheduled_rules: bool = True
+    """False: scheduled rules never fire (a benchmark that runs the passes itself)."""
     pollers: list[Any] = field(default_factory=list)
     scripted_agents: list[ScriptedAgent] = field(default_factory=list)
     moto: MotoServer | None = None
@@ -321,6 +323,8 @@ class LocalCloud:
         for lid, res in self.template.get("Resources", {}).items():
             props = res.get("Properties", {})
             if res.get("Type") != "AWS::Events::Rule" or not props.get("ScheduleExpression"):
+                continue
+            if not self.scheduled_rules:
                 continue
             every = self.timer_interval_s or event_sources.schedule_seconds(props["ScheduleExpression"])
             for target in props.get("Targets", []):

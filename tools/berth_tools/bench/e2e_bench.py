@@ -1,0 +1,134 @@
+"""`berth bench e2e`: jobs through the whole service, from submit to RUNNING to their end.
+
+Against a running Berth (``BERTH_API_URL``), it submits N small jobs from C clients, waits for each to
+end, and reads every job's history: submit-to-RUNNING is the job's RUNNING event time minus its
+creation time (both stamped by the service). On the local cloud it also reads the AWS meter
+(``/_berth/meter`` on the moto endpoint, reset before the run): the control plane's own bill for the
+run at list prices, per 1,000 jobs. Everything metered while the run lasts is counted, the fleet's
+heartbeats and the scheduler's timer included.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from berth_tools.client import BerthClient, ClientError
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def probe_spec(gpu_type: str, run_s: float, tag: str, i: int) -> dict[str, Any]:
+    return {
+        "name": f"bench-e2e-{tag}-{i}",
+        "image": "busybox",
+        "command": ["sleep", str(run_s)],
+        "resources": {"gpu_type": gpu_type, "gpus": 1, "cpu": 1, "memory_gib": 1},
+        "constraints": {"placement": "onprem"},
+        # Honoured by the local cloud's scripted agents (real agents run the command).
+        "env": {"SCRIPTED_RUN_S": str(run_s)},
+        "timeout_minutes": 10,
+    }
+
+
+def run_e2e(
+    client: Callable[[], BerthClient],
+    jobs: int,
+    concurrency: int = 8,
+    gpu_type: str = "A100",
+    run_s: float = 1.0,
+    timeout_s: float = 600.0,
+    meter: Callable[[bool], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    if meter is not None:
+        meter(True)
+    started = time.monotonic()
+    submit_ms: list[float] = []
+    ids: list[str] = []
+    errors: dict[str, int] = {}
+
+    def submit(i: int) -> None:
+        c = client()
+        t0 = time.perf_counter()
+        try:
+            job = c.submit(probe_spec(gpu_type, run_s, tag, i))
+        except ClientError as exc:
+            errors[exc.code or str(exc.status)] = errors.get(exc.code or str(exc.status), 0) + 1
+            return
+        submit_ms.append((time.perf_counter() - t0) * 1000)
+        ids.append(job["id"])
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(submit, range(jobs)))
+    c = client()
+    deadline = time.monotonic() + timeout_s
+    pending = set(ids)
+    final: dict[str, dict[str, Any]] = {}
+    while pending and time.monotonic() < deadline:
+        for job_id in list(pending):
+            job = c.get(job_id)
+            if job["status"] in TERMINAL:
+                final[job_id] = job
+                pending.discard(job_id)
+        if pending:
+            time.sleep(0.5)
+    wall = time.monotonic() - started
+    to_running: list[float] = []
+    attempts: list[int] = []
+    for job_id, job in final.items():
+        events = c.events(job_id)["events"]
+        running = next((e for e in events if e["to"] == "RUNNING"), None)
+        if running is not None:
+            to_running.append(_ts(running["at"]) - _ts(job["created_at"]))
+        attempts.append(int(job["attempts"]))
+    report: dict[str, Any] = {
+        "jobs": jobs,
+        "submitted": len(ids),
+        "completed": sum(1 for j in final.values() if j["status"] == "COMPLETED"),
+        "failed": sum(1 for j in final.values() if j["status"] == "FAILED"),
+        "unfinished": len(pending),
+        "submit_errors": errors,
+        "concurrency": concurrency,
+        "job_run_s": run_s,
+        "submit_to_running_p50_s": round(percentile(to_running, 50), 3),
+        "submit_to_running_p99_s": round(percentile(to_running, 99), 3),
+        "submit_to_running_max_s": round(max(to_running), 3) if to_running else None,
+        "submit_p50_ms": round(statistics.median(submit_ms), 1) if submit_ms else None,
+        "attempts_mean": round(statistics.mean(attempts), 3) if attempts else None,
+        "wall_s": round(wall, 2),
+    }
+    if meter is not None:
+        time.sleep(2.0)  # the last notifications and passes land
+        metered = meter(False)
+        bill = metered["bill"]
+        done = max(1, len(final))
+        report["aws_cost_per_1000_jobs_usd"] = round(float(bill["total_usd"]) * 1000 / done, 4)
+        report["aws_cost_per_1000_jobs_by_service_usd"] = {
+            k: round(float(v) * 1000 / done, 4) for k, v in bill["per_service_usd"].items()
+        }
+        m = metered["meter"]
+        report["per_job"] = {
+            "state_transitions": round(m.get("stepfunctions", {}).get("state_transitions", 0) / done, 2),
+            "lambda_invocations": round(m.get("lambda", {}).get("invocations", 0) / done, 2),
+            "dynamodb_write_units": round(m.get("dynamodb", {}).get("write_units", 0) / done, 2),
+            "dynamodb_read_units": round(m.get("dynamodb", {}).get("read_units", 0) / done, 2),
+        }
+    return report

@@ -1,0 +1,86 @@
+"""`berth bench e2e` (jobs through the running service) and `berth bench pass` (one scheduling pass
+over a large store on an embedded local cloud)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
+from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+
+
+def _table(d: dict[str, Any]) -> None:
+    t = Table("metric", "value")
+    for k, v in d.items():
+        t.add_row(k, str(v))
+    console.print(t)
+
+
+def e2e(
+    jobs: Annotated[int, typer.Option("-n", "--jobs", min=1, max=100_000, help="Jobs to run")] = 100,
+    concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, max=128)] = 8,
+    gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU model of the probe jobs")] = "A100",
+    run_s: Annotated[float, typer.Option("--run-s", min=0, max=3600, help="How long each job runs")] = 1.0,
+    timeout_s: Annotated[float, typer.Option("--timeout", min=1, help="Give up waiting after")] = 600.0,
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint-url",
+            envvar="AWS_ENDPOINT_URL",
+            help="The local cloud's AWS endpoint, for its meter (none: no AWS cost figure)",
+        ),
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Submit N one-GPU jobs, wait for each to end: submit-to-RUNNING p50/p99 and, on the local cloud,
+    the control plane's AWS bill per 1,000 jobs (metered, list prices)."""
+    from berth_tools.bench.e2e_bench import run_e2e
+
+    meter = None
+    if endpoint_url:
+        from berth_tools.localcloud.metering import read_meter
+
+        def meter(reset: bool) -> dict[str, Any]:
+            return read_meter(endpoint_url, reset=reset)
+
+    with api_errors(output):
+        report = run_e2e(
+            lambda: client_for(api_url, profile),
+            jobs,
+            concurrency=concurrency,
+            gpu_type=gpu_type,
+            run_s=run_s,
+            timeout_s=timeout_s,
+            meter=meter,
+        )
+    render(output, report, _table)
+
+
+def pass_(
+    hosts: Annotated[int, typer.Option("--hosts", min=1, max=20_000)] = 1000,
+    pending: Annotated[int, typer.Option("--pending", min=1, max=200_000)] = 10_000,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    template: Annotated[
+        Path, typer.Option("--template", help="The synthesised template (make synth)")
+    ] = Path("cdk.out/Berth.template.json"),
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """One pass of the scheduler service over HOSTS hosts and PENDING queued jobs in the local cloud's
+    DynamoDB: load, decide and apply times."""
+    from berth_tools.bench.pass_bench import run_pass_bench
+
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    report = run_pass_bench(template, hosts, pending, seed)
+    render(output, report, _table)
+
+
+def register(bench_app: typer.Typer) -> None:
+    bench_app.command("e2e")(e2e)
+    bench_app.command("pass")(pass_)
