@@ -1,0 +1,53 @@
+"""Executors: how a staged attempt runs on this host (see ``base`` for the shared contract).
+
+``for_config(config)`` picks the process or container executor the host's config names; the
+Kubernetes path is a manifest builder plus submit/delete functions (``kubernetes``), driven by the
+daemon with a client object.
+"""
+
+from __future__ import annotations
+
+from berth_agent.config import AgentConfig, ExecutorKind
+from berth_agent.executors.base import (
+    Executor,
+    FailureKind,
+    JobResult,
+    Launch,
+    Limits,
+    LineSink,
+    Mount,
+    Rendezvous,
+    RunHandle,
+    StartError,
+    job_environment,
+)
+from berth_agent.executors.docker import ContainerExecutor
+from berth_agent.executors.process import ProcessExecutor, run_as_ids
+
+__all__ = [
+    "ContainerExecutor",
+    "Executor",
+    "FailureKind",
+    "JobResult",
+    "Launch",
+    "Limits",
+    "LineSink",
+    "Mount",
+    "ProcessExecutor",
+    "Rendezvous",
+    "RunHandle",
+    "StartError",
+    "for_config",
+    "job_environment",
+]
+
+
+def for_config(config: AgentConfig) -> Executor:
+    grace = float(config.cancel_grace_s)
+    if config.executor == ExecutorKind.PROCESS:
+        return ProcessExecutor(run_as=run_as_ids(config.limits.run_as), timeout_grace_s=grace)
+    if config.executor in (ExecutorKind.DOCKER, ExecutorKind.PODMAN):
+        if config.executor == ExecutorKind.DOCKER:
+            return ContainerExecutor("docker", config.container, timeout_grace_s=grace)
+        return ContainerExecutor("podman", config.container, timeout_grace_s=grace)
+    raise ValueError(f"executor {config.executor} is driven through berth_agent.executors.kubernetes")

@@ -1,0 +1,236 @@
+"""The process executor with real processes: env isolation, GPUs, output, cancel, timeout, limits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from berth_agent.executors import FailureKind, Launch, Limits, ProcessExecutor, Rendezvous, StartError
+from berth_agent.executors.base import classify
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, stream: str, line: str) -> None:
+        with self.lock:
+            self.lines.append((stream, line))
+
+    def of(self, stream: str) -> list[str]:
+        return [text for s, text in self.lines if s == stream]
+
+
+def _launch(tmp_path: Path, *command: str, **kw: object) -> Launch:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return Launch(job_id="j-1", attempt=2, tenant="vision", command=command, workdir=work, **kw)  # type: ignore[arg-type]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is gone for our purpose
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_environment_is_only_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "agent-secret")
+    monkeypatch.setenv("AGENT_ONLY", "x")
+    out = Lines()
+    launch = _launch(
+        tmp_path,
+        "/usr/bin/env",
+        env={"EPOCHS": "3", "LD_PRELOAD": "/evil.so", "AWS_PROFILE": "agent"},
+        secrets={"WANDB_KEY": "s3cret"},
+        credentials={"AWS_ACCESS_KEY_ID": "ASIAJOB", "AWS_SECRET_ACCESS_KEY": "job-secret"},
+        gpu_uuids=("GPU-a", "GPU-b"),
+        output_dir=tmp_path,
+        rendezvous=Rendezvous("10.0.0.1", 29500, 2, 1),
+    )
+    result = ProcessExecutor().start(launch, out).wait(10)
+    assert result is not None and result.succeeded
+    env = dict(line.split("=", 1) for line in out.of("stdout"))
+    assert env["EPOCHS"] == "3" and env["WANDB_KEY"] == "s3cret"
+    assert env["AWS_SECRET_ACCESS_KEY"] == "job-secret" and env["AWS_ACCESS_KEY_ID"] == "ASIAJOB"
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+    assert env["BERTH_JOB_ID"] == "j-1" and env["BERTH_ATTEMPT"] == "2"
+    assert env["BERTH_OUTPUT_DIR"] == str(tmp_path) and env["HOME"] == str(launch.workdir)
+    assert (env["MASTER_ADDR"], env["WORLD_SIZE"], env["RANK"], env["NODE_RANK"]) == (
+        "10.0.0.1",
+        "2",
+        "1",
+        "1",
+    )
+    assert "AGENT_ONLY" not in env and "LD_PRELOAD" not in env and "AWS_PROFILE" not in env
+    assert env["PATH"].startswith("/usr/local/sbin")
+
+
+def test_no_gpus_hides_all(tmp_path: Path) -> None:
+    out = Lines()
+    ProcessExecutor().start(_launch(tmp_path, "/usr/bin/env"), out).wait(10)
+    env = dict(line.split("=", 1) for line in out.of("stdout"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_credentials_only_accept_credential_keys(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="AWS_PROFILE"):
+        ProcessExecutor().start(_launch(tmp_path, "true", credentials={"AWS_PROFILE": "x"}), Lines())
+
+
+def test_cwd_own_session_and_exit_code(tmp_path: Path) -> None:
+    out = Lines()
+    script = "import os; print(os.getcwd()); print(os.getsid(0) == os.getpid()); raise SystemExit(3)"
+    result = ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out).wait(10)
+    assert out.of("stdout") == [str(tmp_path / "work"), "True"]
+    assert result is not None and result.exit_code == 3 and result.failure is FailureKind.NONZERO_EXIT
+
+
+def test_stdout_and_stderr_in_order_per_stream(tmp_path: Path) -> None:
+    out = Lines()
+    script = "import sys\nfor i in range(5000):\n print(i)\n print('e', i, file=sys.stderr)"
+    ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out).wait(20)
+    assert out.of("stdout") == [str(i) for i in range(5000)]
+    assert out.of("stderr") == [f"e {i}" for i in range(5000)]
+
+
+def test_long_line_is_split_not_buffered(tmp_path: Path) -> None:
+    out = Lines()
+    script = "import sys; sys.stdout.write('x' * 200000 + '\\n')"
+    ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out).wait(10)
+    pieces = out.of("stdout")
+    assert "".join(pieces) == "x" * 200000 and max(map(len, pieces)) <= 64 * 1024
+
+
+def test_cancel_kills_the_whole_group_after_grace(tmp_path: Path) -> None:
+    out = Lines()
+    # The parent ignores SIGTERM, a child in the same group sleeps: both must be gone after the grace.
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "c = subprocess.Popen(['sleep', '300'])\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    handle = ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out)
+    deadline = time.monotonic() + 10
+    while not out.of("stdout") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = int(out.of("stdout")[0])
+    t0 = time.monotonic()
+    handle.cancel(grace_s=0.5)
+    assert handle.poll() is None  # cancel does not block
+    result = handle.wait(10)
+    assert result is not None and result.failure is FailureKind.CANCELED
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert not _alive(handle.pid) and not _alive(child)
+
+
+def test_graceful_sigterm_lets_the_job_exit(tmp_path: Path) -> None:
+    out = Lines()
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('saving', flush=True), sys.exit(0)))\n"
+        "print('up', flush=True)\ntime.sleep(300)\n"
+    )
+    handle = ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out)
+    while "up" not in out.of("stdout"):
+        time.sleep(0.02)
+    handle.cancel(grace_s=30)
+    result = handle.wait(10)
+    assert result is not None and result.failure is FailureKind.CANCELED and "saving" in out.of("stdout")
+
+
+def test_wall_clock_timeout(tmp_path: Path) -> None:
+    handle = ProcessExecutor(timeout_grace_s=0.2).start(
+        _launch(tmp_path, "sleep", "30", timeout_s=0.3), Lines()
+    )
+    result = handle.wait(10)
+    assert result is not None and result.failure is FailureKind.TIMEOUT
+
+
+def test_rlimits_apply_in_the_child(tmp_path: Path) -> None:
+    out = Lines()
+    script = "import resource as r; print(r.getrlimit(r.RLIMIT_NOFILE)[0], r.getrlimit(r.RLIMIT_CPU)[0])"
+    limits = Limits(nofile=256, cpu_seconds=77)
+    ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script, limits=limits), out).wait(10)
+    assert out.of("stdout") == ["256 77"]
+
+
+def test_address_space_limit_turns_into_oom(tmp_path: Path) -> None:
+    script = "b = bytearray(512 * 1024 * 1024)"
+    launch = _launch(tmp_path, sys.executable, "-c", script, limits=Limits(address_space_bytes=256 * 1024**2))
+    result = ProcessExecutor().start(launch, Lines()).wait(20)
+    assert result is not None and result.failure is FailureKind.OOM
+
+
+def test_sigkill_from_outside_is_oom_and_missing_command_cannot_start(tmp_path: Path) -> None:
+    handle = ProcessExecutor().start(_launch(tmp_path, "sleep", "30"), Lines())
+    os.kill(handle.pid, signal.SIGKILL)
+    result = handle.wait(10)
+    assert result is not None and result.failure is FailureKind.OOM
+    with pytest.raises(StartError):
+        ProcessExecutor().start(_launch(tmp_path, "/nonexistent/cmd"), Lines())
+
+
+def test_a_raising_sink_does_not_stall_the_job(tmp_path: Path) -> None:
+    def sink(stream: str, line: str) -> None:
+        raise RuntimeError("sink down")
+
+    result = ProcessExecutor().start(_launch(tmp_path, "seq", "1000"), sink).wait(10)
+    assert result is not None and result.succeeded
+
+
+def test_classify_rules() -> None:
+    assert (
+        classify(
+            1, canceled=False, timed_out=False, stderr_tail=["torch.OutOfMemoryError: CUDA out of memory"]
+        ).failure
+        is FailureKind.OOM
+    )
+    assert (
+        classify(
+            125, canceled=False, timed_out=False, stderr_tail=["Unable to find image 'x'"], container=True
+        ).failure
+        is FailureKind.BAD_IMAGE
+    )
+    assert (
+        classify(125, canceled=False, timed_out=False, stderr_tail=["daemon error"], container=True).failure
+        is FailureKind.AGENT_ERROR
+    )
+    assert (
+        classify(137, canceled=False, timed_out=False, stderr_tail=[], container=True).failure
+        is FailureKind.OOM
+    )
+    assert classify(-15, canceled=True, timed_out=False, stderr_tail=[]).failure is FailureKind.CANCELED
+    assert classify(-11, canceled=False, timed_out=False, stderr_tail=[]).message == "killed by signal 11"
+    assert classify(0, canceled=False, timed_out=False, stderr_tail=["warn"]).succeeded
+
+
+def test_rendezvous_checks() -> None:
+    with pytest.raises(ValueError):
+        Rendezvous("a", 29500, 2, 2)
+    with pytest.raises(ValueError):
+        Rendezvous("a", 0, 2, 0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
+def test_runs_as_unprivileged_user_when_root(tmp_path: Path) -> None:
+    out = Lines()
+    launch = _launch(tmp_path, "/bin/sh", "-c", "id -u; id -g; id -G; touch ok")
+    result = ProcessExecutor(run_as=(65534, 65534)).start(launch, out).wait(10)
+    assert result is not None and result.succeeded
+    assert out.of("stdout") == ["65534", "65534", "65534"]
+    assert (launch.workdir / "ok").stat().st_uid == 65534
