@@ -80,8 +80,10 @@ class JobLimits(_Section):
     address_space_gib: Annotated[float | None, Field(gt=0)] = None
     nofile: Annotated[int | None, Field(ge=64)] = 65536
     cpu_seconds: Annotated[int | None, Field(ge=1)] = None
-    #: ``uid:gid`` the job runs as when the agent runs as root (the process executor).
-    run_as: Annotated[str | None, Field(pattern=r"^\d+:\d+$")] = "65534:65534"
+    #: When the agent runs as root (process executor), each running job gets its own uid (and gid of
+    #: the same number) from this range, so jobs cannot read each other's files or the agent's.
+    #: Pick a range no account, subuid/subgid allocation or other host service uses.
+    uid_range: Annotated[str | None, Field(pattern=r"^\d+-\d+$")] = "3000000-3000999"
 
 
 class ContainerConfig(_Section):

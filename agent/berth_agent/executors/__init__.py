@@ -22,7 +22,7 @@ from berth_agent.executors.base import (
     job_environment,
 )
 from berth_agent.executors.docker import ContainerExecutor
-from berth_agent.executors.process import ProcessExecutor, run_as_ids
+from berth_agent.executors.process import ProcessExecutor, UidPool
 
 __all__ = [
     "ContainerExecutor",
@@ -37,6 +37,7 @@ __all__ = [
     "Rendezvous",
     "RunHandle",
     "StartError",
+    "UidPool",
     "for_config",
     "job_environment",
 ]
@@ -45,7 +46,7 @@ __all__ = [
 def for_config(config: AgentConfig) -> Executor:
     grace = float(config.cancel_grace_s)
     if config.executor == ExecutorKind.PROCESS:
-        return ProcessExecutor(run_as=run_as_ids(config.limits.run_as), timeout_grace_s=grace)
+        return ProcessExecutor(uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace)
     if config.executor in (ExecutorKind.DOCKER, ExecutorKind.PODMAN):
         if config.executor == ExecutorKind.DOCKER:
             return ContainerExecutor("docker", config.container, timeout_grace_s=grace)

@@ -10,8 +10,9 @@ group is left, so nothing of the job outlives it.
 
 ``ProcessExecutor`` adds what a code-bundle job needs: cwd in its per-job directory, the environment
 from ``job_environment`` only (nothing of the agent's), rlimits (address space, open files, CPU
-seconds) set in the child before exec, and, when the agent runs as root, an unprivileged uid/gid
-with no supplementary groups and umask 077.
+seconds) set in the child before exec, and, when the agent runs as root, a uid/gid of its own from
+``UidPool`` (no supplementary groups, umask 077; its directories chowned to it and 0700), so one
+job cannot read another's files, and none can read the agent's.
 
 Not here: cgroup v2 CPU/memory limits (the host's systemd/cgroup setup would add them), and a
 process that calls ``setsid`` itself escapes the group's kill (a cgroup would catch it).
@@ -82,9 +83,11 @@ class ProcessRun(RunHandle):
         group: int | None = None,
         terminate: Callable[[float], None] | None = None,
         container: bool = False,
+        on_exit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_line = on_line
+        self._on_exit = on_exit
         self._clock = clock
         self._terminate_hook = terminate
         self._container = container
@@ -114,10 +117,14 @@ class ProcessRun(RunHandle):
                 preexec_fn=_rlimit_setter(rlimits or {}),
                 **extra,  # type: ignore[call-overload]
             )
-        except FileNotFoundError as exc:
-            raise StartError(FailureKind.NONZERO_EXIT, f"command not found: {argv[0]}") from exc
-        except PermissionError as exc:
-            raise StartError(FailureKind.NONZERO_EXIT, f"command not executable: {argv[0]}") from exc
+        except BaseException as exc:
+            if on_exit is not None:
+                on_exit()
+            if isinstance(exc, FileNotFoundError):
+                raise StartError(FailureKind.NONZERO_EXIT, f"command not found: {argv[0]}") from exc
+            if isinstance(exc, PermissionError):
+                raise StartError(FailureKind.NONZERO_EXIT, f"command not executable: {argv[0]}") from exc
+            raise
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
             threading.Thread(target=self._read, args=("stdout", self._proc.stdout), daemon=True),
@@ -194,7 +201,9 @@ class ProcessRun(RunHandle):
                 stderr_tail=list(self._tail),
                 container=self._container,
             )
-            self._done.set()
+        if self._on_exit is not None:
+            self._on_exit()
+        self._done.set()
 
     def poll(self) -> JobResult | None:
         return self._result if self._done.is_set() else None
@@ -204,17 +213,45 @@ class ProcessRun(RunHandle):
         return self.poll()
 
 
-def run_as_ids(spec: str | None) -> tuple[int, int] | None:
-    """``"uid:gid"`` -> ids, only when the agent is root (otherwise the job runs as the agent's user)."""
-    if spec is None or os.geteuid() != 0:
-        return None
-    uid, gid = spec.split(":")
-    return int(uid), int(gid)
+class UidPool:
+    """Unprivileged uids, one per running job (gid = uid); only usable when the agent is root."""
+
+    def __init__(self, ids: range) -> None:
+        self._free = list(ids)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> UidPool | None:
+        """``"first-last"`` -> a pool, or None when unset or the agent is not root (the jobs then run
+        as the agent's own user: docs/agent.md says why that is only for trusted single-tenant hosts)."""
+        if spec is None or os.geteuid() != 0:
+            return None
+        first, last = (int(x) for x in spec.split("-"))
+        if not 0 < first <= last:
+            raise ValueError(f"uid range {spec} is empty or includes root")
+        return cls(range(first, last + 1))
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise StartError(FailureKind.AGENT_ERROR, "no free job uid left on this host")
+            return self._free.pop(0)
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
 class ProcessExecutor(Executor):
-    def __init__(self, *, run_as: tuple[int, int] | None = None, timeout_grace_s: float = 30.0) -> None:
-        self.run_as = run_as
+    def __init__(self, *, uids: UidPool | None = None, timeout_grace_s: float = 30.0) -> None:
+        self.uids = uids
         self.timeout_grace_s = timeout_grace_s
 
     def rlimits(self, launch: Launch) -> dict[int, int]:
@@ -239,20 +276,34 @@ class ProcessExecutor(Executor):
     def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
         if not launch.command:
             raise StartError(FailureKind.NONZERO_EXIT, "the job has no command")
-        user = group = None
-        if self.run_as is not None:
-            user, group = self.run_as
-            for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
-                if d is not None:
-                    os.chown(d, user, group)
+        env = self.environment(launch)
+        uid: int | None = None
+        on_exit = None
+        if self.uids is not None:
+            uid = self.uids.take()
+            pool = self.uids
+            job_uid = uid
+
+            def on_exit() -> None:
+                pool.give_back(job_uid)
+
+            try:
+                for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
+                    if d is not None:
+                        _chown_tree(d, uid, uid)
+                        d.chmod(0o700)
+            except BaseException:
+                on_exit()
+                raise
         return ProcessRun(
             launch.command,
-            env=self.environment(launch),
+            env=env,
             cwd=launch.workdir,
             on_line=on_line,
             timeout_s=launch.timeout_s,
             timeout_grace_s=self.timeout_grace_s,
             rlimits=self.rlimits(launch),
-            user=user,
-            group=group,
+            user=uid,
+            group=uid,
+            on_exit=on_exit,
         )

@@ -135,7 +135,11 @@ def test_cancel_kills_the_whole_group_after_grace(tmp_path: Path) -> None:
     result = handle.wait(10)
     assert result is not None and result.failure is FailureKind.CANCELED
     assert 0.4 < time.monotonic() - t0 < 5
-    assert not _alive(handle.pid) and not _alive(child)
+    assert not _alive(handle.pid)
+    gone_by = time.monotonic() + 3  # SIGKILL is delivered asynchronously to the orphaned child
+    while _alive(child) and time.monotonic() < gone_by:
+        time.sleep(0.02)
+    assert not _alive(child)
 
 
 def test_graceful_sigterm_lets_the_job_exit(tmp_path: Path) -> None:
@@ -226,11 +230,39 @@ def test_rendezvous_checks() -> None:
         Rendezvous("a", 0, 2, 0)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
-def test_runs_as_unprivileged_user_when_root(tmp_path: Path) -> None:
-    out = Lines()
-    launch = _launch(tmp_path, "/bin/sh", "-c", "id -u; id -g; id -G; touch ok")
-    result = ProcessExecutor(run_as=(65534, 65534)).start(launch, out).wait(10)
-    assert result is not None and result.succeeded
-    assert out.of("stdout") == ["65534", "65534", "65534"]
-    assert (launch.workdir / "ok").stat().st_uid == 65534
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a job its own uid needs root")
+def test_each_job_gets_its_own_uid_and_private_dirs() -> None:
+    import tempfile
+
+    from berth_agent.executors import UidPool
+    from berth_agent.staging import JobDirs
+
+    # pytest's tmp dirs are 0700 root: a work dir like the agent's must be traversable (0711).
+    tmp_path = Path(tempfile.mkdtemp(prefix="berth-agent-test-"))
+    tmp_path.chmod(0o711)
+    pool = UidPool(range(3_000_100, 3_000_102))
+    ex = ProcessExecutor(uids=pool)
+    a, b = JobDirs.create(tmp_path, "ja", 1), JobDirs.create(tmp_path, "jb", 1)
+    (b.work / "secret.txt").write_text("b's data")
+    out_a, out_b = Lines(), Lines()
+    # b holds its uid while a runs and tries to read b's files
+    hb = ex.start(
+        Launch("jb", 1, "t", ("sleep", "5"), b.work, output_dir=b.outputs, checkpoint_dir=b.checkpoints),
+        out_b,
+    )
+    script = f"id -u; id -G; cat {b.work}/secret.txt; ls {b.base}; touch {a.outputs}/ok"
+    la = Launch("ja", 1, "t", ("/bin/sh", "-c", script), a.work, output_dir=a.outputs)
+    result = ex.start(la, out_a).wait(10)
+    assert result is not None and result.succeeded  # the last command (touch in its own dir) worked
+    assert out_a.of("stdout")[:2] == ["3000101", "3000101"]
+    assert sum("Permission denied" in line for line in out_a.of("stderr")) == 2  # cat and ls
+    assert "b's data" not in out_a.of("stdout")
+    assert (a.outputs / "ok").stat().st_uid == 3000101
+    assert (b.work / "secret.txt").stat().st_uid == 3000100 and b.work.stat().st_mode & 0o777 == 0o700
+    hb.cancel(0)
+    hb.wait(10)
+    assert sorted(pool._free) == [3_000_100, 3_000_101]  # both uids back
+    a.remove()
+    b.remove()
+    assert not a.base.exists()
+    tmp_path.rmdir()
