@@ -136,10 +136,7 @@ class LogShipper:
             ts = max(self._last_ts, ts_ms if ts_ms is not None else self._clock_ms())
             marker = None
             if self._pending_drops:
-                marker = _fit(
-                    f"[berth] {self._pending_drops} log lines ({self._pending_drop_bytes} bytes) were dropped: "
-                    "the log sink fell behind"
-                )
+                marker = _fit(self._marker_text())
             need = cost + (marker[1] if marker else 0)
             if self._buffered + need > self.max_buffer_bytes:
                 self._pending_drops += 1
@@ -224,11 +221,14 @@ class LogShipper:
                 self._buffered -= size
             next_flush = time.monotonic() + self.flush_interval_s
 
-    def _append_final_marker(self) -> None:
-        message, cost = _fit(
+    def _marker_text(self) -> str:
+        return (
             f"[berth] {self._pending_drops} log lines ({self._pending_drop_bytes} bytes) were dropped: "
             "the log sink fell behind"
         )
+
+    def _append_final_marker(self) -> None:
+        message, cost = _fit(self._marker_text())
         self._buf.append((self._last_ts, message, cost))
         self._buffered += cost
         self._pending_drops = self._pending_drop_bytes = 0
