@@ -58,7 +58,8 @@ fi
 CONF="$ROOT/etc/berth-agent"
 UNIT_DIR="$ROOT/etc/systemd/system"
 install -d -m 0750 "$CONF"
-install -d -m 0700 "$ROOT/var/lib/berth-agent" "$ROOT/var/lib/berth-agent/work" "$ROOT/var/cache/berth-agent"
+# 0711: a process job (its own uid) may traverse to its own 0700 directory, never list the others.
+install -d -m 0711 "$ROOT/var/lib/berth-agent" "$ROOT/var/lib/berth-agent/work" "$ROOT/var/cache/berth-agent"
 if [ ! -e "$CONF/config.yaml" ]; then
   umask 027
   cat > "$CONF/config.yaml" <<YAML

@@ -163,11 +163,23 @@ class ContainerExecutor(Executor):
 
         return stop
 
+    @staticmethod
+    def open_dirs(launch: Launch) -> None:
+        """The container user (65534, or its user-namespace mapping) must write its work, outputs and
+        checkpoints: they become 0777, and their parent (the attempt's directory) 0700, the agent's
+        only. The runtime (root's daemon, or rootless podman as the agent) reaches them; container
+        processes see only their own mounts; no other host user can walk into them."""
+        for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
+            if d is not None:
+                d.chmod(0o777)
+                d.parent.chmod(0o700)
+
     def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
         env = container_environment(launch)
         argv = container_argv(
             launch, runtime=self.runtime, binary=self.binary, config=self.config, env_names=list(env)
         )
+        self.open_dirs(launch)
         cli_env = {k: v for k, v in self._environ.items() if k in CLI_PASSTHROUGH}
         cli_env.update(env)
         log.info("starting container", extra={"job_id": launch.job_id, "attempt": launch.attempt})

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 from berth_agent.executors.base import (
@@ -273,10 +273,43 @@ class ProcessExecutor(Executor):
             checkpoint_dir=None if launch.checkpoint_dir is None else str(launch.checkpoint_dir),
         )
 
+    @staticmethod
+    def link_mounts(launch: Launch) -> None:
+        """Without a mount namespace a process cannot see ``/data`` at ``/data``: each mount appears at
+        ``<workdir>/<mount path>`` (``/data/train`` -> ``./data/train``), a symlink to its source.
+        Read-only comes from ownership (sources are not the job's) and the unit's ProtectSystem=strict."""
+        for m in launch.mounts:
+            rel = PurePosixPath(m.target).relative_to("/")
+            if not rel.parts or ".." in rel.parts:
+                raise StartError(FailureKind.STAGING, f"mount target {m.target} is not a safe path")
+            link = launch.workdir.joinpath(*rel.parts)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.exists() or link.is_symlink():
+                raise StartError(
+                    FailureKind.STAGING, f"mount target {m.target} collides with the job's files"
+                )
+            link.symlink_to(m.source, target_is_directory=m.source.is_dir())
+
+    @staticmethod
+    def _give(launch: Launch, uid: int) -> None:
+        for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
+            if d is not None:
+                _chown_tree(d, uid, uid)
+                d.chmod(0o700)
+        # Staged data inside the attempt's directory: its directories become the job's (so no other
+        # job can traverse them); its files stay the cache's (shared hard links, read-only, not chowned).
+        base = launch.workdir.parent
+        for m in launch.mounts:
+            if m.source.is_dir() and m.source.is_relative_to(base):
+                for dirpath, _dirs, _files in os.walk(m.source):
+                    os.chown(dirpath, uid, uid)
+                    os.chmod(dirpath, 0o500)
+
     def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
         if not launch.command:
             raise StartError(FailureKind.NONZERO_EXIT, "the job has no command")
         env = self.environment(launch)
+        self.link_mounts(launch)
         uid: int | None = None
         on_exit = None
         if self.uids is not None:
@@ -288,10 +321,7 @@ class ProcessExecutor(Executor):
                 pool.give_back(job_uid)
 
             try:
-                for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
-                    if d is not None:
-                        _chown_tree(d, uid, uid)
-                        d.chmod(0o700)
+                self._give(launch, uid)
             except BaseException:
                 on_exit()
                 raise

@@ -114,7 +114,8 @@ def test_container_executor_runs_the_cli_with_job_env_only(tmp_path: Path) -> No
         "print('Unable to find image', file=sys.stderr)\nsys.exit(125)\n"
     )
     fake.chmod(0o755)
-    launch = _launch(workdir=tmp_path)
+    (tmp_path / "w").mkdir()
+    launch = _launch(workdir=tmp_path / "w", output_dir=None, checkpoint_dir=None)
     lines: list[str] = []
     ex = ContainerExecutor(
         "docker",
@@ -138,7 +139,14 @@ def test_container_cancel_calls_runtime_stop(tmp_path: Path) -> None:
         done.set()
 
     ex = ContainerExecutor("docker", ContainerConfig(binary=str(fake)), run=run)
-    handle = ex.start(_launch(workdir=tmp_path), lambda s, line: None)
+    job = tmp_path / "job-1"
+    dirs = [job / "work", job / "outputs", job / "checkpoints"]
+    for d in dirs:
+        d.mkdir(parents=True)
+    launch = _launch(workdir=dirs[0], output_dir=dirs[1], checkpoint_dir=dirs[2])
+    handle = ex.start(launch, lambda s, line: None)
+    # the container user may write its dirs; nobody else on the host may walk into the attempt's dir
+    assert all(d.stat().st_mode & 0o777 == 0o777 for d in dirs) and job.stat().st_mode & 0o777 == 0o700
     handle.cancel(grace_s=0.2)
     result = handle.wait(10)
     assert done.wait(5) and calls[0] == [str(fake), "stop", "--time", "0", "berth-j-01abc-1"]

@@ -150,11 +150,13 @@ def test_graceful_sigterm_lets_the_job_exit(tmp_path: Path) -> None:
         "print('up', flush=True)\ntime.sleep(300)\n"
     )
     handle = ProcessExecutor().start(_launch(tmp_path, sys.executable, "-c", script), out)
-    while "up" not in out.of("stdout"):
+    deadline = time.monotonic() + 10
+    while "up" not in out.of("stdout") and time.monotonic() < deadline:
         time.sleep(0.02)
     handle.cancel(grace_s=30)
-    result = handle.wait(10)
-    assert result is not None and result.failure is FailureKind.CANCELED and "saving" in out.of("stdout")
+    result = handle.wait(20)
+    assert result is not None and result.failure is FailureKind.CANCELED, (result, out.lines)
+    assert "saving" in out.of("stdout"), out.lines
 
 
 def test_wall_clock_timeout(tmp_path: Path) -> None:
@@ -234,7 +236,7 @@ def test_rendezvous_checks() -> None:
 def test_each_job_gets_its_own_uid_and_private_dirs() -> None:
     import tempfile
 
-    from berth_agent.executors import UidPool
+    from berth_agent.executors import Mount, UidPool
     from berth_agent.staging import JobDirs
 
     # pytest's tmp dirs are 0700 root: a work dir like the agent's must be traversable (0711).
@@ -250,14 +252,30 @@ def test_each_job_gets_its_own_uid_and_private_dirs() -> None:
         Launch("jb", 1, "t", ("sleep", "5"), b.work, output_dir=b.outputs, checkpoint_dir=b.checkpoints),
         out_b,
     )
-    script = f"id -u; id -G; cat {b.work}/secret.txt; ls {b.base}; touch {a.outputs}/ok"
-    la = Launch("ja", 1, "t", ("/bin/sh", "-c", script), a.work, output_dir=a.outputs)
+    staged = a.base / "data" / "0"
+    staged.mkdir(parents=True)
+    (staged / "x.bin").write_text("cached")
+    (staged / "x.bin").chmod(0o444)
+    script = f"id -u; id -G; cat {b.work}/secret.txt; ls {b.base}; touch {a.outputs}/ok; cat data/x/x.bin"
+    la = Launch(
+        "ja",
+        1,
+        "t",
+        ("/bin/sh", "-c", script),
+        a.work,
+        output_dir=a.outputs,
+        mounts=(Mount(staged, "/data/x"),),
+    )
     result = ex.start(la, out_a).wait(10)
     assert result is not None and result.succeeded  # the last command (touch in its own dir) worked
     assert out_a.of("stdout")[:2] == ["3000101", "3000101"]
     assert sum("Permission denied" in line for line in out_a.of("stderr")) == 2  # cat and ls
     assert "b's data" not in out_a.of("stdout")
     assert (a.outputs / "ok").stat().st_uid == 3000101
+    assert out_a.of("stdout")[-1] == "cached"
+    assert (
+        staged.stat().st_uid == 3000101 and (staged / "x.bin").stat().st_uid == 0
+    )  # the file stays the cache's
     assert (b.work / "secret.txt").stat().st_uid == 3000100 and b.work.stat().st_mode & 0o777 == 0o700
     hb.cancel(0)
     hb.wait(10)
@@ -266,3 +284,19 @@ def test_each_job_gets_its_own_uid_and_private_dirs() -> None:
     b.remove()
     assert not a.base.exists()
     tmp_path.rmdir()
+
+
+def test_mounts_appear_under_the_workdir(tmp_path: Path) -> None:
+    from berth_agent.executors import Mount
+
+    src = tmp_path / "dataset"
+    src.mkdir()
+    (src / "a.txt").write_text("A")
+    out = Lines()
+    launch = _launch(tmp_path, "cat", "data/train/a.txt", mounts=(Mount(src, "/data/train"),))
+    result = ProcessExecutor().start(launch, out).wait(10)
+    assert result is not None and result.succeeded and out.of("stdout") == ["A"]
+    with pytest.raises(StartError):  # a second launch into the same dir would collide
+        ProcessExecutor().start(launch, Lines())
+    with pytest.raises(StartError):
+        ProcessExecutor().start(_launch(tmp_path, "true", mounts=(Mount(src, "/"),)), Lines())
