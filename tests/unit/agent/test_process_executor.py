@@ -153,6 +153,7 @@ def test_graceful_sigterm_lets_the_job_exit(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while "up" not in out.of("stdout") and time.monotonic() < deadline:
         time.sleep(0.02)
+    time.sleep(0.2)  # let print('up') return: a handler printing inside it hits a reentrant-write error
     handle.cancel(grace_s=30)
     result = handle.wait(20)
     assert result is not None and result.failure is FailureKind.CANCELED, (result, out.lines)
