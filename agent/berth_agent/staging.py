@@ -51,6 +51,7 @@ __all__ = [
     "bundle_key",
     "parse_digest",
     "resolve_dataset",
+    "safe_join",
     "unpack_bundle",
 ]
 
@@ -225,7 +226,7 @@ class ObjectCache:
         try:
             out = []
             for ref, rel in refs:
-                target = _inside(dest, rel)
+                target = safe_join(dest, rel)
                 src = self.acquire(ref, fetch)
                 held.append(ref)
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -241,7 +242,8 @@ class ObjectCache:
                 self.release(ref)
 
 
-def _inside(dest: Path, rel: str) -> Path:
+def safe_join(dest: Path, rel: str) -> Path:
+    """``dest/rel`` for a relative POSIX path with no ``.``/``..`` segments; StagingError otherwise."""
     parts = PurePosixPath(rel).parts
     if not parts or PurePosixPath(rel).is_absolute() or any(p in (".", "..") for p in parts) or "\x00" in rel:
         raise StagingError(f"{rel!r} is not a safe relative path")
@@ -336,7 +338,7 @@ class JobDirs:
 
     @classmethod
     def create(cls, work_dir: Path, job_id: str, attempt: int) -> JobDirs:
-        _inside(work_dir, job_id)  # a job id is never a path
+        safe_join(work_dir, job_id)  # a job id is never a path
         dirs = cls(work_dir / f"{job_id}-{attempt}")
         # base: traversable, not listable; the three below become the job's (0700, its uid) when the
         # process executor gives it a uid, or are reached only through a container's mounts.
