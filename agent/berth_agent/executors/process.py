@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 TAIL_LINES = 20
-_POLL_S = 0.05
+_POLL_S = 0.1
 
 
 def _rlimit_setter(limits: dict[int, int]) -> Callable[[], None] | None:

@@ -20,7 +20,7 @@ from berth_agent.executors import (
     StartError,
 )
 from berth_agent.executors import kubernetes as k8s
-from berth_agent.executors.docker import container_argv, container_environment
+from berth_agent.executors.docker import Runtime, container_argv, container_environment
 
 
 def _launch(**kw: Any) -> Launch:
@@ -44,12 +44,12 @@ def _launch(**kw: Any) -> Launch:
     return Launch(**base)
 
 
-def _argv(runtime: str = "docker", **kw: Any) -> list[str]:
+def _argv(runtime: Runtime = "docker", **kw: Any) -> list[str]:
     launch = _launch(**kw)
     env = container_environment(launch)
     return container_argv(
         launch, runtime=runtime, binary=runtime, config=ContainerConfig(), env_names=list(env)
-    )  # type: ignore[arg-type]
+    )
 
 
 def _opt(argv: list[str], flag: str) -> list[str]:
@@ -122,7 +122,12 @@ def test_container_executor_runs_the_cli_with_job_env_only(tmp_path: Path) -> No
         ContainerConfig(binary=str(fake)),
         environ={"AGENT_SECRET": "x", "DOCKER_HOST": "unix:///run/user/1/docker.sock"},
     )
-    result = ex.start(launch, lambda s, line: s == "stdout" and lines.append(line)).wait(10)
+
+    def sink(stream: str, line: str) -> None:
+        if stream == "stdout":
+            lines.append(line)
+
+    result = ex.start(launch, sink).wait(10)
     assert lines == ["s3cret None unix:///run/user/1/docker.sock"]
     assert result is not None and result.failure is FailureKind.BAD_IMAGE
 
@@ -195,9 +200,9 @@ def test_kubernetes_submit_delete_and_result() -> None:
 
     batch, core = Api(), Api()
     cfg = KubernetesConfig()
-    name = k8s.submit(batch, core, _launch(), cfg)  # type: ignore[arg-type]
+    name = k8s.submit(batch, core, _launch(), cfg)
     assert core.calls[0][0] == "create_namespaced_secret" and batch.calls[0][0] == "create_namespaced_job"
-    k8s.delete(batch, core, name, cfg, grace_s=30)  # type: ignore[arg-type]
+    k8s.delete(batch, core, name, cfg, grace_s=30)
     assert batch.calls[1] == (
         "delete_namespaced_job",
         {

@@ -135,7 +135,7 @@ def test_cancel_kills_the_whole_group_after_grace(tmp_path: Path) -> None:
     result = handle.wait(10)
     assert result is not None and result.failure is FailureKind.CANCELED
     assert 0.4 < time.monotonic() - t0 < 5
-    assert not _alive(handle.pid)
+    assert handle.pid is not None and not _alive(handle.pid)
     gone_by = time.monotonic() + 3  # SIGKILL is delivered asynchronously to the orphaned child
     while _alive(child) and time.monotonic() < gone_by:
         time.sleep(0.02)
@@ -185,6 +185,7 @@ def test_address_space_limit_turns_into_oom(tmp_path: Path) -> None:
 
 def test_sigkill_from_outside_is_oom_and_missing_command_cannot_start(tmp_path: Path) -> None:
     handle = ProcessExecutor().start(_launch(tmp_path, "sleep", "30"), Lines())
+    assert handle.pid is not None
     os.kill(handle.pid, signal.SIGKILL)
     result = handle.wait(10)
     assert result is not None and result.failure is FailureKind.OOM
