@@ -1,8 +1,7 @@
 """Executors: how a staged attempt runs on this host (see ``base`` for the shared contract).
 
-``for_config(config)`` picks the process or container executor the host's config names; the
-Kubernetes path is a manifest builder plus submit/delete functions (``kubernetes``), driven by the
-daemon with a client object.
+``for_config(config)`` picks the executor the host's config names; the Kubernetes one needs the
+cluster's API objects (``kubernetes.client.BatchV1Api()``, ``CoreV1Api()``), passed as ``kube``.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from berth_agent.executors.base import (
     job_environment,
 )
 from berth_agent.executors.docker import ContainerExecutor
+from berth_agent.executors.kubernetes import BatchApi, CoreApi, KubernetesExecutor
 from berth_agent.executors.process import ProcessExecutor, UidPool
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Executor",
     "FailureKind",
     "JobResult",
+    "KubernetesExecutor",
     "Launch",
     "Limits",
     "LineSink",
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-def for_config(config: AgentConfig) -> Executor:
+def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None) -> Executor:
     grace = float(config.cancel_grace_s)
     if config.executor == ExecutorKind.PROCESS:
         return ProcessExecutor(uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace)
@@ -51,4 +52,6 @@ def for_config(config: AgentConfig) -> Executor:
         if config.executor == ExecutorKind.DOCKER:
             return ContainerExecutor("docker", config.container, timeout_grace_s=grace)
         return ContainerExecutor("podman", config.container, timeout_grace_s=grace)
-    raise ValueError(f"executor {config.executor} is driven through berth_agent.executors.kubernetes")
+    if kube is None:
+        raise ValueError("the kubernetes executor needs the cluster's BatchV1Api and CoreV1Api")
+    return KubernetesExecutor(kube[0], kube[1], config.kubernetes)

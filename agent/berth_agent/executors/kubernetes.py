@@ -9,19 +9,34 @@ GPU count (the cluster's device plugin picks the devices; UUID pinning is not po
 seccomp ``RuntimeDefault``, no service-account token, ``backoffLimit: 0`` (Berth retries, not
 Kubernetes), ``activeDeadlineSeconds`` from ``timeout_minutes``, data volumes read-only.
 
-``submit``/``delete``/``status`` take a client object (``kubernetes.client.BatchV1Api`` and
-``CoreV1Api`` in production) so this module has no dependency on the ``kubernetes`` package.
+``KubernetesExecutor``/``KubernetesRun`` make it an ``Executor`` like the others (the Job polled
+through the API, deleted with a grace on cancel and after it ends). They and ``submit``/``delete``
+take client objects (``kubernetes.client.BatchV1Api`` and ``CoreV1Api`` in production), so this
+module has no dependency on the ``kubernetes`` package.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from berth_agent.config import KubernetesConfig
-from berth_agent.executors.base import FailureKind, JobResult, Launch, StartError
+from berth_agent.executors.base import (
+    Executor,
+    FailureKind,
+    JobResult,
+    Launch,
+    LineSink,
+    RunHandle,
+    StartError,
+)
 from berth_agent.executors.docker import CHECKPOINT_DIR, OUTPUT_DIR, WORKDIR, container_environment
+
+log = logging.getLogger(__name__)
 
 _VOLUME_NAME = re.compile(r"[^a-z0-9-]")
 
@@ -160,3 +175,83 @@ def result_of(job_status: Any) -> JobResult | None:
                 return JobResult(None, FailureKind.TIMEOUT, "stopped at its timeout_minutes limit")
             return JobResult(None, FailureKind.NONZERO_EXIT, f"{cond.reason}: {cond.message or ''}".strip())
     return None
+
+
+class KubernetesRun(RunHandle):
+    """A submitted Job, polled through the API at most every ``poll_interval_s`` (no thread)."""
+
+    def __init__(
+        self,
+        batch: BatchApi,
+        core: CoreApi,
+        name: str,
+        config: KubernetesConfig,
+        *,
+        poll_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._batch, self._core, self.name, self._config = batch, core, name, config
+        self._interval = poll_interval_s
+        self._clock = clock
+        self._next_poll = 0.0
+        self._result: JobResult | None = None
+        self._canceled = False
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def poll(self) -> JobResult | None:
+        if self._result is not None or self._clock() < self._next_poll:
+            return self._result
+        self._next_poll = self._clock() + self._interval
+        job = self._batch.read_namespaced_job_status(name=self.name, namespace=self._config.namespace)
+        result = result_of(getattr(job, "status", None))
+        if result is not None:
+            if self._canceled:
+                result = JobResult(result.exit_code, FailureKind.CANCELED, "canceled")
+            self._result = result
+            self._cleanup(grace_s=0)
+        return self._result
+
+    def wait(self, timeout: float | None = None) -> JobResult | None:
+        deadline = None if timeout is None else self._clock() + timeout
+        while (result := self.poll()) is None:
+            if deadline is not None and self._clock() >= deadline:
+                return None
+            time.sleep(min(self._interval, 1.0))
+        return result
+
+    def cancel(self, grace_s: float) -> None:
+        if self._result is not None or self._canceled:
+            return
+        self._canceled = True
+        self._cleanup(int(grace_s))
+        self._result = JobResult(None, FailureKind.CANCELED, "canceled")
+
+    def _cleanup(self, grace_s: int) -> None:
+        try:
+            delete(self._batch, self._core, self.name, self._config, grace_s)
+        except Exception as exc:  # already gone, or the API is down: the TTL removes it later
+            log.warning("kubernetes job not deleted", extra={"job": self.name, "error": str(exc)})
+
+
+class KubernetesExecutor(Executor):
+    """Runs image jobs as Kubernetes Jobs. Output lines are not streamed (the pod's log stays in
+    the cluster's logging); ``on_line`` gets one line naming the Job."""
+
+    def __init__(
+        self, batch: BatchApi, core: CoreApi, config: KubernetesConfig, poll_interval_s: float = 5.0
+    ):
+        self._batch, self._core, self._config = batch, core, config
+        self._interval = poll_interval_s
+
+    def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
+        try:
+            name = submit(self._batch, self._core, launch, self._config)
+        except StartError:
+            raise
+        except Exception as exc:
+            raise StartError(FailureKind.AGENT_ERROR, f"kubernetes refused the job: {exc}") from exc
+        on_line("stderr", f"[berth] running as Kubernetes Job {self._config.namespace}/{name}")
+        return KubernetesRun(self._batch, self._core, name, self._config, poll_interval_s=self._interval)

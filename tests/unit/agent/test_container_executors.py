@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -227,3 +228,81 @@ def test_kubernetes_submit_delete_and_result() -> None:
     assert r is not None and r.failure is FailureKind.TIMEOUT
     r = k8s.result_of(Status(None, [Cond("Failed", "True", "BackoffLimitExceeded")]))
     assert r is not None and r.failure is FailureKind.NONZERO_EXIT
+
+
+class FakeCluster:
+    """BatchV1Api + CoreV1Api enough for the executor: Jobs finish when told."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+        self.secrets: set[str] = set()
+        self.deleted: list[tuple[str, int]] = []
+        self.reads = 0
+
+    def create_namespaced_secret(self, namespace: str, body: Any) -> None:
+        self.secrets.add(body["metadata"]["name"])
+
+    def delete_namespaced_secret(self, name: str, namespace: str, **kw: Any) -> None:
+        self.secrets.discard(name)
+
+    def create_namespaced_job(self, namespace: str, body: Any) -> None:
+        self.jobs[body["metadata"]["name"]] = SimpleNamespace(
+            status=SimpleNamespace(succeeded=None, conditions=[])
+        )
+
+    def delete_namespaced_job(self, name: str, namespace: str, **kw: Any) -> None:
+        self.deleted.append((name, kw["grace_period_seconds"]))
+        self.jobs.pop(name, None)
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> Any:
+        self.reads += 1
+        return self.jobs[name]
+
+
+def test_kubernetes_executor_runs_polls_and_cleans_up() -> None:
+    cluster = FakeCluster()
+    clock = [0.0]
+    ex = k8s.KubernetesExecutor(cluster, cluster, KubernetesConfig(), poll_interval_s=5)
+    lines: list[str] = []
+    handle = ex.start(_launch(), lambda s, line: lines.append(line))
+    assert isinstance(handle, k8s.KubernetesRun) and handle.pid is None
+    handle._clock = lambda: clock[0]
+    assert "berth-jobs/berth-j-01abc-1" in lines[0] and cluster.secrets == {"berth-j-01abc-1"}
+    assert handle.poll() is None and cluster.reads == 1
+    assert handle.poll() is None and cluster.reads == 1  # not before the interval
+    cluster.jobs["berth-j-01abc-1"].status.succeeded = 1
+    clock[0] = 5.0
+    result = handle.poll()
+    assert result is not None and result.succeeded
+    assert cluster.deleted == [("berth-j-01abc-1", 0)] and cluster.secrets == set()
+
+
+def test_kubernetes_cancel_deletes_with_grace() -> None:
+    cluster = FakeCluster()
+    handle = k8s.KubernetesExecutor(cluster, cluster, KubernetesConfig()).start(
+        _launch(), lambda s, line: None
+    )
+    handle.cancel(grace_s=30)
+    result = handle.poll()
+    assert result is not None and result.failure is FailureKind.CANCELED
+    assert cluster.deleted == [("berth-j-01abc-1", 30)]
+    handle.cancel(grace_s=30)
+    assert len(cluster.deleted) == 1
+
+
+def test_for_config_picks_the_executor() -> None:
+    from berth_agent.config import AgentConfig
+    from berth_agent.executors import ProcessExecutor, for_config
+
+    def cfg(executor: str) -> AgentConfig:
+        return AgentConfig.model_validate(
+            {"api_url": "http://x", "pool": "p", "host_id": "h", "executor": executor}
+        )
+
+    assert isinstance(for_config(cfg("process")), ProcessExecutor)
+    podman = for_config(cfg("podman"))
+    assert isinstance(podman, ContainerExecutor) and podman.runtime == "podman"
+    with pytest.raises(ValueError, match="BatchV1Api"):
+        for_config(cfg("kubernetes"))
+    cluster = FakeCluster()
+    assert isinstance(for_config(cfg("kubernetes"), kube=(cluster, cluster)), k8s.KubernetesExecutor)
