@@ -6,12 +6,15 @@ health (uncorrected volatile ECC errors, pending page retirement) and MIG mode. 
 inventory and says so in ``Inventory.source`` and a warning; simulated GPUs have stable UUIDs
 ``GPU-sim-<host>-<i>`` so that a restart registers the same devices.
 
-The NVML module is injectable (``nvml=``) so tests drive every path with a fake.
+The NVML module is injectable (``nvml=``) so tests drive every path with a fake. ``nvml_session``
+keeps NVML initialised for the usage sampler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -162,3 +165,22 @@ def discover(config: GpuConfig, host_id: str, nvml: Any = None) -> Inventory:
         if not gpu.healthy:
             log.warning("unhealthy GPU withheld", extra={"uuid": gpu.uuid, "reason": gpu.reason})
     return inv
+
+
+@contextlib.contextmanager
+def nvml_session(nvml: Any = None) -> Iterator[Any | None]:
+    """NVML initialised for the daemon's lifetime (for ``usage.UsageSampler(nvml=...)``), or None
+    where there is no NVML (simulated GPUs: the sampler then reports CPU and memory only)."""
+    module = nvml if nvml is not None else _load_nvml()
+    if module is None:
+        yield None
+        return
+    try:
+        module.nvmlInit()
+    except module.NVMLError:
+        yield None
+        return
+    try:
+        yield module
+    finally:
+        module.nvmlShutdown()

@@ -103,3 +103,14 @@ def test_gpu_type_names() -> None:
     assert gpu_type_of("Tesla V100-SXM2-32GB", 32768) == "V100"
     assert gpu_type_of("NVIDIA A10G", 23028) == "A10G"
     assert gpu_type_of("NVIDIA RTX 6000 Ada", 49140) == "RTX 6000 Ada"
+
+
+def test_nvml_session() -> None:
+    from berth_agent.gpus import nvml_session
+
+    nvml = fake_nvml([])
+    with nvml_session(nvml) as m:
+        assert m is nvml and nvml.calls == ["init"]
+    assert nvml.calls == ["init", "shutdown"]
+    with nvml_session(fake_nvml([], init_fails=True)) as m:
+        assert m is None
