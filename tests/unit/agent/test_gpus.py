@@ -109,8 +109,9 @@ def test_nvml_session() -> None:
     from berth_agent.gpus import nvml_session
 
     nvml = fake_nvml([])
+    calls: list[str] = nvml.calls
     with nvml_session(nvml) as m:
-        assert m is nvml and nvml.calls == ["init"]
-    assert nvml.calls == ["init", "shutdown"]
+        assert m is nvml and calls == ["init"]
+    assert calls == ["init", "shutdown"]
     with nvml_session(fake_nvml([], init_fails=True)) as m:
         assert m is None
