@@ -10,7 +10,8 @@ credentials allow, berth.domain.job_access). Use::
     shipper.close(timeout_s=30)   # flushes what is left, then stops
 
 ``emit`` only appends to an in-memory buffer under a lock: the job's output readers never wait on
-the network. The buffer is bounded in bytes (``buffer_max_bytes``): when the sink falls behind,
+the network. The buffer is bounded in bytes (``buffer_max_bytes``, each line's object
+overhead counted, so it bounds memory; plus the one batch in flight): when the sink falls behind,
 new lines are dropped and counted, and the next line that fits is preceded by a marker line
 saying how many were lost (one more marker at close if the
 last lines were dropped), so memory stays bounded and the gap is visible in the log itself.
@@ -40,6 +41,11 @@ from berth_agent.config import LogConfig
 log = logging.getLogger(__name__)
 
 EVENT_OVERHEAD = 26
+#: What one buffered line costs in memory beyond its text (tuple, str and int headers), counted
+#: against ``buffer_max_bytes`` so that the bound holds for the process's memory, not just the text.
+ENTRY_OVERHEAD = 150
+#: Room a drop marker line needs (its text is under 120 bytes).
+_MARKER_RESERVE = 120 + EVENT_OVERHEAD + ENTRY_OVERHEAD
 MAX_EVENT_BYTES = 256 * 1024 - EVENT_OVERHEAD
 MAX_SPAN_MS = 24 * 3600 * 1000
 RETRYABLE = frozenset(
@@ -134,11 +140,12 @@ class LogShipper:
         message, cost = _fit(message)
         with self._cond:
             ts = max(self._last_ts, ts_ms if ts_ms is not None else self._clock_ms())
+            need = cost + ENTRY_OVERHEAD
             marker = None
-            if self._pending_drops:
-                marker = _fit(self._marker_text())
-            need = cost + (marker[1] if marker else 0)
-            if self._buffered + need > self.max_buffer_bytes:
+            if self._pending_drops and self._buffered + need + _MARKER_RESERVE <= self.max_buffer_bytes:
+                marker = _fit(self._marker_text())  # only built once the line could fit with it
+                need += marker[1] + ENTRY_OVERHEAD
+            if (self._pending_drops and marker is None) or self._buffered + need > self.max_buffer_bytes:
                 self._pending_drops += 1
                 self._pending_drop_bytes += cost
                 self.stats.dropped_lines += 1
@@ -218,7 +225,7 @@ class LogShipper:
             with self._cond:
                 for _ in range(count):
                     self._buf.popleft()
-                self._buffered -= size
+                self._buffered -= size + count * ENTRY_OVERHEAD
             next_flush = time.monotonic() + self.flush_interval_s
 
     def _marker_text(self) -> str:
@@ -230,7 +237,7 @@ class LogShipper:
     def _append_final_marker(self) -> None:
         message, cost = _fit(self._marker_text())
         self._buf.append((self._last_ts, message, cost))
-        self._buffered += cost
+        self._buffered += cost + ENTRY_OVERHEAD
         self._pending_drops = self._pending_drop_bytes = 0
 
     def _send(self, events: list[dict[str, Any]]) -> bool:

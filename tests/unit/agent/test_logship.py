@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -80,14 +81,19 @@ def test_flood_of_200k_lines_arrives_complete_and_in_order() -> None:
 def test_memory_stays_bounded_when_the_sink_stalls_and_the_gap_is_marked() -> None:
     gate = threading.Event()
     client = FakeLogs(gate=gate)
-    bound = 256 * 1024
-    s = _shipper(client, buffer_max_bytes=bound)
+    bound = 2 * 1024 * 1024
+    s = _shipper(client, buffer_max_bytes=bound, batch_max_bytes=128 * 1024)
     s.start()
     n = 200_000
     t0 = time.monotonic()
-    accepted = sum(s.emit(f"line {i} " + "y" * 50) for i in range(n))
-    assert time.monotonic() - t0 < 20  # emit never waited on the stalled sink
+    tracemalloc.start()  # slow: traced over the first 30k lines only, far past the buffer filling up
+    accepted = sum(s.emit(f"line {i} " + "y" * 50) for i in range(30_000))
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    accepted += sum(s.emit(f"line {i} " + "y" * 50) for i in range(30_000, n))
+    assert time.monotonic() - t0 < 30  # emit never waited on the stalled sink
     assert s.stats.peak_buffered_bytes <= bound and s.buffered_bytes <= bound
+    assert held < 1.2 * bound  # the bound is on real memory (line objects included), not just text
     assert s.stats.dropped_lines == n - accepted > 0
     gate.set()
     while s.buffered_bytes > bound // 2:
