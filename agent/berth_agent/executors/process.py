@@ -124,6 +124,8 @@ class ProcessRun(RunHandle):
                 raise StartError(FailureKind.NONZERO_EXIT, f"command not found: {argv[0]}") from exc
             if isinstance(exc, PermissionError):
                 raise StartError(FailureKind.NONZERO_EXIT, f"command not executable: {argv[0]}") from exc
+            if isinstance(exc, (subprocess.SubprocessError, OSError)):  # preexec (rlimits), uid switch
+                raise StartError(FailureKind.AGENT_ERROR, f"the job could not be started: {exc}") from exc
             raise
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
@@ -255,14 +257,18 @@ class ProcessExecutor(Executor):
         self.timeout_grace_s = timeout_grace_s
 
     def rlimits(self, launch: Launch) -> dict[int, int]:
+        """The limits to set, each capped at the agent's own hard limit (a child cannot raise it)."""
         lim = launch.limits
+        wanted = {
+            resource.RLIMIT_AS: lim.address_space_bytes,
+            resource.RLIMIT_NOFILE: lim.nofile,
+            resource.RLIMIT_CPU: lim.cpu_seconds,
+        }
         out: dict[int, int] = {}
-        if lim.address_space_bytes is not None:
-            out[resource.RLIMIT_AS] = lim.address_space_bytes
-        if lim.nofile is not None:
-            out[resource.RLIMIT_NOFILE] = lim.nofile
-        if lim.cpu_seconds is not None:
-            out[resource.RLIMIT_CPU] = lim.cpu_seconds
+        for res, value in wanted.items():
+            if value is not None:
+                hard = resource.getrlimit(res)[1]
+                out[res] = value if hard == resource.RLIM_INFINITY else min(value, hard)
         return out
 
     def environment(self, launch: Launch) -> dict[str, str]:
@@ -308,6 +314,8 @@ class ProcessExecutor(Executor):
     def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
         if not launch.command:
             raise StartError(FailureKind.NONZERO_EXIT, "the job has no command")
+        if not launch.workdir.is_dir():
+            raise StartError(FailureKind.STAGING, f"the job's directory {launch.workdir} is missing")
         env = self.environment(launch)
         self.link_mounts(launch)
         uid: int | None = None

@@ -302,3 +302,33 @@ def test_mounts_appear_under_the_workdir(tmp_path: Path) -> None:
         ProcessExecutor().start(launch, Lines())
     with pytest.raises(StartError):
         ProcessExecutor().start(_launch(tmp_path, "true", mounts=(Mount(src, "/"),)), Lines())
+
+
+def test_rlimits_are_capped_at_the_agents_hard_limit(tmp_path: Path) -> None:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limits = ProcessExecutor().rlimits(_launch(tmp_path, "true", limits=Limits(nofile=10**9)))
+    assert limits[resource.RLIMIT_NOFILE] == (10**9 if hard == resource.RLIM_INFINITY else hard)
+
+
+def test_a_failing_child_setup_is_a_start_error(tmp_path: Path) -> None:
+    import resource
+
+    from berth_agent.executors.process import ProcessRun
+
+    # RLIMIT_NOFILE above fs.nr_open fails in the child even for root
+    with pytest.raises(StartError) as e:
+        ProcessRun(
+            ["true"],
+            env={},
+            cwd=tmp_path,
+            on_line=Lines(),
+            timeout_s=None,
+            timeout_grace_s=1,
+            rlimits={resource.RLIMIT_NOFILE: 10**9},
+        )
+    assert e.value.failure is FailureKind.AGENT_ERROR
+    with pytest.raises(StartError) as e:
+        ProcessExecutor().start(Launch("j", 1, "t", ("true",), tmp_path / "absent-dir"), Lines())
+    assert e.value.failure is FailureKind.STAGING
