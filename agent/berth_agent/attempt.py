@@ -63,6 +63,21 @@ class AttemptIO(Protocol):
     def get(self, key: str, dest: Path) -> None: ...
     def put(self, fh: BinaryIO, key: str, size: int) -> None: ...
     def logs_client(self) -> logship.LogsClient: ...
+    def secret_value(self, name: str) -> str: ...
+
+
+def credential_env(creds: Mapping[str, Any], region: str) -> dict[str, str]:
+    """The attempt's scoped STS credentials (the agent API's answer) as the job's AWS_* variables."""
+    try:
+        return {
+            "AWS_ACCESS_KEY_ID": str(creds["AccessKeyId"]),
+            "AWS_SECRET_ACCESS_KEY": str(creds["SecretAccessKey"]),
+            "AWS_SESSION_TOKEN": str(creds["SessionToken"]),
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+        }
+    except KeyError as exc:
+        raise ClaimError(f"the attempt's credentials lack {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +170,21 @@ class AttemptRunner:
         key = (claim.job_id, claim.attempt)
         try:
             gpu_uuids = claim.check_gpus(self.inventory)
-            io = self.io_for(self.api.credentials(claim.job_id, claim.attempt, token))
+            creds = self.api.credentials(claim.job_id, claim.attempt, token)
+            io = self.io_for(creds)
             keys = OutputKeys.of(claim.tenant, claim.job_id)
             self._stage(claim, io, dirs, keys)
             mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
-            launch = build_launch(claim, self.config, dirs, mounts, gpu_uuids=gpu_uuids)
+            secrets = self._secrets(claim, io)
+            launch = build_launch(
+                claim,
+                self.config,
+                dirs,
+                mounts,
+                gpu_uuids=gpu_uuids,
+                credentials=credential_env(creds, self.config.region),
+                secrets=secrets,
+            )
         except (StagingError, ClaimError) as exc:
             failure = FailureKind.STAGING if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
             return JobResult(None, failure, str(exc)), False
@@ -213,6 +238,20 @@ class AttemptRunner:
                 archive.unlink(missing_ok=True)
         if claim.attempt > 1:
             restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
+
+    @staticmethod
+    def _secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
+        """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
+        read only the tenant's own prefix); never written anywhere but the job's environment."""
+        out = {}
+        for env_name, secret_name in claim.spec.secrets.items():
+            if not secret_name.startswith(f"berth/{claim.tenant}/"):
+                raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
+            try:
+                out[env_name] = io.secret_value(secret_name)
+            except Exception as exc:
+                raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
+        return out
 
     def _supervise(self, handle: RunHandle, syncs: list[DirSync]) -> JobResult:
         next_sync = time.monotonic() + self.sync_interval_s

@@ -72,6 +72,11 @@ class FakeIO:
     def put(self, fh: BinaryIO, key: str, size: int) -> None:
         self.objects[key] = fh.read()
 
+    def secret_value(self, name: str) -> str:
+        if name != "berth/vision/wandb":
+            raise KeyError(name)
+        return "wandb-key"
+
     def logs_client(self) -> Any:
         io = self
 
@@ -134,16 +139,18 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
     script = (
         "import os, pathlib\n"
         "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "e = os.environ\n"
+        "print(e['AWS_ACCESS_KEY_ID'], e['AWS_SESSION_TOKEN'], e['WANDB_API_KEY'])\n"
         "pathlib.Path(os.environ['BERTH_OUTPUT_DIR'], 'model.txt').write_text('weights')\n"
         "pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'], 'step-1').write_text('1')\n"
     )
     digest, data = _bundle(tmp_path, script)
-    api, io = FakeApi(_spec(digest)), FakeIO({digest: data})
+    api, io = FakeApi(_spec(digest, secrets={"WANDB_API_KEY": "berth/vision/wandb"})), FakeIO({digest: data})
     runner = _runner(tmp_path, api, io)
     outcome = runner.run(MSG)
     assert outcome.ran and outcome.result is not None and outcome.result.succeeded
     assert [r["event"] for r in api.reports] == ["started", "succeeded"]
-    assert io.events == ["gpus GPU-a"]
+    assert io.events == ["gpus GPU-a", "ASIA t wandb-key"]
     assert io.objects["vision/jobs/j-1/outputs/model.txt"] == b"weights"
     assert io.objects["vision/jobs/j-1/checkpoints/step-1"] == b"1"
     assert runner.running() == [] and runner.ledger.entries() == []
@@ -223,3 +230,12 @@ def test_gpus_not_ours_are_an_agent_error(tmp_path: Path, gpu_ids: list[str]) ->
     }
     outcome = _runner(tmp_path, api, FakeIO({digest: data})).run(MSG)
     assert not outcome.ran and api.reports[-1]["failure"] == "agent_error"
+
+
+def test_another_tenants_or_unreadable_secret_stops_before_running(tmp_path: Path) -> None:
+    digest, data = _bundle(tmp_path, "print('never')")
+    for name, failure in (("berth/nlp/token", "agent_error"), ("berth/vision/missing", "staging")):
+        api = FakeApi(_spec(digest, secrets={"TOKEN": name}))
+        io = FakeIO({digest: data})
+        outcome = _runner(tmp_path, api, io).run(MSG)
+        assert not outcome.ran and api.reports[-1]["failure"] == failure and io.events == []
