@@ -127,16 +127,25 @@ class AttemptRunner:
             entry[1].cancel(grace)
 
     # -- one attempt --------------------------------------------------------------------------
-    def run(self, message: Mapping[str, Any]) -> Outcome:
+    def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Outcome:
+        """Run the attempt ``message`` names. ``on_claim_answered`` is called once the claim got an
+        answer (200 or 409): the moment the work message may be deleted. A claim that got no answer
+        (``Unreachable`` raised from here) leaves the message to be delivered again."""
         job_id, attempt, token = (
             str(message["job_id"]),
             int(message["attempt"]),
             str(message["fencing_token"]),
         )
         try:
-            claim = Claim.parse(self.api.claim(job_id, attempt, token))
+            answer = self.api.claim(job_id, attempt, token)
         except (Fenced, AlreadyClaimed, Canceled) as exc:
+            if on_claim_answered is not None:
+                on_claim_answered()
             return Outcome(job_id, attempt, False, None, exc.code)
+        if on_claim_answered is not None:
+            on_claim_answered()
+        try:
+            claim = Claim.parse(answer)
         except ClaimError as exc:
             self._report(job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
             return Outcome(job_id, attempt, False, None, "bad claim")
