@@ -121,6 +121,13 @@ class AgentConfig(_Section):
     container: ContainerConfig = ContainerConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     log_level: str = "INFO"
+    #: Where the attempt's bundles and outputs live (until the claim answer carries them).
+    artifacts_bucket: str | None = None
+    data_bucket: str | None = None
+    #: An AWS endpoint override (the embedded local cloud); None for AWS itself.
+    aws_endpoint_url: str | None = None
+    #: The host identity's named profile (the local cloud's ``host-<host_id>``); None: the default chain.
+    aws_profile: str | None = None
 
     @field_validator("work_dir", "cache_dir")
     @classmethod

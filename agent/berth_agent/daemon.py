@@ -74,7 +74,17 @@ class Runner(Protocol):
 class Api(Protocol):
     def register(self, inventory: dict[str, Any], agent_version: str = ...) -> Any: ...
     def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any: ...
-    def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any: ...
+    def report(
+        self,
+        job_id: str,
+        attempt: int,
+        fencing_token: str,
+        event: str,
+        *,
+        exit_code: int | None = None,
+        failure: str | None = None,
+        message: str = "",
+    ) -> Any: ...
 
 
 class Daemon:
