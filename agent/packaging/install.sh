@@ -2,6 +2,7 @@
 # Install the Berth agent on a GPU host: user, virtualenv, config, systemd unit, enable.
 #
 #   sudo ./install.sh --api-url https://API --pool lab-a [--host-id NAME] [--executor process|docker|podman]
+#                     [--region R] [--artifacts-bucket B --data-bucket B]
 #                     [--wheels DIR] [--prefix /opt/berth-agent] [--no-start]
 #
 # --wheels DIR installs offline from a directory of wheels (pip --no-index); otherwise from the index.
@@ -15,6 +16,9 @@ API_URL=
 POOL=
 HOST_ID=$(hostname -s 2>/dev/null || hostname)
 EXECUTOR=process
+REGION=us-east-1
+ARTIFACTS_BUCKET=
+DATA_BUCKET=
 WHEELS=
 START=yes
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -27,10 +31,13 @@ while [ $# -gt 0 ]; do
     --pool) POOL=$2; shift 2 ;;
     --host-id) HOST_ID=$2; shift 2 ;;
     --executor) EXECUTOR=$2; shift 2 ;;
+    --region) REGION=$2; shift 2 ;;
+    --artifacts-bucket) ARTIFACTS_BUCKET=$2; shift 2 ;;
+    --data-bucket) DATA_BUCKET=$2; shift 2 ;;
     --wheels) WHEELS=$2; shift 2 ;;
     --prefix) PREFIX=$2; shift 2 ;;
     --no-start) START=no; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) die "unknown option $1" ;;
   esac
 done
@@ -65,6 +72,7 @@ if [ ! -e "$CONF/config.yaml" ]; then
   cat > "$CONF/config.yaml" <<YAML
 # Berth agent configuration (docs/agent.md); BERTH_AGENT_* variables override any field.
 api_url: $API_URL
+region: $REGION
 pool: $POOL
 host_id: $HOST_ID
 executor: $EXECUTOR
@@ -77,6 +85,11 @@ datasets: {}
 drain_timeout_s: 3600
 cancel_grace_s: 30
 YAML
+  if [ -n "$ARTIFACTS_BUCKET" ] && [ -n "$DATA_BUCKET" ]; then
+    printf 'artifacts_bucket: %s\ndata_bucket: %s\n' "$ARTIFACTS_BUCKET" "$DATA_BUCKET" >> "$CONF/config.yaml"
+  else
+    printf '# artifacts_bucket: <the stack output>\n# data_bucket: <the stack output>\n' >> "$CONF/config.yaml"
+  fi
 fi
 install -d -m 0755 "$UNIT_DIR" "$UNIT_DIR/berth-agent.service.d"
 sed "s#/opt/berth-agent/bin/berth-agent#$PREFIX/bin/berth-agent#" "$HERE/berth-agent.service" \

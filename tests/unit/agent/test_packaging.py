@@ -73,6 +73,7 @@ def _install(tmp_path: Path, executor: str, *extra: str) -> Path:
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     args = ["--api-url", "https://api.example.com", "--pool", "lab-a", "--host-id", "gpu-01"]
+    args += ["--region", "eu-west-1", "--artifacts-bucket", "berth-art", "--data-bucket", "berth-data"]
     subprocess.run(
         ["sh", str(PACKAGING / "install.sh"), *args, "--executor", executor, "--prefix", str(prefix), *extra],
         check=True,
@@ -88,6 +89,7 @@ def test_installer_writes_a_valid_config_and_keeps_an_existing_one(tmp_path: Pat
     config = root / "etc" / "berth-agent" / "config.yaml"
     cfg = load(config, environ={})
     assert (cfg.pool, cfg.host_id, cfg.executor.value) == ("lab-a", "gpu-01", executor)
+    assert (cfg.region, cfg.artifacts_bucket, cfg.data_bucket) == ("eu-west-1", "berth-art", "berth-data")
     assert config.stat().st_mode & 0o007 == 0
     config.write_text(config.read_text().replace("lab-a", "lab-z"))
     _install(tmp_path, executor)
