@@ -9,7 +9,8 @@
 4. the main loop long-polls the queue while not draining, and for each ``run`` message whose GPUs
    are all free on this host starts ``AttemptRunner.run`` in a thread; the message is deleted once
    the claim is answered (200 or 409), and left for redelivery otherwise (busy GPUs, no answer);
-   it pings the systemd watchdog every turn;
+   it pings the systemd watchdog every turn; when heartbeats fail for longer than the lease, the
+   running attempts are canceled (their lease, and so their attempt, may have moved elsewhere);
 5. the first SIGTERM drains: no new work, ``STOPPING=1``, running attempts may finish within
    ``drain_timeout_s`` and are canceled (with the cancel grace) after it; a second SIGTERM cancels
    them at once (grace 0). ``run()`` returns when nothing is left running.
@@ -113,6 +114,9 @@ class Daemon:
         self.stopping_now = threading.Event()
         self._drain_deadline: float | None = None
         self.heartbeat_s = 30.0
+        self.lease_s = 90.0
+        self._last_beat_ok = clock()
+        self.lease_lost = False
 
     # -- start ---------------------------------------------------------------------------------
     def recover(self) -> int:
@@ -148,6 +152,8 @@ class Daemon:
         }
         answer = self.api.register(inventory, agent_version=__version__)
         self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
+        self.lease_s = float(answer.get("lease_s", self.lease_s))
+        self._last_beat_ok = self._clock()
         return answer
 
     # -- signals and directives ----------------------------------------------------------------
@@ -182,6 +188,8 @@ class Daemon:
         answer = self.api.heartbeat(
             healthy=True, draining=self.draining.is_set(), attempts=self.runner.running()
         )
+        self._last_beat_ok = self._clock()
+        self.lease_lost = False
         self.apply(list((answer or {}).get("directives") or []))
 
     def _heartbeats(self, done: threading.Event) -> None:
@@ -190,6 +198,18 @@ class Daemon:
                 self.heartbeat_once()
             except Exception as exc:  # the lease survives a missed beat or two; keep beating
                 log.warning("heartbeat failed", extra={"error": str(exc)})
+                self._check_lease()
+
+    def _check_lease(self) -> None:
+        """Past the lease without a heartbeat, the control plane may already have given this host's
+        attempts to another host: stop them here so no attempt runs twice for long."""
+        if self.lease_lost or self._clock() - self._last_beat_ok <= self.lease_s:
+            return
+        self.lease_lost = True
+        running = self.runner.running()
+        log.error("lease lost: stopping this host's attempts", extra={"attempts": len(running)})
+        for a in running:
+            self.runner.cancel(a["job_id"], a["attempt"])
 
     # -- work ----------------------------------------------------------------------------------
     def offer(self, queue: WorkQueue, message: Message) -> bool:

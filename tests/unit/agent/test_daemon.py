@@ -243,3 +243,23 @@ def test_sqs_queue_adapter() -> None:
         ("receive", {"QueueUrl": "https://sqs/q", "WaitTimeSeconds": 20, "MaxNumberOfMessages": 1}),
         ("delete", {"QueueUrl": "https://sqs/q", "ReceiptHandle": "rh"}),
     ]
+
+
+def test_lease_lost_stops_the_attempts(tmp_path: Path) -> None:
+    queue, runner, api = FakeQueue([[_msg("j1", ["GPU-a"])]]), FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, queue, runner, api)
+
+    def failing(**kw: Any) -> Any:
+        raise ConnectionError("control plane unreachable")
+
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: len(runner.running()) == 1)
+    d.lease_s = 0.2
+    api.heartbeat = failing  # type: ignore[method-assign]
+    _until(lambda: runner.canceled == [("j1", 1, None)])
+    assert d.lease_lost
+    d.on_sigterm()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive()
