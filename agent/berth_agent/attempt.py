@@ -194,7 +194,7 @@ class AttemptRunner:
                 credentials=credential_env(creds, self.config.region),
                 secrets=secrets,
             )
-        except (StagingError, ClaimError) as exc:
+        except (StagingError, ClaimError, AgentApiError) as exc:
             failure = FailureKind.STAGING if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
             return JobResult(None, failure, str(exc)), False
         shipper = logship.LogShipper(

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 USER_AGENT = f"berth-agent/{__version__}"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The agent API refuses a longer report message (berth.domain.workflow.AttemptReport).
+MAX_MESSAGE = 2000
 
 
 class AgentApiError(Exception):
@@ -178,7 +180,7 @@ class AgentClient:
             "event": event,
             "exit_code": exit_code,
             "failure": failure,
-            "message": message[:4096],
+            "message": message[:MAX_MESSAGE],
         }
         return self.post("report", body)
 

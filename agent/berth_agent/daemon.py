@@ -179,7 +179,7 @@ class Daemon:
             action = d.get("action")
             if action == "drain":
                 self.drain("directive")
-            elif action in ("cancel", "stop") and "job_id" in d:
+            elif action in ("cancel", "stop") and d.get("job_id") and d.get("attempt") is not None:
                 self.runner.cancel(str(d["job_id"]), int(d["attempt"]))
             else:
                 log.warning("unknown directive ignored", extra={"directive": dict(d)})

@@ -239,3 +239,19 @@ def test_another_tenants_or_unreadable_secret_stops_before_running(tmp_path: Pat
         io = FakeIO({digest: data})
         outcome = _runner(tmp_path, api, io).run(MSG)
         assert not outcome.ran and api.reports[-1]["failure"] == failure and io.events == []
+
+
+def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
+    from berth_agent.client import AgentApiError
+
+    digest, data = _bundle(tmp_path, "print('never')")
+    api = FakeApi(_spec(digest))
+
+    def no_route(*a: Any) -> Any:
+        raise AgentApiError(404, "NotFound", "no route POST /v1/agent/credentials")
+
+    api.credentials = no_route  # type: ignore[method-assign, assignment]
+    runner = _runner(tmp_path, api, FakeIO({digest: data}))
+    outcome = runner.run(MSG)
+    assert not outcome.ran and api.reports[-1]["failure"] == "agent_error"
+    assert runner.ledger.entries() == []

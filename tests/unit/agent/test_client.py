@@ -129,7 +129,7 @@ def test_protocol_calls_are_signed_and_shaped(api: tuple[FakeApi, str]) -> None:
     assert bodies[0] == {"inventory": inv, "agent_version": "0.1.0"}
     assert bodies[2] == {"job_id": "j", "attempt": 1, "fencing_token": "t"}
     assert (
-        bodies[3]["event"] == "failed" and bodies[3]["exit_code"] == 3 and len(bodies[3]["message"]) == 4096
+        bodies[3]["event"] == "failed" and bodies[3]["exit_code"] == 3 and len(bodies[3]["message"]) == 2000
     )
 
 

@@ -176,9 +176,15 @@ def test_intake_is_gpu_aware_and_deletes_after_the_claim(tmp_path: Path) -> None
 def test_directives(tmp_path: Path) -> None:
     runner, api = FakeRunner(), FakeApi()
     d = _daemon(tmp_path, FakeQueue([]), runner, api)
-    d.apply([{"job_id": "j1", "attempt": 2, "action": "cancel", "reason": "user"}, {"action": "bogus"}])
+    d.apply(
+        [
+            {"job_id": "j1", "attempt": 2, "action": "cancel", "reason": "user"},
+            {"job_id": None, "attempt": None, "action": "stop", "reason": "malformed"},
+            {"action": "bogus"},
+        ]
+    )
     assert runner.canceled == [("j1", 2, None)] and not d.draining.is_set()
-    api.directives = [{"action": "drain"}]
+    api.directives = [{"job_id": None, "attempt": None, "action": "drain", "reason": "maintenance"}]
     d.heartbeat_once()
     assert d.draining.is_set()
 
