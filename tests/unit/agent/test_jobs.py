@@ -137,3 +137,36 @@ def test_data_sources(tmp_path: Path) -> None:
     host = Claim.parse(_payload(data=[{"source": str(tmp_path / "private"), "mount": "/p"}])).spec
     with pytest.raises(StagingError):
         data_mounts(host, roots, dirs)
+
+
+def test_a_claim_answer_as_the_control_plane_builds_it() -> None:
+    """berth.logic.agent.claim dumps the stored spec with mode="json", exclude_none=True."""
+    from berth.domain.job_spec import JobSpec
+
+    spec = JobSpec.model_validate(
+        {
+            "name": "train",
+            "image": "pytorch/pytorch:2.5",
+            "command": ["python", "t.py"],
+            "resources": {"gpu_type": "H100", "gpus": 2, "cpu": 8, "memory_gib": 64.5, "nodes": 2},
+            "constraints": {"placement": "onprem", "priority": "high"},
+            "secrets": {"TOKEN": "berth/vision/token"},
+        }
+    )
+    answer = {
+        "job_id": "j-1",
+        "attempt": 1,
+        "tenant": "vision",
+        "spec": spec.model_dump(mode="json", exclude_none=True),
+        "gpu_ids": ["GPU-a"],
+        "rank": 1,
+        "world_size": 2,
+        "hosts": ["h0", "h1"],
+        "master_addr": "h0",
+        "master_port": 29500,
+        "heartbeat_s": 10,
+    }
+    claim = Claim.parse(answer)
+    assert claim.spec == spec and claim.check_gpus(INV) == ("GPU-a",)
+    rdv = claim.rendezvous()
+    assert rdv is not None and rdv.env()["MASTER_ADDR"] == "h0" and rdv.env()["RANK"] == "1"
