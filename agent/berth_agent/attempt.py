@@ -80,6 +80,54 @@ def credential_env(creds: Mapping[str, Any], region: str) -> dict[str, str]:
         raise ClaimError(f"the attempt's credentials lack {exc}") from exc
 
 
+class _JournalLogs:
+    """A ``logs`` client that writes each event to the agent's own JSON log (journald)."""
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self._job = {"job_id": job_id, "attempt": attempt}
+
+    def create_log_stream(self, **kwargs: Any) -> Any:
+        return {}
+
+    def put_log_events(self, **kwargs: Any) -> Any:
+        for event in kwargs["logEvents"]:
+            log.info(event["message"], extra={**self._job, "job_output": True})
+        return {}
+
+
+class NoCredentialsIO:
+    """The attempt's I/O when the agent API vends no credentials (404 on ``/v1/agent/credentials``):
+    a job that needs no bundle, S3 data or secret still runs; its output goes to the agent's journal
+    and its outputs stay on the host until the attempt's directory is removed."""
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self._logs = _JournalLogs(job_id, attempt)
+
+    def _refuse(self, what: str) -> StagingError:
+        return StagingError(f"{what} needs the attempt's credentials, which the agent API does not vend")
+
+    def fetch_bundle(self, tenant: str, digest: str, dest: Path) -> None:
+        raise self._refuse("a code bundle")
+
+    def stage_s3(self, uri: str, dest: Path) -> Path:
+        raise self._refuse(uri)
+
+    def list_keys(self, prefix: str) -> Iterable[str]:
+        return []
+
+    def get(self, key: str, dest: Path) -> None:
+        raise self._refuse(key)
+
+    def put(self, fh: BinaryIO, key: str, size: int) -> None:
+        return None
+
+    def logs_client(self) -> logship.LogsClient:
+        return self._logs
+
+    def secret_value(self, name: str) -> str:
+        raise self._refuse(f"secret {name}")
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     job_id: str
@@ -179,8 +227,16 @@ class AttemptRunner:
         key = (claim.job_id, claim.attempt)
         try:
             gpu_uuids = claim.check_gpus(self.inventory)
-            creds = self.api.credentials(claim.job_id, claim.attempt, token)
-            io = self.io_for(creds)
+            creds: Mapping[str, Any] | None
+            try:
+                creds = self.api.credentials(claim.job_id, claim.attempt, token)
+            except AgentApiError as exc:
+                if exc.status != 404:
+                    raise
+                creds = None
+            io: AttemptIO = (
+                self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
+            )
             keys = OutputKeys.of(claim.tenant, claim.job_id)
             self._stage(claim, io, dirs, keys)
             mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
@@ -191,7 +247,7 @@ class AttemptRunner:
                 dirs,
                 mounts,
                 gpu_uuids=gpu_uuids,
-                credentials=credential_env(creds, self.config.region),
+                credentials={} if creds is None else credential_env(creds, self.config.region),
                 secrets=secrets,
             )
         except (StagingError, ClaimError, AgentApiError) as exc:

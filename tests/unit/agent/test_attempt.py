@@ -241,6 +241,36 @@ def test_another_tenants_or_unreadable_secret_stops_before_running(tmp_path: Pat
         assert not outcome.ran and api.reports[-1]["failure"] == failure and io.events == []
 
 
+def test_without_a_credentials_route_plain_jobs_still_run(tmp_path: Path) -> None:
+    from berth_agent.client import AgentApiError
+
+    def no_route(*a: Any) -> Any:
+        raise AgentApiError(404, "NotFound", "no route POST /v1/agent/credentials")
+
+    plain = {
+        "name": "t",
+        "image": "local/none",
+        "command": [sys.executable, "-c", "import os; print('AWS' in str(os.environ))"],
+    }
+    api = FakeApi(plain)
+    api.credentials = no_route  # type: ignore[method-assign, assignment]
+    runner = AttemptRunner(
+        config=_runner(tmp_path, api, FakeIO()).config,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=AttemptLedger(tmp_path / "work"),
+        io_for=lambda creds: pytest.fail("no credentials, no AWS I/O"),
+        tick_s=0.05,
+    )
+    outcome = runner.run(MSG)
+    assert outcome.ran and outcome.result is not None and outcome.result.succeeded
+    digest, _ = _bundle(tmp_path, "print('never')")
+    api.spec = _spec(digest)
+    outcome = runner.run(MSG)
+    assert not outcome.ran and api.reports[-1]["failure"] == "staging"
+
+
 def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
     from berth_agent.client import AgentApiError
 
@@ -248,7 +278,7 @@ def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
     api = FakeApi(_spec(digest))
 
     def no_route(*a: Any) -> Any:
-        raise AgentApiError(404, "NotFound", "no route POST /v1/agent/credentials")
+        raise AgentApiError(403, "Forbidden", "not this host's attempt")
 
     api.credentials = no_route  # type: ignore[method-assign, assignment]
     runner = _runner(tmp_path, api, FakeIO({digest: data}))
