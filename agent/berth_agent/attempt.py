@@ -32,6 +32,7 @@ from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 from berth_agent.outputs import DirSync, OutputKeys, restore
 from berth_agent.staging import JobDirs, StagingError, parse_digest, unpack_bundle
+from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +150,15 @@ class AttemptRunner:
         io_for: Callable[[Mapping[str, Any]], AttemptIO],
         sync_interval_s: float = 30.0,
         tick_s: float = 0.2,
+        sampler: UsageSampler | None = None,
+        sample_interval_s: float = 15.0,
     ) -> None:
         self.config, self.inventory, self.api, self.executor = config, inventory, api, executor
         self.ledger, self.io_for = ledger, io_for
         self.sync_interval_s, self.tick_s = sync_interval_s, tick_s
+        self.sampler, self.sample_interval_s = sampler, sample_interval_s
+        #: The latest usage sample per running attempt (for a metrics route once the protocol has one).
+        self.usage: dict[tuple[str, int], JobUsage] = {}
         self._lock = threading.Lock()
         self._running: dict[tuple[str, int], tuple[str, RunHandle | None]] = {}
         self._cancel: dict[tuple[str, int], float] = {}
@@ -282,7 +288,7 @@ class AttemptRunner:
                 with self._lock:
                     self._fenced.add(key)
                 handle.cancel(0)
-            result = self._supervise(handle, syncs)
+            result = self._supervise(handle, syncs, key, launch.gpu_uuids)
         finally:
             for sync in syncs:
                 sync.sync()
@@ -318,14 +324,36 @@ class AttemptRunner:
                 raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
         return out
 
-    def _supervise(self, handle: RunHandle, syncs: list[DirSync]) -> JobResult:
+    def _supervise(
+        self, handle: RunHandle, syncs: list[DirSync], key: tuple[str, int], gpus: tuple[str, ...]
+    ) -> JobResult:
         next_sync = time.monotonic() + self.sync_interval_s
-        while (result := handle.wait(self.tick_s)) is None:
-            if time.monotonic() >= next_sync:
-                for sync in syncs:
-                    sync.sync()
-                next_sync = time.monotonic() + self.sync_interval_s
-        return result
+        next_sample = time.monotonic()
+        try:
+            while (result := handle.wait(self.tick_s)) is None:
+                now = time.monotonic()
+                if now >= next_sync:
+                    for sync in syncs:
+                        sync.sync()
+                    next_sync = now + self.sync_interval_s
+                if self.sampler is not None and handle.pid is not None and now >= next_sample:
+                    self._sample(key, handle.pid, list(gpus))
+                    next_sample = now + self.sample_interval_s
+            return result
+        finally:
+            self.usage.pop(key, None)
+            if self.sampler is not None and handle.pid is not None:
+                self.sampler.forget(handle.pid)
+
+    def _sample(self, key: tuple[str, int], pgid: int, gpus: list[str]) -> None:
+        assert self.sampler is not None
+        try:
+            usage = self.sampler.sample(pgid, gpus)
+        except Exception as exc:  # NVML hiccups never stop a job
+            log.warning("usage sample failed", extra={"job_id": key[0], "error": str(exc)})
+            return
+        self.usage[key] = usage
+        log.info("usage", extra={"job_id": key[0], "attempt": key[1], "usage": usage.as_dict()})
 
     def _report(self, job_id: str, attempt: int, token: str, result: JobResult) -> None:
         event = (

@@ -23,11 +23,14 @@ from berth_agent.client import AgentClient
 from berth_agent.daemon import Daemon, SqsQueue
 from berth_agent.ledger import AttemptLedger
 from berth_agent.staging import ObjectCache
+from berth_agent.usage import UsageSampler
 
 log = logging.getLogger("berth_agent")
 
 
-def build(cfg: agent_config.AgentConfig) -> Daemon:
+def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
+    """Everything the daemon needs, from the configuration; ``nvml`` an initialised NVML module for
+    the usage sampler (used only when the inventory itself came from NVML)."""
     if not (cfg.artifacts_bucket and cfg.data_bucket):
         raise agent_config.ConfigError("artifacts_bucket and data_bucket must be set")
     artifacts_bucket, data_bucket = cfg.artifacts_bucket, cfg.data_bucket
@@ -58,6 +61,7 @@ def build(cfg: agent_config.AgentConfig) -> Daemon:
         executor=executors.for_config(cfg),
         ledger=ledger,
         io_for=io_for,
+        sampler=UsageSampler(nvml=nvml if inventory.source == "nvml" else None),
     )
     session = botocore.session.Session(profile=cfg.aws_profile)
 
@@ -93,15 +97,20 @@ def main() -> int:
     try:
         cfg = agent_config.load()
         jsonlog.setup(cfg.log_level)
-        daemon = build(cfg)
     except agent_config.ConfigError as exc:
         log.error(str(exc))
         return 2
-    try:
-        daemon.run()
-    except Exception:
-        log.exception("agent stopped on an error")
-        return 1
+    with gpus.nvml_session() as nvml:
+        try:
+            daemon = build(cfg, nvml)
+        except agent_config.ConfigError as exc:
+            log.error(str(exc))
+            return 2
+        try:
+            daemon.run()
+        except Exception:
+            log.exception("agent stopped on an error")
+            return 1
     return 0
 
 

@@ -285,3 +285,28 @@ def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
     outcome = runner.run(MSG)
     assert not outcome.ran and api.reports[-1]["failure"] == "agent_error"
     assert runner.ledger.entries() == []
+
+
+def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from berth_agent.usage import UsageSampler
+
+    digest, data = _bundle(tmp_path, "import time\nx = bytearray(30 * 1024 * 1024)\ntime.sleep(0.6)\n")
+    api = FakeApi(_spec(digest))
+    base = _runner(tmp_path, api, FakeIO({digest: data}))
+    runner = AttemptRunner(
+        config=base.config,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=base.ledger,
+        io_for=base.io_for,
+        tick_s=0.05,
+        sampler=UsageSampler(),
+        sample_interval_s=0.2,
+    )
+    with caplog.at_level("INFO", logger="berth_agent.attempt"):
+        outcome = runner.run(MSG)
+    assert outcome.result is not None and outcome.result.succeeded
+    samples = [r.usage for r in caplog.records if r.getMessage() == "usage"]  # type: ignore[attr-defined]
+    assert len(samples) >= 2 and max(s["rss_bytes"] for s in samples) > 30 * 1024 * 1024
+    assert all(s["processes"] >= 1 for s in samples) and runner.usage == {}
