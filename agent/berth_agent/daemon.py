@@ -114,6 +114,7 @@ class Daemon:
         self.stopping_now = threading.Event()
         self._drain_deadline: float | None = None
         self.heartbeat_s = 30.0
+        self.receive_retry_s = 5.0
         self.lease_s = 90.0
         self._last_beat_ok = clock()
         self.lease_lost = False
@@ -259,7 +260,13 @@ class Daemon:
                 self._drain_deadline = None
             time.sleep(0.2)
             return
-        for message in queue.receive(self.poll_wait_s):
+        try:
+            messages = queue.receive(self.poll_wait_s)
+        except Exception as exc:  # the queue unreachable: running jobs go on; retry after a pause
+            log.warning("queue receive failed", extra={"error": str(exc)})
+            self.draining.wait(self.receive_retry_s)
+            return
+        for message in messages:
             self.offer(queue, message)
 
     def run(self, install_signals: bool = True) -> None:

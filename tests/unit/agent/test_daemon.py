@@ -269,3 +269,27 @@ def test_lease_lost_stops_the_attempts(tmp_path: Path) -> None:
     d.on_sigterm()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_a_failing_queue_does_not_stop_the_agent(tmp_path: Path) -> None:
+    class Flaky(FakeQueue):
+        def __init__(self) -> None:
+            super().__init__([[_msg("j1", ["GPU-a"])]])
+            self.failures = 2
+
+        def receive(self, wait_s: int) -> list[Message]:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("sqs unreachable")
+            return super().receive(wait_s)
+
+    queue, runner = Flaky(), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    d.receive_retry_s = 0.01
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: runner.started == ["j1"])
+    runner.release.set()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and queue.failures == 0
