@@ -1,0 +1,379 @@
+"""One claimed attempt, end to end on this host: claim, stage, run, sync, ship logs, report, clean up.
+
+The daemon loop (not built yet) owns the queue, the heartbeat and drain; for every work message it
+hands an ``AttemptRunner.run(message)`` to a thread, relays heartbeat directives with ``cancel``,
+and reads ``running`` for its heartbeat's ``attempts``. All I/O an attempt does with its scoped
+credentials goes through ``AttemptIO`` (built by ``io_for(credentials)``: botocore S3 and Logs
+clients in production, fakes in tests), so this module holds the order of things and no AWS code.
+
+Order and rules: the claim is answered before anything else (409 -> nothing runs); the attempt is
+recorded in the ledger before it starts and removed only after its final report; a staging
+failure is reported as ``staging`` and nothing starts; a ``Fenced`` answer to any report stops the
+job at once (the attempt is no longer ours); outputs and checkpoints are synced while it runs and
+once more after it ends; the per-attempt directory is removed at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from berth_agent import logship
+from berth_agent.client import AgentApiError, AlreadyClaimed, Canceled, Fenced
+from berth_agent.config import AgentConfig
+from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHandle, StartError
+from berth_agent.gpus import Inventory
+from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
+from berth_agent.ledger import AttemptEntry, AttemptLedger
+from berth_agent.outputs import DirSync, OutputKeys, restore
+from berth_agent.staging import JobDirs, StagingError, parse_digest, unpack_bundle
+from berth_agent.usage import JobUsage, UsageSampler
+
+log = logging.getLogger(__name__)
+
+
+class AgentApi(Protocol):
+    """The part of ``client.AgentClient`` an attempt uses."""
+
+    def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any: ...
+    def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any: ...
+    def report(
+        self,
+        job_id: str,
+        attempt: int,
+        fencing_token: str,
+        event: str,
+        *,
+        exit_code: int | None = None,
+        failure: str | None = None,
+        message: str = "",
+    ) -> Any: ...
+
+
+class AttemptIO(Protocol):
+    """What an attempt reads and writes with its own scoped credentials."""
+
+    def fetch_bundle(self, tenant: str, digest: str, dest: Path) -> None: ...
+    def stage_s3(self, uri: str, dest: Path) -> Path: ...
+    def list_keys(self, prefix: str) -> Iterable[str]: ...
+    def get(self, key: str, dest: Path) -> None: ...
+    def put(self, fh: BinaryIO, key: str, size: int) -> None: ...
+    def logs_client(self) -> logship.LogsClient: ...
+    def secret_value(self, name: str) -> str: ...
+
+
+def credential_env(creds: Mapping[str, Any], region: str) -> dict[str, str]:
+    """The attempt's scoped STS credentials (the agent API's answer) as the job's AWS_* variables."""
+    try:
+        return {
+            "AWS_ACCESS_KEY_ID": str(creds["AccessKeyId"]),
+            "AWS_SECRET_ACCESS_KEY": str(creds["SecretAccessKey"]),
+            "AWS_SESSION_TOKEN": str(creds["SessionToken"]),
+            "AWS_REGION": region,
+            "AWS_DEFAULT_REGION": region,
+        }
+    except KeyError as exc:
+        raise ClaimError(f"the attempt's credentials lack {exc}") from exc
+
+
+class _JournalLogs:
+    """A ``logs`` client that writes each event to the agent's own JSON log (journald)."""
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self._job = {"job_id": job_id, "attempt": attempt}
+
+    def create_log_stream(self, **kwargs: Any) -> Any:
+        return {}
+
+    def put_log_events(self, **kwargs: Any) -> Any:
+        for event in kwargs["logEvents"]:
+            log.info(event["message"], extra={**self._job, "job_output": True})
+        return {}
+
+
+class NoCredentialsIO:
+    """The attempt's I/O when the agent API vends no credentials (404 on ``/v1/agent/credentials``):
+    a job that needs no bundle, S3 data or secret still runs; its output goes to the agent's journal
+    and its outputs stay on the host until the attempt's directory is removed."""
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self._logs = _JournalLogs(job_id, attempt)
+
+    def _refuse(self, what: str) -> StagingError:
+        return StagingError(f"{what} needs the attempt's credentials, which the agent API does not vend")
+
+    def fetch_bundle(self, tenant: str, digest: str, dest: Path) -> None:
+        raise self._refuse("a code bundle")
+
+    def stage_s3(self, uri: str, dest: Path) -> Path:
+        raise self._refuse(uri)
+
+    def list_keys(self, prefix: str) -> Iterable[str]:
+        return []
+
+    def get(self, key: str, dest: Path) -> None:
+        raise self._refuse(key)
+
+    def put(self, fh: BinaryIO, key: str, size: int) -> None:
+        return None
+
+    def logs_client(self) -> logship.LogsClient:
+        return self._logs
+
+    def secret_value(self, name: str) -> str:
+        raise self._refuse(f"secret {name}")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    job_id: str
+    attempt: int
+    ran: bool
+    result: JobResult | None
+    reason: str = ""
+
+
+class AttemptRunner:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        inventory: Inventory,
+        api: AgentApi,
+        executor: Executor,
+        ledger: AttemptLedger,
+        io_for: Callable[[Mapping[str, Any]], AttemptIO],
+        sync_interval_s: float = 30.0,
+        tick_s: float = 0.2,
+        sampler: UsageSampler | None = None,
+        sample_interval_s: float = 15.0,
+    ) -> None:
+        self.config, self.inventory, self.api, self.executor = config, inventory, api, executor
+        self.ledger, self.io_for = ledger, io_for
+        self.sync_interval_s, self.tick_s = sync_interval_s, tick_s
+        self.sampler, self.sample_interval_s = sampler, sample_interval_s
+        #: The latest usage sample per running attempt (for a metrics route once the protocol has one).
+        self.usage: dict[tuple[str, int], JobUsage] = {}
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], tuple[str, RunHandle | None]] = {}
+        self._cancel: dict[tuple[str, int], float] = {}
+        self._fenced: set[tuple[str, int]] = set()
+
+    # -- what the daemon's heartbeat needs ---------------------------------------------------------
+    def running(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                {"job_id": j, "attempt": a, "fencing_token": t} for (j, a), (t, _) in self._running.items()
+            ]
+
+    def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
+        """A cancel/stop directive: the job gets SIGTERM now (or as soon as it starts), SIGKILL later."""
+        grace = float(self.config.cancel_grace_s if grace_s is None else grace_s)
+        with self._lock:
+            self._cancel[(job_id, attempt)] = grace
+            entry = self._running.get((job_id, attempt))
+        if entry is not None and entry[1] is not None:
+            entry[1].cancel(grace)
+
+    # -- one attempt --------------------------------------------------------------------------
+    def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Outcome:
+        """Run the attempt ``message`` names. ``on_claim_answered`` is called once the claim got an
+        answer (200 or 409): the moment the work message may be deleted. A claim that got no answer
+        (``Unreachable`` raised from here) leaves the message to be delivered again."""
+        job_id, attempt, token = (
+            str(message["job_id"]),
+            int(message["attempt"]),
+            str(message["fencing_token"]),
+        )
+        try:
+            answer = self.api.claim(job_id, attempt, token)
+        except (Fenced, AlreadyClaimed, Canceled) as exc:
+            if on_claim_answered is not None:
+                on_claim_answered()
+            return Outcome(job_id, attempt, False, None, exc.code)
+        if on_claim_answered is not None:
+            on_claim_answered()
+        try:
+            claim = Claim.parse(answer)
+        except ClaimError as exc:
+            self._report(job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
+            return Outcome(job_id, attempt, False, None, "bad claim")
+        key = (job_id, attempt)
+        entry = AttemptEntry(job_id, attempt, token, self.config.executor.value, f"berth-{job_id}-{attempt}")
+        self.ledger.record(entry)
+        with self._lock:
+            self._running[key] = (token, None)
+        dirs: JobDirs | None = None
+        try:
+            dirs = JobDirs.create(self.config.work_dir, job_id, attempt)
+            result, ran = self._run_claimed(claim, token, entry, dirs)
+            with self._lock:
+                fenced = key in self._fenced
+            if fenced:  # no longer ours: the control plane has moved on, nothing more to say
+                return Outcome(job_id, attempt, ran, result, "Fenced")
+            self._report(job_id, attempt, token, result)
+            return Outcome(job_id, attempt, ran, result)
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+                self._cancel.pop(key, None)
+                self._fenced.discard(key)
+            self.ledger.remove(entry)
+            if dirs is not None:
+                dirs.remove()
+
+    def _run_claimed(
+        self, claim: Claim, token: str, entry: AttemptEntry, dirs: JobDirs
+    ) -> tuple[JobResult, bool]:
+        key = (claim.job_id, claim.attempt)
+        try:
+            gpu_uuids = claim.check_gpus(self.inventory)
+            creds: Mapping[str, Any] | None
+            try:
+                creds = self.api.credentials(claim.job_id, claim.attempt, token)
+            except AgentApiError as exc:
+                if exc.status != 404:
+                    raise
+                creds = None
+            io: AttemptIO = (
+                self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
+            )
+            keys = OutputKeys.of(claim.tenant, claim.job_id)
+            self._stage(claim, io, dirs, keys)
+            mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
+            secrets = self._secrets(claim, io)
+            launch = build_launch(
+                claim,
+                self.config,
+                dirs,
+                mounts,
+                gpu_uuids=gpu_uuids,
+                credentials={} if creds is None else credential_env(creds, self.config.region),
+                secrets=secrets,
+            )
+        except (StagingError, ClaimError, AgentApiError) as exc:
+            failure = FailureKind.STAGING if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
+            return JobResult(None, failure, str(exc)), False
+        shipper = logship.LogShipper(
+            io.logs_client(),
+            logship.log_group(claim.tenant, self.config.logs.group_prefix),
+            logship.log_stream(claim.job_id, claim.attempt),
+            settings=self.config.logs,
+        )
+        shipper.start()
+        syncs = [
+            DirSync(dirs.outputs, keys.outputs, io.put),
+            DirSync(dirs.checkpoints, keys.checkpoints, io.put),
+        ]
+        try:
+            try:
+                handle = self.executor.start(launch, shipper.emit_line)
+            except StartError as exc:
+                return JobResult(None, exc.failure, str(exc)), False
+            with self._lock:
+                self._running[key] = (token, handle)
+                pending_cancel = self._cancel.get(key)
+            if handle.pid is not None:
+                self.ledger.started(entry, handle.pid)
+            if pending_cancel is not None:
+                handle.cancel(pending_cancel)
+            try:
+                self.api.report(claim.job_id, claim.attempt, token, "started")
+            except Fenced:
+                with self._lock:
+                    self._fenced.add(key)
+                handle.cancel(0)
+            result = self._supervise(handle, syncs, key, launch.gpu_uuids)
+        finally:
+            for sync in syncs:
+                sync.sync()
+            shipper.close(timeout_s=30)
+        return result, True
+
+    def _stage(self, claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
+        code = claim.spec.code
+        if code is not None:
+            digest = parse_digest(code)
+            if digest is None:
+                raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
+            archive = dirs.base / "bundle"
+            io.fetch_bundle(claim.tenant, digest, archive)
+            try:
+                unpack_bundle(archive, dirs.work, expected_sha256=digest)
+            finally:
+                archive.unlink(missing_ok=True)
+        if claim.attempt > 1:
+            restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
+
+    @staticmethod
+    def _secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
+        """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
+        read only the tenant's own prefix); never written anywhere but the job's environment."""
+        out = {}
+        for env_name, secret_name in claim.spec.secrets.items():
+            if not secret_name.startswith(f"berth/{claim.tenant}/"):
+                raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
+            try:
+                out[env_name] = io.secret_value(secret_name)
+            except Exception as exc:
+                raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
+        return out
+
+    def _supervise(
+        self, handle: RunHandle, syncs: list[DirSync], key: tuple[str, int], gpus: tuple[str, ...]
+    ) -> JobResult:
+        next_sync = time.monotonic() + self.sync_interval_s
+        next_sample = time.monotonic()
+        try:
+            while (result := handle.wait(self.tick_s)) is None:
+                now = time.monotonic()
+                if now >= next_sync:
+                    for sync in syncs:
+                        sync.sync()
+                    next_sync = now + self.sync_interval_s
+                if self.sampler is not None and handle.pid is not None and now >= next_sample:
+                    self._sample(key, handle.pid, list(gpus))
+                    next_sample = now + self.sample_interval_s
+            return result
+        finally:
+            self.usage.pop(key, None)
+            if self.sampler is not None and handle.pid is not None:
+                self.sampler.forget(handle.pid)
+
+    def _sample(self, key: tuple[str, int], pgid: int, gpus: list[str]) -> None:
+        assert self.sampler is not None
+        try:
+            usage = self.sampler.sample(pgid, gpus)
+        except Exception as exc:  # NVML hiccups never stop a job
+            log.warning("usage sample failed", extra={"job_id": key[0], "error": str(exc)})
+            return
+        self.usage[key] = usage
+        log.info("usage", extra={"job_id": key[0], "attempt": key[1], "usage": usage.as_dict()})
+
+    def _report(self, job_id: str, attempt: int, token: str, result: JobResult) -> None:
+        event = (
+            "succeeded"
+            if result.succeeded
+            else "canceled"
+            if result.failure is FailureKind.CANCELED
+            else "failed"
+        )
+        try:
+            self.api.report(
+                job_id,
+                attempt,
+                token,
+                event,
+                exit_code=result.exit_code,
+                failure=None if result.failure in (None, FailureKind.CANCELED) else result.failure.value,
+                message=result.message,
+            )
+        except Fenced:
+            log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})
+        except AgentApiError as exc:
+            log.error("final report failed", extra={"job_id": job_id, "attempt": attempt, "error": str(exc)})

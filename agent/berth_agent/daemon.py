@@ -1,0 +1,296 @@
+"""The agent's main loop: register, heartbeat, long-poll the host's queue, run attempts, drain.
+
+``Daemon.run()`` is what ``berth-agent`` runs (once the control plane's agent API is in place):
+
+1. leftovers of a previous run (``AttemptLedger``) are reaped and reported lost, then forgotten;
+2. ``register`` with the inventory; ``sd_notify READY=1``;
+3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
+   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host);
+4. the main loop long-polls the queue while not draining, and for each ``run`` message whose GPUs
+   are all free on this host starts ``AttemptRunner.run`` in a thread; the message is deleted once
+   the claim is answered (200 or 409), and left for redelivery otherwise (busy GPUs, no answer);
+   it pings the systemd watchdog every turn; when heartbeats fail for longer than the lease, the
+   running attempts are canceled (their lease, and so their attempt, may have moved elsewhere);
+5. the first SIGTERM drains: no new work, ``STOPPING=1``, running attempts may finish within
+   ``drain_timeout_s`` and are canceled (with the cancel grace) after it; a second SIGTERM cancels
+   them at once (grace 0). ``run()`` returns when nothing is left running.
+
+Everything it talks to is injected (``api``, ``queue``, ``runner``), so the loop is tested with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Protocol
+
+from berth_agent import __version__, sdnotify
+from berth_agent.client import AgentApiError
+from berth_agent.config import AgentConfig
+from berth_agent.gpus import Inventory
+from berth_agent.ledger import AttemptLedger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    body: str
+    receipt: str
+
+
+class WorkQueue(Protocol):
+    def receive(self, wait_s: int) -> list[Message]: ...
+    def delete(self, receipt: str) -> None: ...
+
+
+class SqsQueue:
+    """The host's own queue through a botocore ``sqs`` client (host identity)."""
+
+    def __init__(self, client: Any, url: str) -> None:
+        self._client, self.url = client, url
+
+    def receive(self, wait_s: int) -> list[Message]:
+        answer = self._client.receive_message(
+            QueueUrl=self.url, WaitTimeSeconds=wait_s, MaxNumberOfMessages=1
+        )
+        return [Message(m["Body"], m["ReceiptHandle"]) for m in answer.get("Messages", [])]
+
+    def delete(self, receipt: str) -> None:
+        self._client.delete_message(QueueUrl=self.url, ReceiptHandle=receipt)
+
+
+class Runner(Protocol):
+    def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Any: ...
+    def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None: ...
+    def running(self) -> list[dict[str, Any]]: ...
+
+
+class Api(Protocol):
+    def register(self, inventory: dict[str, Any], agent_version: str = ...) -> Any: ...
+    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any: ...
+    def report(
+        self,
+        job_id: str,
+        attempt: int,
+        fencing_token: str,
+        event: str,
+        *,
+        exit_code: int | None = None,
+        failure: str | None = None,
+        message: str = "",
+    ) -> Any: ...
+
+
+class Daemon:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        inventory: Inventory,
+        api: Api,
+        runner: Runner,
+        queue_for: Callable[[str], WorkQueue],
+        ledger: AttemptLedger,
+        host_facts: Mapping[str, Any] | None = None,
+        poll_wait_s: int = 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self.inventory, self.api, self.runner = config, inventory, api, runner
+        self.queue_for, self.ledger = queue_for, ledger
+        self.host_facts = dict(host_facts or {})
+        self.poll_wait_s = poll_wait_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._busy: dict[str, tuple[str, int]] = {}  # GPU uuid -> attempt using it
+        self._threads: list[threading.Thread] = []
+        self.draining = threading.Event()
+        self.stopping_now = threading.Event()
+        self._drain_deadline: float | None = None
+        self.heartbeat_s = 30.0
+        self.receive_retry_s = 5.0
+        self.lease_s = 90.0
+        self._last_beat_ok = clock()
+        self.lease_lost = False
+
+    # -- start ---------------------------------------------------------------------------------
+    def recover(self) -> int:
+        """Reap and report what a previous run left; returns how many attempts were lost."""
+        lost = 0
+        for left in self.ledger.leftovers():
+            self.ledger.reap(left)
+            e = left.entry
+            try:
+                self.api.report(
+                    e.job_id,
+                    e.attempt,
+                    e.fencing_token,
+                    "failed",
+                    failure="agent_error",
+                    message="lost on agent restart",
+                )
+            except AgentApiError as exc:
+                log.warning("lost attempt not reported", extra={"job_id": e.job_id, "error": str(exc)})
+            self.ledger.remove(e)
+            lost += 1
+        return lost
+
+    def register(self) -> Any:
+        inv = self.inventory
+        inventory = {
+            "host_id": self.config.host_id,
+            "pool": self.config.pool,
+            "gpu_type": inv.gpu_type,
+            "gpu_ids": inv.healthy_uuids,
+            "labels": {},
+            **self.host_facts,
+        }
+        answer = self.api.register(inventory, agent_version=__version__)
+        self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
+        self.lease_s = float(answer.get("lease_s", self.lease_s))
+        self._last_beat_ok = self._clock()
+        return answer
+
+    # -- signals and directives ----------------------------------------------------------------
+    def on_sigterm(self, signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
+        if not self.draining.is_set():
+            self.drain("SIGTERM")
+        else:
+            log.warning("second SIGTERM: stopping running attempts now")
+            self.stopping_now.set()
+            for a in self.runner.running():
+                self.runner.cancel(a["job_id"], a["attempt"], grace_s=0)
+
+    def drain(self, why: str) -> None:
+        if self.draining.is_set():
+            return
+        log.info("draining", extra={"why": why, "running": len(self.runner.running())})
+        self._drain_deadline = self._clock() + self.config.drain_timeout_s
+        self.draining.set()
+        sdnotify.stopping(f"draining ({why})")
+
+    def apply(self, directives: list[Mapping[str, Any]]) -> None:
+        for d in directives:
+            action = d.get("action")
+            if action == "drain":
+                self.drain("directive")
+            elif action in ("cancel", "stop") and d.get("job_id") and d.get("attempt") is not None:
+                self.runner.cancel(str(d["job_id"]), int(d["attempt"]))
+            else:
+                log.warning("unknown directive ignored", extra={"directive": dict(d)})
+
+    def heartbeat_once(self) -> None:
+        answer = self.api.heartbeat(
+            healthy=True, draining=self.draining.is_set(), attempts=self.runner.running()
+        )
+        self._last_beat_ok = self._clock()
+        self.lease_lost = False
+        self.apply(list((answer or {}).get("directives") or []))
+
+    def _heartbeats(self, done: threading.Event) -> None:
+        while not done.wait(self.heartbeat_s):
+            try:
+                self.heartbeat_once()
+            except Exception as exc:  # the lease survives a missed beat or two; keep beating
+                log.warning("heartbeat failed", extra={"error": str(exc)})
+                self._check_lease()
+
+    def _check_lease(self) -> None:
+        """Past the lease without a heartbeat, the control plane may already have given this host's
+        attempts to another host: stop them here so no attempt runs twice for long."""
+        if self.lease_lost or self._clock() - self._last_beat_ok <= self.lease_s:
+            return
+        self.lease_lost = True
+        running = self.runner.running()
+        log.error("lease lost: stopping this host's attempts", extra={"attempts": len(running)})
+        for a in running:
+            self.runner.cancel(a["job_id"], a["attempt"])
+
+    # -- work ----------------------------------------------------------------------------------
+    def offer(self, queue: WorkQueue, message: Message) -> bool:
+        """Start the attempt ``message`` names if its GPUs are free; True when it was taken."""
+        try:
+            body = json.loads(message.body)
+            key = (str(body["job_id"]), int(body["attempt"]))
+            gpus = [str(g) for g in body.get("gpu_ids") or []]
+            valid = body.get("protocol") == 1 and body.get("kind") == "run"
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            log.error("unreadable work message deleted", extra={"body": message.body[:200]})
+            queue.delete(message.receipt)
+            return False
+        with self._lock:
+            if any(g in self._busy for g in gpus):
+                return False  # redelivered after its visibility timeout, when they may be free
+            for g in gpus:
+                self._busy[g] = key
+
+        def work() -> None:
+            try:
+                self.runner.run(body, on_claim_answered=lambda: queue.delete(message.receipt))
+            except Exception:
+                log.exception("attempt failed in the agent", extra={"job_id": key[0], "attempt": key[1]})
+            finally:
+                with self._lock:
+                    for g in gpus:
+                        self._busy.pop(g, None)
+
+        t = threading.Thread(target=work, name=f"attempt-{key[0]}-{key[1]}", daemon=True)
+        self._threads.append(t)
+        t.start()
+        return True
+
+    def _reap_threads(self) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+
+    def loop_once(self, queue: WorkQueue) -> None:
+        sdnotify.watchdog()
+        self._reap_threads()
+        if self.draining.is_set():
+            if self._drain_deadline is not None and self._clock() >= self._drain_deadline:
+                for a in self.runner.running():
+                    self.runner.cancel(a["job_id"], a["attempt"])
+                self._drain_deadline = None
+            time.sleep(0.2)
+            return
+        try:
+            messages = queue.receive(self.poll_wait_s)
+        except Exception as exc:  # the queue unreachable: running jobs go on; retry after a pause
+            log.warning("queue receive failed", extra={"error": str(exc)})
+            self.draining.wait(self.receive_retry_s)
+            return
+        for message in messages:
+            self.offer(queue, message)
+
+    def run(self, install_signals: bool = True) -> None:
+        self.recover()
+        answer = self.register()
+        queue = self.queue_for(str(answer["queue_url"]))
+        if install_signals:
+            signal.signal(signal.SIGTERM, self.on_sigterm)
+            signal.signal(signal.SIGINT, self.on_sigterm)
+        sdnotify.ready(f"host {self.config.host_id}: {len(self.inventory.healthy_uuids)} GPUs")
+        done = threading.Event()
+        beat = threading.Thread(target=self._heartbeats, args=(done,), daemon=True, name="heartbeat")
+        beat.start()
+        try:
+            while not (self.draining.is_set() and not self._threads_alive()):
+                self.loop_once(queue)
+        finally:
+            done.set()
+            beat.join(timeout=5)
+            try:
+                self.heartbeat_once()  # the control plane learns at once that nothing runs here
+            except Exception as exc:
+                log.warning("last heartbeat failed", extra={"error": str(exc)})
+
+    def _threads_alive(self) -> bool:
+        self._reap_threads()
+        return bool(self._threads)

@@ -1,0 +1,57 @@
+"""Executors: how a staged attempt runs on this host (see ``base`` for the shared contract).
+
+``for_config(config)`` picks the executor the host's config names; the Kubernetes one needs the
+cluster's API objects (``kubernetes.client.BatchV1Api()``, ``CoreV1Api()``), passed as ``kube``.
+"""
+
+from __future__ import annotations
+
+from berth_agent.config import AgentConfig, ExecutorKind
+from berth_agent.executors.base import (
+    Executor,
+    FailureKind,
+    JobResult,
+    Launch,
+    Limits,
+    LineSink,
+    Mount,
+    Rendezvous,
+    RunHandle,
+    StartError,
+    job_environment,
+)
+from berth_agent.executors.docker import ContainerExecutor
+from berth_agent.executors.kubernetes import BatchApi, CoreApi, KubernetesExecutor
+from berth_agent.executors.process import ProcessExecutor, UidPool
+
+__all__ = [
+    "ContainerExecutor",
+    "Executor",
+    "FailureKind",
+    "JobResult",
+    "KubernetesExecutor",
+    "Launch",
+    "Limits",
+    "LineSink",
+    "Mount",
+    "ProcessExecutor",
+    "Rendezvous",
+    "RunHandle",
+    "StartError",
+    "UidPool",
+    "for_config",
+    "job_environment",
+]
+
+
+def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None) -> Executor:
+    grace = float(config.cancel_grace_s)
+    if config.executor == ExecutorKind.PROCESS:
+        return ProcessExecutor(uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace)
+    if config.executor in (ExecutorKind.DOCKER, ExecutorKind.PODMAN):
+        if config.executor == ExecutorKind.DOCKER:
+            return ContainerExecutor("docker", config.container, timeout_grace_s=grace)
+        return ContainerExecutor("podman", config.container, timeout_grace_s=grace)
+    if kube is None:
+        raise ValueError("the kubernetes executor needs the cluster's BatchV1Api and CoreV1Api")
+    return KubernetesExecutor(kube[0], kube[1], config.kubernetes)

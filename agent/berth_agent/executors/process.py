@@ -1,0 +1,347 @@
+"""Run a job as a plain host process: own process group, own environment, limits, wall clock.
+
+``ProcessRun`` is the machinery every local executor uses (the docker/podman executor runs its CLI
+through it): ``start_new_session`` puts the run in its own session and process group, so one
+signal reaches everything it started; stdout and stderr are read line by line by two threads
+(each line bounded by ``MAX_LINE_BYTES``: a longer one arrives in pieces) and handed to the
+callback, never accumulated; a supervisor thread enforces the wall-clock limit, turns a cancel into
+SIGTERM to the group then SIGKILL after the grace, and once the leader exits kills whatever of the
+group is left, so nothing of the job outlives it.
+
+``ProcessExecutor`` adds what a code-bundle job needs: cwd in its per-job directory, the environment
+from ``job_environment`` only (nothing of the agent's), rlimits (address space, open files, CPU
+seconds) set in the child before exec, and, when the agent runs as root, a uid/gid of its own from
+``UidPool`` (no supplementary groups, umask 077; its directories chowned to it and 0700), so one
+job cannot read another's files, and none can read the agent's.
+
+Not here: cgroup v2 CPU/memory limits (the host's systemd/cgroup setup would add them), and a
+process that calls ``setsid`` itself escapes the group's kill (a cgroup would catch it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from berth_agent.executors.base import (
+    Executor,
+    FailureKind,
+    JobResult,
+    Launch,
+    LineSink,
+    RunHandle,
+    StartError,
+    classify,
+    job_environment,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 1024
+TAIL_LINES = 20
+_POLL_S = 0.1
+
+
+def _rlimit_setter(limits: dict[int, int]) -> Callable[[], None] | None:
+    """A preexec function that only calls setrlimit (async-signal-safe enough: no locks, no allocs
+    beyond the call) so that limits apply before the job's first instruction."""
+    if not limits:
+        return None
+    items = list(limits.items())
+
+    def apply() -> None:
+        for res, value in items:
+            resource.setrlimit(res, (value, value))
+
+    return apply
+
+
+class ProcessRun(RunHandle):
+    """One process group, supervised. ``terminate`` replaces the SIGTERM to the group (containers)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        on_line: LineSink,
+        timeout_s: float | None,
+        timeout_grace_s: float,
+        rlimits: dict[int, int] | None = None,
+        user: int | None = None,
+        group: int | None = None,
+        terminate: Callable[[float], None] | None = None,
+        container: bool = False,
+        on_exit: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._clock = clock
+        self._terminate_hook = terminate
+        self._container = container
+        self._timeout_grace_s = timeout_grace_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._result: JobResult | None = None
+        self._stop_reason: str | None = None  # "canceled" | "timeout"
+        self._kill_at: float | None = None
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.started_at = clock()
+        self._deadline = None if timeout_s is None else self.started_at + timeout_s
+        extra: dict[str, object] = {}
+        if user is not None:
+            extra = {"user": user, "group": group, "extra_groups": []}
+        try:
+            self._proc = subprocess.Popen(
+                list(argv),
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                umask=0o077,
+                preexec_fn=_rlimit_setter(rlimits or {}),
+                **extra,  # type: ignore[call-overload]
+            )
+        except BaseException as exc:
+            if on_exit is not None:
+                on_exit()
+            if isinstance(exc, FileNotFoundError):
+                raise StartError(FailureKind.NONZERO_EXIT, f"command not found: {argv[0]}") from exc
+            if isinstance(exc, PermissionError):
+                raise StartError(FailureKind.NONZERO_EXIT, f"command not executable: {argv[0]}") from exc
+            if isinstance(exc, (subprocess.SubprocessError, OSError)):  # preexec (rlimits), uid switch
+                raise StartError(FailureKind.AGENT_ERROR, f"the job could not be started: {exc}") from exc
+            raise
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=("stdout", self._proc.stdout), daemon=True),
+            threading.Thread(target=self._read, args=("stderr", self._proc.stderr), daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True, name=f"run-{self.pid}")
+        self._supervisor.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    # -- output ---------------------------------------------------------------------------------
+    def _read(self, name: str, stream: IO[bytes]) -> None:
+        with stream:
+            while raw := stream.readline(MAX_LINE_BYTES):
+                line = raw.decode("utf-8", "replace")
+                line = line[:-1] if line.endswith("\n") else line
+                if name == "stderr":
+                    self._tail.append(line)
+                try:
+                    self._on_line(name, line)
+                except Exception:  # a broken sink must not stop the drain (the job would block)
+                    log.exception("log sink failed; line dropped", extra={"pid": self.pid})
+
+    # -- control --------------------------------------------------------------------------------
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def _begin_stop(self, grace_s: float) -> None:
+        self._kill_at = self._clock() + max(0.0, grace_s)
+        if self._terminate_hook is not None:
+            self._terminate_hook(grace_s)
+        else:
+            self._signal_group(signal.SIGTERM)
+
+    def cancel(self, grace_s: float) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            if self._stop_reason is None:
+                self._stop_reason = "canceled"
+                self._begin_stop(grace_s)
+            elif grace_s == 0:
+                self._kill_at = self._clock()
+
+    def _supervise(self) -> None:
+        while True:
+            try:
+                returncode = self._proc.wait(timeout=_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = self._clock()
+            with self._lock:
+                if self._deadline is not None and now >= self._deadline and self._stop_reason is None:
+                    self._stop_reason = "timeout"
+                    self._begin_stop(self._timeout_grace_s)
+                if self._kill_at is not None and now >= self._kill_at:
+                    self._kill_at = None
+                    self._signal_group(signal.SIGKILL)
+        # The leader is gone: nothing else of the group may outlive it (and hold the pipes open).
+        self._signal_group(signal.SIGKILL)
+        for t in self._readers:
+            t.join(timeout=5.0)
+        with self._lock:
+            self._result = classify(
+                returncode,
+                canceled=self._stop_reason == "canceled",
+                timed_out=self._stop_reason == "timeout",
+                stderr_tail=list(self._tail),
+                container=self._container,
+            )
+        if self._on_exit is not None:
+            self._on_exit()
+        self._done.set()
+
+    def poll(self) -> JobResult | None:
+        return self._result if self._done.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> JobResult | None:
+        self._done.wait(timeout)
+        return self.poll()
+
+
+class UidPool:
+    """Unprivileged uids, one per running job (gid = uid); only usable when the agent is root."""
+
+    def __init__(self, ids: range) -> None:
+        self._free = list(ids)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> UidPool | None:
+        """``"first-last"`` -> a pool, or None when unset or the agent is not root (the jobs then run
+        as the agent's own user: docs/agent.md says why that is only for trusted single-tenant hosts)."""
+        if spec is None or os.geteuid() != 0:
+            return None
+        first, last = (int(x) for x in spec.split("-"))
+        if not 0 < first <= last:
+            raise ValueError(f"uid range {spec} is empty or includes root")
+        return cls(range(first, last + 1))
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise StartError(FailureKind.AGENT_ERROR, "no free job uid left on this host")
+            return self._free.pop(0)
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+class ProcessExecutor(Executor):
+    def __init__(self, *, uids: UidPool | None = None, timeout_grace_s: float = 30.0) -> None:
+        self.uids = uids
+        self.timeout_grace_s = timeout_grace_s
+
+    def rlimits(self, launch: Launch) -> dict[int, int]:
+        """The limits to set, each capped at the agent's own hard limit (a child cannot raise it)."""
+        lim = launch.limits
+        wanted = {
+            resource.RLIMIT_AS: lim.address_space_bytes,
+            resource.RLIMIT_NOFILE: lim.nofile,
+            resource.RLIMIT_CPU: lim.cpu_seconds,
+        }
+        out: dict[int, int] = {}
+        for res, value in wanted.items():
+            if value is not None:
+                hard = resource.getrlimit(res)[1]
+                out[res] = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        return out
+
+    def environment(self, launch: Launch) -> dict[str, str]:
+        return job_environment(
+            launch,
+            home=str(launch.workdir),
+            output_dir=None if launch.output_dir is None else str(launch.output_dir),
+            checkpoint_dir=None if launch.checkpoint_dir is None else str(launch.checkpoint_dir),
+        )
+
+    @staticmethod
+    def link_mounts(launch: Launch) -> None:
+        """Without a mount namespace a process cannot see ``/data`` at ``/data``: each mount appears at
+        ``<workdir>/<mount path>`` (``/data/train`` -> ``./data/train``), a symlink to its source.
+        Read-only comes from ownership (sources are not the job's) and the unit's ProtectSystem=strict."""
+        for m in launch.mounts:
+            rel = PurePosixPath(m.target).relative_to("/")
+            if not rel.parts or ".." in rel.parts:
+                raise StartError(FailureKind.STAGING, f"mount target {m.target} is not a safe path")
+            link = launch.workdir.joinpath(*rel.parts)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.exists() or link.is_symlink():
+                raise StartError(
+                    FailureKind.STAGING, f"mount target {m.target} collides with the job's files"
+                )
+            link.symlink_to(m.source, target_is_directory=m.source.is_dir())
+
+    @staticmethod
+    def _give(launch: Launch, uid: int) -> None:
+        for d in (launch.workdir, launch.output_dir, launch.checkpoint_dir):
+            if d is not None:
+                _chown_tree(d, uid, uid)
+                d.chmod(0o700)
+        # Staged data inside the attempt's directory: its directories become the job's (so no other
+        # job can traverse them); its files stay the cache's (shared hard links, read-only, not chowned).
+        base = launch.workdir.parent
+        for m in launch.mounts:
+            if m.source.is_dir() and m.source.is_relative_to(base):
+                for dirpath, _dirs, _files in os.walk(m.source):
+                    os.chown(dirpath, uid, uid)
+                    os.chmod(dirpath, 0o500)
+
+    def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
+        if not launch.command:
+            raise StartError(FailureKind.NONZERO_EXIT, "the job has no command")
+        if not launch.workdir.is_dir():
+            raise StartError(FailureKind.STAGING, f"the job's directory {launch.workdir} is missing")
+        env = self.environment(launch)
+        self.link_mounts(launch)
+        uid: int | None = None
+        on_exit = None
+        if self.uids is not None:
+            uid = self.uids.take()
+            pool = self.uids
+            job_uid = uid
+
+            def on_exit() -> None:
+                pool.give_back(job_uid)
+
+            try:
+                self._give(launch, uid)
+            except BaseException:
+                on_exit()
+                raise
+        return ProcessRun(
+            launch.command,
+            env=env,
+            cwd=launch.workdir,
+            on_line=on_line,
+            timeout_s=launch.timeout_s,
+            timeout_grace_s=self.timeout_grace_s,
+            rlimits=self.rlimits(launch),
+            user=uid,
+            group=uid,
+            on_exit=on_exit,
+        )

@@ -1,0 +1,118 @@
+"""``berth-agent``: wire the configuration to the daemon and run it (the systemd unit's ExecStart).
+
+Exit status: 0 after a drain, 2 for a configuration error (the message names the field), 1 for
+anything else, logged as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import botocore.session
+
+from berth_agent import config as agent_config
+from berth_agent import executors, gpus, jsonlog
+from berth_agent.attempt import AttemptRunner
+from berth_agent.awsio import BotocoreIO
+from berth_agent.client import AgentClient
+from berth_agent.daemon import Daemon, SqsQueue
+from berth_agent.ledger import AttemptLedger
+from berth_agent.staging import ObjectCache
+from berth_agent.usage import UsageSampler
+
+log = logging.getLogger("berth_agent")
+
+
+def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
+    """Everything the daemon needs, from the configuration; ``nvml`` an initialised NVML module for
+    the usage sampler (used only when the inventory itself came from NVML)."""
+    if not (cfg.artifacts_bucket and cfg.data_bucket):
+        raise agent_config.ConfigError("artifacts_bucket and data_bucket must be set")
+    artifacts_bucket, data_bucket = cfg.artifacts_bucket, cfg.data_bucket
+    inventory = gpus.discover(cfg.gpus, cfg.host_id)
+    log.info(
+        "GPUs discovered",
+        extra={"source": inventory.source, "gpu_type": inventory.gpu_type, "gpus": inventory.healthy_uuids},
+    )
+    api = AgentClient.from_config(cfg, profile=cfg.aws_profile)
+    cfg.work_dir.mkdir(parents=True, exist_ok=True)
+    cache = ObjectCache(cfg.cache_dir, cfg.cache_max_bytes)
+    ledger = AttemptLedger(cfg.work_dir)
+
+    def io_for(creds: Mapping[str, Any]) -> BotocoreIO:
+        return BotocoreIO.for_credentials(
+            creds,
+            region=cfg.region,
+            cache=cache,
+            artifacts_bucket=artifacts_bucket,
+            data_bucket=data_bucket,
+            endpoint_url=cfg.aws_endpoint_url,
+        )
+
+    runner = AttemptRunner(
+        config=cfg,
+        inventory=inventory,
+        api=api,
+        executor=executors.for_config(cfg),
+        ledger=ledger,
+        io_for=io_for,
+        sampler=UsageSampler(nvml=nvml if inventory.source == "nvml" else None),
+    )
+    session = botocore.session.Session(profile=cfg.aws_profile)
+
+    def queue_for(url: str) -> SqsQueue:
+        client = session.create_client("sqs", region_name=cfg.region, endpoint_url=cfg.aws_endpoint_url)
+        return SqsQueue(client, url)
+
+    facts = {"cpu": os.cpu_count() or 1, "memory_gib": _memory_gib()}
+    return Daemon(
+        config=cfg,
+        inventory=inventory,
+        api=api,
+        runner=runner,
+        queue_for=queue_for,
+        ledger=ledger,
+        host_facts=facts,
+    )
+
+
+def _memory_gib() -> int:
+    try:
+        text = Path("/proc/meminfo").read_text(encoding="ascii")
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // (1024 * 1024)
+    return 0
+
+
+def main() -> int:
+    jsonlog.setup()
+    try:
+        cfg = agent_config.load()
+        jsonlog.setup(cfg.log_level)
+    except agent_config.ConfigError as exc:
+        log.error(str(exc))
+        return 2
+    with gpus.nvml_session() as nvml:
+        try:
+            daemon = build(cfg, nvml)
+        except agent_config.ConfigError as exc:
+            log.error(str(exc))
+            return 2
+        try:
+            daemon.run()
+        except Exception:
+            log.exception("agent stopped on an error")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

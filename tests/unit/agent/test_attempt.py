@@ -1,0 +1,312 @@
+"""One attempt end to end with real processes, a fake agent API and fake S3/Logs (AttemptIO)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from berth_agent.attempt import AttemptRunner
+from berth_agent.client import Fenced
+from berth_agent.config import AgentConfig, JobLimits
+from berth_agent.executors import FailureKind, ProcessExecutor
+from berth_agent.gpus import Gpu, Inventory
+from berth_agent.ledger import AttemptLedger
+from berth_tools.bundle import pack
+
+INV = Inventory(gpus=(Gpu(0, "GPU-a", "H100", 81920),), gpu_type="H100", source="simulated")
+
+
+class FakeApi:
+    def __init__(self, spec: dict[str, Any], attempt: int = 1, claim_error: Exception | None = None) -> None:
+        self.spec, self.attempt, self.claim_error = spec, attempt, claim_error
+        self.reports: list[dict[str, Any]] = []
+        self.fence_started = False
+
+    def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:
+        if self.claim_error is not None:
+            raise self.claim_error
+        return {
+            "job_id": job_id,
+            "attempt": attempt,
+            "tenant": "vision",
+            "spec": self.spec,
+            "gpu_ids": ["GPU-a"],
+        }
+
+    def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any:
+        return {"AccessKeyId": "ASIA", "SecretAccessKey": "s", "SessionToken": "t"}
+
+    def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any:
+        self.reports.append({"event": event, **kw})
+        if event == "started" and self.fence_started:
+            raise Fenced(409, "Fenced", "superseded")
+        return {"directive": None}
+
+
+class FakeIO:
+    def __init__(
+        self, bundles: dict[str, bytes] | None = None, checkpoints: dict[str, bytes] | None = None
+    ) -> None:
+        self.bundles = bundles or {}
+        self.objects: dict[str, bytes] = dict(checkpoints or {})
+        self.events: list[str] = []
+
+    def fetch_bundle(self, tenant: str, digest: str, dest: Path) -> None:
+        dest.write_bytes(self.bundles[digest])
+
+    def stage_s3(self, uri: str, dest: Path) -> Path:
+        raise AssertionError("not used")
+
+    def list_keys(self, prefix: str) -> Iterable[str]:
+        return [k for k in self.objects if k.startswith(prefix)]
+
+    def get(self, key: str, dest: Path) -> None:
+        dest.write_bytes(self.objects[key])
+
+    def put(self, fh: BinaryIO, key: str, size: int) -> None:
+        self.objects[key] = fh.read()
+
+    def secret_value(self, name: str) -> str:
+        if name != "berth/vision/wandb":
+            raise KeyError(name)
+        return "wandb-key"
+
+    def logs_client(self) -> Any:
+        io = self
+
+        class Logs:
+            def create_log_stream(self, **kw: Any) -> None:
+                pass
+
+            def put_log_events(self, **kw: Any) -> dict[str, Any]:
+                io.events += [e["message"] for e in kw["logEvents"]]
+                return {}
+
+        return Logs()
+
+
+def _bundle(tmp_path: Path, script: str) -> tuple[str, bytes]:
+    src = tmp_path / "code"
+    src.mkdir()
+    (src / "train.py").write_text(script)
+    b = pack(src)
+    return b.digest, b.data
+
+
+def _runner(tmp_path: Path, api: FakeApi, io: FakeIO) -> AttemptRunner:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    work.chmod(0o711)
+    cfg = AgentConfig(
+        api_url="http://x",
+        pool="p",
+        host_id="h",
+        work_dir=work,
+        limits=JobLimits(uid_range=None),
+        cancel_grace_s=1,
+    )
+
+    def io_for(creds: Mapping[str, Any]) -> FakeIO:
+        assert creds["AccessKeyId"] == "ASIA"
+        return io
+
+    return AttemptRunner(
+        config=cfg,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=AttemptLedger(work),
+        io_for=io_for,
+        sync_interval_s=0.2,
+        tick_s=0.05,
+    )
+
+
+MSG = {"job_id": "j-1", "attempt": 1, "fencing_token": "tok"}
+
+
+def _spec(digest: str, **kw: Any) -> dict[str, Any]:
+    return {"name": "t", "code": f"sha256:{digest}", "command": [sys.executable, "train.py"], **kw}
+
+
+def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) -> None:
+    script = (
+        "import os, pathlib\n"
+        "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "e = os.environ\n"
+        "print(e['AWS_ACCESS_KEY_ID'], e['AWS_SESSION_TOKEN'], e['WANDB_API_KEY'])\n"
+        "pathlib.Path(os.environ['BERTH_OUTPUT_DIR'], 'model.txt').write_text('weights')\n"
+        "pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'], 'step-1').write_text('1')\n"
+    )
+    digest, data = _bundle(tmp_path, script)
+    api, io = FakeApi(_spec(digest, secrets={"WANDB_API_KEY": "berth/vision/wandb"})), FakeIO({digest: data})
+    runner = _runner(tmp_path, api, io)
+    outcome = runner.run(MSG)
+    assert outcome.ran and outcome.result is not None and outcome.result.succeeded
+    assert [r["event"] for r in api.reports] == ["started", "succeeded"]
+    assert io.events == ["gpus GPU-a", "ASIA t wandb-key"]
+    assert io.objects["vision/jobs/j-1/outputs/model.txt"] == b"weights"
+    assert io.objects["vision/jobs/j-1/checkpoints/step-1"] == b"1"
+    assert runner.running() == [] and runner.ledger.entries() == []
+    assert list((tmp_path / "work").iterdir()) == [tmp_path / "work" / ".attempts"]  # job dir removed
+
+
+def test_a_retried_attempt_gets_its_checkpoints_back(tmp_path: Path) -> None:
+    script = "import os; print(open(os.path.join(os.environ['BERTH_CHECKPOINT_DIR'], 'step-7')).read())"
+    digest, data = _bundle(tmp_path, script)
+    io = FakeIO({digest: data}, {"vision/jobs/j-1/checkpoints/step-7": b"resumed"})
+    api = FakeApi(_spec(digest))
+    outcome = _runner(tmp_path, api, io).run({**MSG, "attempt": 2})
+    assert outcome.result is not None and outcome.result.succeeded and io.events == ["resumed"]
+
+
+def test_a_bundle_with_the_wrong_digest_never_runs(tmp_path: Path) -> None:
+    digest, _ = _bundle(tmp_path, "print('never')")
+    api, io = FakeApi(_spec(digest)), FakeIO({digest: b"tampered"})
+    outcome = _runner(tmp_path, api, io).run(MSG)
+    assert not outcome.ran and outcome.result is not None and outcome.result.failure is FailureKind.STAGING
+    assert [(r["event"], r["failure"]) for r in api.reports] == [("failed", "staging")]
+    assert io.events == []
+
+
+def test_a_claim_refused_runs_nothing_and_reports_nothing(tmp_path: Path) -> None:
+    api = FakeApi({}, claim_error=Fenced(409, "Fenced", "no"))
+    outcome = _runner(tmp_path, api, FakeIO()).run(MSG)
+    assert not outcome.ran and outcome.reason == "Fenced" and api.reports == []
+
+
+def test_failure_is_classified_and_reported(tmp_path: Path) -> None:
+    digest, data = _bundle(tmp_path, "import sys; print('bad', file=sys.stderr); sys.exit(4)")
+    api = FakeApi(_spec(digest))
+    _runner(tmp_path, api, FakeIO({digest: data})).run(MSG)
+    final = api.reports[-1]
+    assert final["event"] == "failed" and final["exit_code"] == 4 and final["failure"] == "nonzero_exit"
+
+
+def test_cancel_directive_stops_the_job(tmp_path: Path) -> None:
+    digest, data = _bundle(tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    api, io = FakeApi(_spec(digest)), FakeIO({digest: data})
+    runner = _runner(tmp_path, api, io)
+    outcomes: list[Any] = []
+    t = threading.Thread(target=lambda: outcomes.append(runner.run(MSG)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not (api.reports and runner.running()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runner.running() == [{"job_id": "j-1", "attempt": 1, "fencing_token": "tok"}]
+    runner.cancel("j-1", 1, grace_s=0.5)
+    t.join(10)
+    assert outcomes and outcomes[0].result.failure is FailureKind.CANCELED
+    assert api.reports[-1]["event"] == "canceled" and api.reports[-1]["failure"] is None
+
+
+def test_fenced_at_start_stops_the_job_at_once(tmp_path: Path) -> None:
+    digest, data = _bundle(tmp_path, "import time; time.sleep(60)")
+    api = FakeApi(_spec(digest))
+    api.fence_started = True
+    t0 = time.monotonic()
+    outcome = _runner(tmp_path, api, FakeIO({digest: data})).run(MSG)
+    assert time.monotonic() - t0 < 10
+    assert outcome.result is not None and outcome.result.failure is FailureKind.CANCELED
+    assert outcome.reason == "Fenced" and [r["event"] for r in api.reports] == ["started"]  # nothing after
+
+
+@pytest.mark.parametrize("gpu_ids", [["GPU-other"]])
+def test_gpus_not_ours_are_an_agent_error(tmp_path: Path, gpu_ids: list[str]) -> None:
+    digest, data = _bundle(tmp_path, "print(1)")
+    api = FakeApi(_spec(digest))
+    api.claim = lambda *a: {  # type: ignore[method-assign]
+        "job_id": "j-1",
+        "attempt": 1,
+        "tenant": "vision",
+        "spec": _spec(digest),
+        "gpu_ids": gpu_ids,
+    }
+    outcome = _runner(tmp_path, api, FakeIO({digest: data})).run(MSG)
+    assert not outcome.ran and api.reports[-1]["failure"] == "agent_error"
+
+
+def test_another_tenants_or_unreadable_secret_stops_before_running(tmp_path: Path) -> None:
+    digest, data = _bundle(tmp_path, "print('never')")
+    for name, failure in (("berth/nlp/token", "agent_error"), ("berth/vision/missing", "staging")):
+        api = FakeApi(_spec(digest, secrets={"TOKEN": name}))
+        io = FakeIO({digest: data})
+        outcome = _runner(tmp_path, api, io).run(MSG)
+        assert not outcome.ran and api.reports[-1]["failure"] == failure and io.events == []
+
+
+def test_without_a_credentials_route_plain_jobs_still_run(tmp_path: Path) -> None:
+    from berth_agent.client import AgentApiError
+
+    def no_route(*a: Any) -> Any:
+        raise AgentApiError(404, "NotFound", "no route POST /v1/agent/credentials")
+
+    plain = {
+        "name": "t",
+        "image": "local/none",
+        "command": [sys.executable, "-c", "import os; print('AWS' in str(os.environ))"],
+    }
+    api = FakeApi(plain)
+    api.credentials = no_route  # type: ignore[method-assign, assignment]
+    runner = AttemptRunner(
+        config=_runner(tmp_path, api, FakeIO()).config,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=AttemptLedger(tmp_path / "work"),
+        io_for=lambda creds: pytest.fail("no credentials, no AWS I/O"),
+        tick_s=0.05,
+    )
+    outcome = runner.run(MSG)
+    assert outcome.ran and outcome.result is not None and outcome.result.succeeded
+    digest, _ = _bundle(tmp_path, "print('never')")
+    api.spec = _spec(digest)
+    outcome = runner.run(MSG)
+    assert not outcome.ran and api.reports[-1]["failure"] == "staging"
+
+
+def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
+    from berth_agent.client import AgentApiError
+
+    digest, data = _bundle(tmp_path, "print('never')")
+    api = FakeApi(_spec(digest))
+
+    def no_route(*a: Any) -> Any:
+        raise AgentApiError(403, "Forbidden", "not this host's attempt")
+
+    api.credentials = no_route  # type: ignore[method-assign, assignment]
+    runner = _runner(tmp_path, api, FakeIO({digest: data}))
+    outcome = runner.run(MSG)
+    assert not outcome.ran and api.reports[-1]["failure"] == "agent_error"
+    assert runner.ledger.entries() == []
+
+
+def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from berth_agent.usage import UsageSampler
+
+    digest, data = _bundle(tmp_path, "import time\nx = bytearray(30 * 1024 * 1024)\ntime.sleep(0.6)\n")
+    api = FakeApi(_spec(digest))
+    base = _runner(tmp_path, api, FakeIO({digest: data}))
+    runner = AttemptRunner(
+        config=base.config,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=base.ledger,
+        io_for=base.io_for,
+        tick_s=0.05,
+        sampler=UsageSampler(),
+        sample_interval_s=0.2,
+    )
+    with caplog.at_level("INFO", logger="berth_agent.attempt"):
+        outcome = runner.run(MSG)
+    assert outcome.result is not None and outcome.result.succeeded
+    samples = [r.usage for r in caplog.records if r.getMessage() == "usage"]  # type: ignore[attr-defined]
+    assert len(samples) >= 2 and max(s["rss_bytes"] for s in samples) > 30 * 1024 * 1024
+    assert all(s["processes"] >= 1 for s in samples) and runner.usage == {}

@@ -1,0 +1,295 @@
+"""The main loop with fakes: recovery, registration, GPU-aware intake, message deletion, directives, drain."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from berth_agent.config import AgentConfig
+from berth_agent.daemon import Daemon, Message, SqsQueue
+from berth_agent.gpus import Gpu, Inventory
+from berth_agent.ledger import AttemptEntry, AttemptLedger
+
+INV = Inventory(
+    gpus=(Gpu(0, "GPU-a", "H100", 81920), Gpu(1, "GPU-b", "H100", 81920)), gpu_type="H100", source="simulated"
+)
+
+
+def _msg(job: str, gpus: list[str], attempt: int = 1) -> Message:
+    body = {
+        "protocol": 1,
+        "kind": "run",
+        "job_id": job,
+        "attempt": attempt,
+        "fencing_token": f"t-{job}",
+        "gpu_ids": gpus,
+    }
+    return Message(json.dumps(body), f"r-{job}")
+
+
+class FakeQueue:
+    def __init__(self, batches: list[list[Message]]) -> None:
+        self.batches = batches
+        self.deleted: list[str] = []
+
+    def receive(self, wait_s: int) -> list[Message]:
+        if self.batches:
+            return self.batches.pop(0)
+        time.sleep(0.01)
+        return []
+
+    def delete(self, receipt: str) -> None:
+        self.deleted.append(receipt)
+
+
+class FakeRunner:
+    """Claims at once; each attempt runs until released or canceled."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.canceled: list[tuple[str, int, float | None]] = []
+        self.release = threading.Event()
+        self._events: dict[str, threading.Event] = {}
+        self._running: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+
+    def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> None:
+        job = str(message["job_id"])
+        stop = threading.Event()
+        with self.lock:
+            self.started.append(job)
+            self._events[job] = stop
+            self._running[job] = {
+                "job_id": job,
+                "attempt": message["attempt"],
+                "fencing_token": message["fencing_token"],
+            }
+        if on_claim_answered:
+            on_claim_answered()
+        while not (stop.is_set() or self.release.is_set()):
+            time.sleep(0.01)
+        with self.lock:
+            self._running.pop(job, None)
+
+    def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
+        with self.lock:
+            self.canceled.append((job_id, attempt, grace_s))
+            if job_id in self._events:
+                self._events[job_id].set()
+
+    def running(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self._running.values())
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.registered: list[dict[str, Any]] = []
+        self.heartbeats: list[dict[str, Any]] = []
+        self.reports: list[tuple[Any, ...]] = []
+        self.directives: list[dict[str, Any]] = []
+
+    def register(self, inventory: dict[str, Any], agent_version: str = "x") -> Any:
+        self.registered.append(inventory)
+        return {"host_id": "h1", "queue_url": "https://sqs/q", "heartbeat_s": 0.05, "lease_s": 90}
+
+    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
+        self.heartbeats.append({"draining": draining, "attempts": attempts})
+        directives, self.directives = self.directives, []
+        return {"directives": directives}
+
+    def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any:
+        self.reports.append((job_id, attempt, fencing_token, event, kw.get("failure")))
+
+
+def _daemon(
+    tmp_path: Path, queue: FakeQueue, runner: FakeRunner, api: FakeApi, drain_s: int = 3600
+) -> Daemon:
+    cfg = AgentConfig(
+        api_url="http://x", pool="lab", host_id="h1", work_dir=tmp_path, drain_timeout_s=drain_s
+    )
+    return Daemon(
+        config=cfg,
+        inventory=INV,
+        api=api,
+        runner=runner,
+        queue_for=lambda url: queue,
+        ledger=AttemptLedger(tmp_path),
+        host_facts={"cpu": 32, "memory_gib": 256},
+        poll_wait_s=0,
+    )
+
+
+def _until(cond: Callable[[], bool], timeout: float = 5) -> None:
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    assert cond()
+
+
+def test_recover_reports_leftovers_lost(tmp_path: Path) -> None:
+    AttemptLedger(tmp_path).record(AttemptEntry("j-old", 3, "tok", "process", "berth-j-old-3", pid=None))
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    assert d.recover() == 1
+    assert api.reports == [("j-old", 3, "tok", "failed", "agent_error")] and d.ledger.entries() == []
+
+
+def test_register_sends_the_inventory(tmp_path: Path) -> None:
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    d.register()
+    assert api.registered == [
+        {
+            "host_id": "h1",
+            "pool": "lab",
+            "gpu_type": "H100",
+            "gpu_ids": ["GPU-a", "GPU-b"],
+            "labels": {},
+            "cpu": 32,
+            "memory_gib": 256,
+        }
+    ]
+    assert d.heartbeat_s == 0.05
+
+
+def test_intake_is_gpu_aware_and_deletes_after_the_claim(tmp_path: Path) -> None:
+    queue, runner = FakeQueue([]), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    assert d.offer(queue, _msg("j1", ["GPU-a"]))
+    _until(lambda: queue.deleted == ["r-j1"])
+    assert not d.offer(queue, _msg("j2", ["GPU-a", "GPU-b"]))  # GPU-a busy: left for redelivery
+    assert queue.deleted == ["r-j1"]
+    assert d.offer(queue, _msg("j3", ["GPU-b"]))
+    assert not d.offer(queue, Message("not json", "r-bad"))
+    assert "r-bad" in queue.deleted
+    runner.release.set()
+    _until(lambda: not d._threads_alive())
+    assert d.offer(queue, _msg("j2", ["GPU-a", "GPU-b"]))  # free again
+    _until(lambda: "r-j2" in queue.deleted)
+
+
+def test_directives(tmp_path: Path) -> None:
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), runner, api)
+    d.apply(
+        [
+            {"job_id": "j1", "attempt": 2, "action": "cancel", "reason": "user"},
+            {"job_id": None, "attempt": None, "action": "stop", "reason": "malformed"},
+            {"action": "bogus"},
+        ]
+    )
+    assert runner.canceled == [("j1", 2, None)] and not d.draining.is_set()
+    api.directives = [{"job_id": None, "attempt": None, "action": "drain", "reason": "maintenance"}]
+    d.heartbeat_once()
+    assert d.draining.is_set()
+
+
+def test_run_drains_on_sigterm_and_returns_when_work_is_done(tmp_path: Path) -> None:
+    queue = FakeQueue([[_msg("j1", ["GPU-a"])], [_msg("j2", ["GPU-b"])]])
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, queue, runner, api)
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: len(runner.running()) == 2)
+    _until(lambda: any(h["attempts"] for h in api.heartbeats))  # heartbeats carry the attempts
+    d.on_sigterm()
+    assert d.draining.is_set()
+    queue.batches.append([_msg("j3", ["GPU-a"])])
+    time.sleep(0.1)
+    assert t.is_alive() and runner.started == ["j1", "j2"]  # draining: no new work, jobs keep running
+    runner.release.set()
+    t.join(5)
+    assert not t.is_alive()
+    assert api.heartbeats[-1] == {"draining": True, "attempts": []}
+
+
+def test_second_sigterm_cancels_now(tmp_path: Path) -> None:
+    queue, runner = FakeQueue([[_msg("j1", ["GPU-a"])]]), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: len(runner.running()) == 1)
+    d.on_sigterm()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and runner.canceled == [("j1", 1, 0)]
+
+
+def test_drain_timeout_cancels_with_the_grace(tmp_path: Path) -> None:
+    queue, runner = FakeQueue([[_msg("j1", ["GPU-a"])]]), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi(), drain_s=0)
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: len(runner.running()) == 1)
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and runner.canceled == [("j1", 1, None)]
+
+
+def test_sqs_queue_adapter() -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class Sqs:
+        def receive_message(self, **kw: Any) -> Any:
+            calls.append(("receive", kw))
+            return {"Messages": [{"Body": "{}", "ReceiptHandle": "rh"}]}
+
+        def delete_message(self, **kw: Any) -> None:
+            calls.append(("delete", kw))
+
+    q = SqsQueue(Sqs(), "https://sqs/q")
+    assert q.receive(20) == [Message("{}", "rh")]
+    q.delete("rh")
+    assert calls == [
+        ("receive", {"QueueUrl": "https://sqs/q", "WaitTimeSeconds": 20, "MaxNumberOfMessages": 1}),
+        ("delete", {"QueueUrl": "https://sqs/q", "ReceiptHandle": "rh"}),
+    ]
+
+
+def test_lease_lost_stops_the_attempts(tmp_path: Path) -> None:
+    queue, runner, api = FakeQueue([[_msg("j1", ["GPU-a"])]]), FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, queue, runner, api)
+
+    def failing(**kw: Any) -> Any:
+        raise ConnectionError("control plane unreachable")
+
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: len(runner.running()) == 1)
+    d.lease_s = 0.2
+    api.heartbeat = failing  # type: ignore[method-assign]
+    _until(lambda: runner.canceled == [("j1", 1, None)])
+    assert d.lease_lost
+    d.on_sigterm()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_a_failing_queue_does_not_stop_the_agent(tmp_path: Path) -> None:
+    class Flaky(FakeQueue):
+        def __init__(self) -> None:
+            super().__init__([[_msg("j1", ["GPU-a"])]])
+            self.failures = 2
+
+        def receive(self, wait_s: int) -> list[Message]:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("sqs unreachable")
+            return super().receive(wait_s)
+
+    queue, runner = Flaky(), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    d.receive_retry_s = 0.01
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: runner.started == ["j1"])
+    runner.release.set()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and queue.failures == 0
