@@ -21,7 +21,20 @@ from berth_infra.api import (
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
-from berth_infra.workflow import JobWorkflow
+from berth_infra.workflow import DEFAULT_TIMINGS, JobWorkflow
+
+#: Context keys of the workflow's timings (seconds) -> the environment variable they set.
+TIMING_CONTEXT: dict[str, tuple[str, int]] = {
+    key: (name, DEFAULT_TIMINGS[key])
+    for key, name in (
+        ("BERTH_HEARTBEAT_S", "heartbeatSeconds"),
+        ("BERTH_LEASE_S", "leaseSeconds"),
+        ("BERTH_CLAIM_S", "claimSeconds"),
+        ("BERTH_BACKOFF_BASE_S", "backoffBaseSeconds"),
+        ("BERTH_BACKOFF_CAP_S", "backoffCapSeconds"),
+        ("BERTH_ORPHAN_GRACE_S", "orphanGraceSeconds"),
+    )
+}
 
 STACK_NAME = "Berth"
 
@@ -53,6 +66,13 @@ class BerthStack(Stack):
             tables=self.tables,
             base_environment=base_environment(self.tables, self.storage),
             bundle=bundle,
+            # -c berth:heartbeatSeconds=N (and leaseSeconds, claimSeconds, backoffBaseSeconds,
+            # backoffCapSeconds, orphanGraceSeconds) override the workflow's timings.
+            timings={
+                key: int(context(f"berth:{name}") or default)
+                for key, (name, default) in TIMING_CONTEXT.items()
+            },
+            cloud_enabled=context_flag(self, "berth:cloudEnabled"),
         )
         workflow_env = {
             k: v

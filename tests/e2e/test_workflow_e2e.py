@@ -98,7 +98,7 @@ def test_explain_names_why_a_job_cannot_fit_now(local_cloud: Any) -> None:
         out = json.loads(proc.stdout)
         assert out["status"] == "QUEUED" and out["outcome"] == "pending", out
         assert "capacity" in json.dumps(out["explanation"]["rules"]), out
-        assert alice.get(f"/v1/jobs/{waiting}").json()["reason"].startswith("waiting for placement: on-prem:")
+        assert alice.get(f"/v1/jobs/{waiting}").json()["reason"].startswith("waiting for placement (capacity")
         alice.post(f"/v1/jobs/{waiting}/cancel")
     finally:
         for b in blockers:

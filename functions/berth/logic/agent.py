@@ -95,7 +95,8 @@ class AgentService:
         if rec is None:
             raise NotFound(f"host {host.host_id!r} is not registered; register first")
         now = self.clock()
-        if not rec.healthy:
+        lost = not rec.healthy and rec.lease_expires_at is not None and rec.lease_expires_at <= now
+        if lost:
             # Its lease expired and its attempts were failed: it must register again, and everything
             # it still runs belongs to nobody (fenced).
             stops = [

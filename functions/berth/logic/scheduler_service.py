@@ -49,6 +49,7 @@ class PassReport:
     lost_hosts: list[str] = field(default_factory=list)
     orphans_released: int = 0
     executions_restarted: int = 0
+    placements_reanswered: int = 0
     wake_in_s: float | None = None
     load_s: float = 0.0
     decide_s: float = 0.0
@@ -84,6 +85,7 @@ class SchedulerService:
         report.hosts = len(inputs.fleet.records)
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
         report.executions_restarted = self.repair_executions(inputs.pending_jobs, now)
+        report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
         t1 = time.perf_counter()
         decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
         t2 = time.perf_counter()
@@ -107,7 +109,7 @@ class SchedulerService:
             victim = running.get(repatriation.job_id)
             if victim is not None:
                 self.stop_attempt(victim, f"repatriated on-prem (saves ${repatriation.saving_usd:.2f})")
-        report.reasons_written = self.write_reasons(by_id, decisions.reasons)
+        report.reasons_written = self.write_reasons(by_id, decisions)
         if decisions.wake_at is not None:
             wait = max(1.0, decisions.wake_at - now.timestamp())
             report.wake_in_s = wait
@@ -172,6 +174,17 @@ class SchedulerService:
                 self.executions.start(job.id, self.settings.execution_input(job.id))
                 restarted += 1
         return restarted
+
+    def reanswer_placements(self, running: list[Job], now: datetime) -> int:
+        """A pass that died between placing a job and answering its execution's token leaves the job
+        STARTING with no dispatch: answer the token again (an answered one is refused, harmlessly)."""
+        answered = 0
+        for job in running:
+            token = job.run.placement_token
+            stale = (now - job.updated_at).total_seconds() >= self.settings.orphan_grace_s
+            if job.status is S.STARTING and token and job.run.dispatch_token is None and stale:
+                answered += int(self.tokens.succeed(token, placement_output(job)))
+        return answered
 
     # -- applying --------------------------------------------------------------------------------
     def apply_placement(self, job: Job, assignment: Assignment, now: datetime) -> bool:
@@ -250,16 +263,21 @@ class SchedulerService:
             return False
         return True
 
-    def write_reasons(self, pending: dict[str, Job], reasons: dict[str, str]) -> int:
-        """Store each pending job's reason when it changed (no event: the status did not)."""
+    def write_reasons(self, pending: dict[str, Job], decisions: Any) -> int:
+        """Store each pending job's reason (no event: the status did not change) when the rules that
+        keep it waiting changed. The detail (free GPU counts, waits) moves every pass; ``explain``
+        renders it live, so rewriting thousands of items per pass for it would buy nothing."""
         written = 0
-        for job_id, text in reasons.items():
+        for job_id, text in decisions.reasons.items():
             job = pending.get(job_id)
-            reason = f"waiting for placement: {text}"
-            if job is None or job.reason == reason:
+            if job is None:
+                continue
+            rules = ", ".join(dict.fromkeys(str(r) for r in decisions.outcomes[job_id].rules))
+            prefix = f"waiting for placement ({rules})"
+            if job.reason.startswith(prefix + ":"):
                 continue
             try:
-                self.jobs.update(job.updated(job.updated_at, reason=reason))
+                self.jobs.update(job.updated(job.updated_at, reason=f"{prefix}: {text}"))
             except Conflict:
                 continue
             written += 1

@@ -153,7 +153,7 @@ class WorkflowService:
             if not isinstance(placement, OnPremPlacement) or job.run.fencing_token is None:
                 self.tokens.fail(token, Failure.INVALID_SPEC.error_name, "the job has no on-prem placement")
                 return
-            run = job.run.model_copy(update={"dispatch_token": token})
+            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
             try:
                 self.jobs.update(job.updated(job.updated_at, run=run))
             except Conflict:
@@ -181,7 +181,10 @@ class WorkflowService:
         wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``."""
         for _ in range(RETRIES):
             job = self._job(job_id)
-            if job.status.is_terminal or job.status in (S.QUEUED, S.RETRYING):
+            if job.status in (S.QUEUED, S.RETRYING):
+                # Classified already (this task is being retried): carry on with the retry.
+                return {"action": "retry", "backoff_s": 1}
+            if job.status.is_terminal:
                 return {"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0}
             now = self.clock()
             ran = None if job.run.started_at is None else (now - job.run.started_at).total_seconds()
@@ -214,8 +217,6 @@ class WorkflowService:
             target = {Action.RETRY: S.RETRYING, Action.FAIL: S.FAILED, Action.CANCEL: S.CANCELED}[
                 decision.action
             ]
-            if job.status is S.STARTING and target is S.CANCELED:
-                target = S.CANCELED  # STARTING never reaches here canceled without CANCELING
             nxt, event = job.transition(target, decision.reason, now, run=run)
             try:
                 self.jobs.save(nxt, event)

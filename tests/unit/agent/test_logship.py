@@ -199,7 +199,7 @@ def test_a_job_flooding_stdout_arrives_complete_and_in_order(tmp_path: Any) -> N
     from berth_agent.executors import Launch, ProcessExecutor
 
     client = FakeLogs()
-    s = _shipper(client, buffer_max_bytes=32 * 1024 * 1024)
+    s = _shipper(client, buffer_max_bytes=256 * 1024 * 1024)
     s.start()
     launch = Launch("j1", 1, "vision", ("seq", "200000"), tmp_path)
     result = ProcessExecutor().start(launch, s.emit_line).wait(60)
