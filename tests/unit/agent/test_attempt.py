@@ -290,7 +290,7 @@ def test_credentials_refused_is_an_agent_error_reported(tmp_path: Path) -> None:
 def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from berth_agent.usage import UsageSampler
 
-    digest, data = _bundle(tmp_path, "import time\nx = bytearray(30 * 1024 * 1024)\ntime.sleep(0.6)\n")
+    digest, data = _bundle(tmp_path, "import time\nx = bytearray(30 * 1024 * 1024)\ntime.sleep(1.5)\n")
     api = FakeApi(_spec(digest))
     base = _runner(tmp_path, api, FakeIO({digest: data}))
     runner = AttemptRunner(
@@ -308,5 +308,6 @@ def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogC
         outcome = runner.run(MSG)
     assert outcome.result is not None and outcome.result.succeeded
     samples = [r.usage for r in caplog.records if r.getMessage() == "usage"]  # type: ignore[attr-defined]
-    assert len(samples) >= 2 and max(s["rss_bytes"] for s in samples) > 30 * 1024 * 1024
-    assert all(s["processes"] >= 1 for s in samples) and runner.usage == {}
+    live = [s for s in samples if s["processes"] >= 1]  # a sample may land as the process exits
+    assert len(live) >= 2 and max(s["rss_bytes"] for s in live) > 30 * 1024 * 1024
+    assert runner.usage == {}
