@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 TIMINGS = {
-    "BERTH_HEARTBEAT_S": "4",
-    "BERTH_LEASE_S": "4",
+    "BERTH_HEARTBEAT_S": "6",
+    "BERTH_LEASE_S": "8",
     "BERTH_CLAIM_S": "30",
     "BERTH_BACKOFF_BASE_S": "1",
     "BERTH_BACKOFF_CAP_S": "2",

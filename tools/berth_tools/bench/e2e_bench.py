@@ -56,6 +56,7 @@ def run_e2e(
     run_s: float = 1.0,
     timeout_s: float = 600.0,
     meter: Callable[[bool], dict[str, Any]] | None = None,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     if meter is not None:
@@ -66,10 +67,15 @@ def run_e2e(
     errors: dict[str, int] = {}
 
     def submit(i: int) -> None:
+        if rate:
+            delay = started + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
         c = client()
         t0 = time.perf_counter()
+        models = ("A100", "V100") if gpu_type == "any" else (gpu_type,)
         try:
-            job = c.submit(probe_spec(gpu_type, run_s, tag, i))
+            job = c.submit(probe_spec(models[i % len(models)], run_s, tag, i))
         except ClientError as exc:
             errors[exc.code or str(exc.status)] = errors.get(exc.code or str(exc.status), 0) + 1
             return
@@ -107,6 +113,7 @@ def run_e2e(
         "unfinished": len(pending),
         "submit_errors": errors,
         "concurrency": concurrency,
+        "rate_per_s": rate,
         "job_run_s": run_s,
         "submit_to_running_p50_s": round(percentile(to_running, 50), 3),
         "submit_to_running_p99_s": round(percentile(to_running, 99), 3),

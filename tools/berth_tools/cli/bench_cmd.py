@@ -24,9 +24,15 @@ def _table(d: dict[str, Any]) -> None:
 def e2e(
     jobs: Annotated[int, typer.Option("-n", "--jobs", min=1, max=100_000, help="Jobs to run")] = 100,
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, max=128)] = 8,
-    gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU model of the probe jobs")] = "A100",
+    gpu_type: Annotated[
+        str, typer.Option("--gpu-type", help="GPU model of the probe jobs ('any': A100 and V100 in turn)")
+    ] = "any",
     run_s: Annotated[float, typer.Option("--run-s", min=0, max=3600, help="How long each job runs")] = 1.0,
     timeout_s: Annotated[float, typer.Option("--timeout", min=1, help="Give up waiting after")] = 600.0,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", min=0.01, help="Submits per second (default: as fast as C clients go)"),
+    ] = None,
     endpoint_url: Annotated[
         str | None,
         typer.Option(
@@ -59,6 +65,7 @@ def e2e(
             run_s=run_s,
             timeout_s=timeout_s,
             meter=meter,
+            rate=rate,
         )
     render(output, report, _table)
 

@@ -36,13 +36,18 @@ DEFAULT_REGION = "us-east-1"
 READINESS_PATH = "/v1/jobs"
 #: The workflow's timings in the local cloud (function environment overrides): seconds, not minutes.
 LOCAL_TIMINGS: dict[str, str] = {
-    "BERTH_HEARTBEAT_S": "6",
-    "BERTH_LEASE_S": "6",
+    "BERTH_HEARTBEAT_S": "10",
+    "BERTH_LEASE_S": "15",
     "BERTH_CLAIM_S": "60",
     "BERTH_BACKOFF_BASE_S": "1",
     "BERTH_BACKOFF_CAP_S": "4",
     "BERTH_ORPHAN_GRACE_S": "10",
 }
+#: Handlers safe to run several at once in one process (no request state in module or class state):
+#: the workflow's task function, as Lambda scales it out. The API and agent API (Powertools' resolver
+#: keeps the current event on the app), the scheduler (one pass at a time) and the notifier (in order)
+#: stay one at a time.
+HANDLER_CONCURRENCY: dict[str, int] = {"berth.handlers.workflow.lambda_handler": 8}
 #: How often the local cloud fires scheduled rules (the scheduler's safety-net timer): the lease
 #: reaper runs in that pass, so it must be short next to the lease.
 LOCAL_TIMER_S = 2.0
@@ -112,7 +117,9 @@ class LocalCloud:
         self.moto = MotoServer(port=self.moto_port).start()
         t = self._step("moto", t)
         self.runtime = lambda_runtime.InProcessLambdaRuntime(
-            endpoint_url=self.moto.endpoint_url, echo_logs=self.console if self.echo_handler_logs else None
+            endpoint_url=self.moto.endpoint_url,
+            echo_logs=self.console if self.echo_handler_logs else None,
+            handler_concurrency=dict(HANDLER_CONCURRENCY),
         )
         lambda_runtime.install(self.runtime)
         session_tokens.install()

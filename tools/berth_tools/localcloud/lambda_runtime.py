@@ -187,6 +187,9 @@ class InProcessLambdaRuntime:
     # One event at a time per function, as in one Lambda sandbox: handler frameworks (Powertools'
     # resolver among them) keep the current request in module or class state.
     max_concurrency_per_function: int = 1
+    #: Handlers that keep no request state in module or class state, with the sandboxes they may run
+    #: at once (never above the function's reserved concurrency).
+    handler_concurrency: dict[str, int] = field(default_factory=dict)
     echo_logs: TextIO | None = None  # also copy handler logs here (e.g. the console of `berth local up`)
     # Serve the handlers' SDK calls to moto in their own thread (no loopback socket); see moto_transport.
     in_process_transport: bool = True
@@ -301,8 +304,12 @@ class InProcessLambdaRuntime:
         with self._lock:
             pool = self._pools.get(fn.function_arn)
             if pool is None:
+                workers = self.handler_concurrency.get(fn.handler or "", self.max_concurrency_per_function)
+                reserved = fn.reserved_concurrency  # declared in moto_compat.SURFACES
+                if reserved:
+                    workers = min(workers, int(reserved))
                 pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.max_concurrency_per_function,
+                    max_workers=max(1, workers),
                     thread_name_prefix=f"lambda-{fn.function_name[:40]}",
                 )
                 self._pools[fn.function_arn] = pool

@@ -72,6 +72,11 @@ SURFACES: tuple[Surface, ...] = (
         ("function_name", "qualifier", "body", "headers", "response_headers"),
     ),
     Surface("moto.awslambda.utils:get_backend", "called", "the Lambda backend of an account and region"),
+    Surface(
+        "moto.awslambda.models:LambdaFunction#reserved_concurrency",
+        "read",
+        "a function's reserved concurrency bounds its in-process sandboxes",
+    ),
     Surface("moto.awslambda.models:LambdaBackend.get_function", "called", "a function model by name"),
     *(
         Surface(f"moto.awslambda.models:LambdaFunction#{attr}", "read", "the function's configuration")
