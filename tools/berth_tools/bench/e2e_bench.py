@@ -77,7 +77,8 @@ def run_e2e(
         try:
             job = c.submit(probe_spec(models[i % len(models)], run_s, tag, i))
         except ClientError as exc:
-            errors[exc.code or str(exc.status)] = errors.get(exc.code or str(exc.status), 0) + 1
+            key = f"{exc.status} {exc.code}: {exc.message[:120]}"
+            errors[key] = errors.get(key, 0) + 1
             return
         submit_ms.append((time.perf_counter() - t0) * 1000)
         ids.append(job["id"])
