@@ -437,3 +437,21 @@ def test_every_rank_must_succeed() -> None:
     assert not w.tokens.of("succeed")[1:]  # one rank is not the attempt
     w.agent.report(HostCaller("h1", ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
     assert w.tokens.of("succeed")[-1][1] == "d"
+
+
+def test_a_preempted_attempt_is_stopped_and_requeued_without_using_an_attempt() -> None:
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit(retry={"max_attempts": 1}))
+    assert w.scheduler.stop_attempt(job, "preempted for job j-other (priority)")
+    beat = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(w.job(job.id))]))
+    assert beat["directives"][0]["action"] == "stop" and "preempted" in beat["directives"][0]["reason"]
+    ref = _ref(w.job(job.id))
+    w.agent.report(
+        HostCaller(host, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.FAILED, failure="preempted")
+    )
+    result = w.workflow.classify_failure(job.id, 1, "Berth.Preempted", "stopped")
+    after = w.job(job.id)
+    # max_attempts is 1, yet a preemption is not the job's failure: it goes back to the queue.
+    assert result["action"] == "retry" and after.status is JobStatus.RETRYING
+    assert after.run.counted_failures == 0 and "Preempted (transient)" in after.reason
+    assert w.workflow.requeue(job.id) == {"outcome": "queued"} and w.held() == []
