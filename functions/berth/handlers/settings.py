@@ -60,10 +60,19 @@ class Settings(BaseSettings):
 
 
 def environment_key() -> tuple[tuple[str, str], ...]:
-    """The configuration this process sees now (``BERTH_*``). Lambda gives each function its own
+    """The configuration this process sees now (``BERTH_*`` and the SDK's endpoint, region and
+    access key). Lambda gives each function its own
     process; the local cloud runs every function in one (with a per-invocation environment), so
     everything built from the configuration is cached per configuration, never per process."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("BERTH_")))
+    return tuple(
+        sorted((k, v) for k, v in os.environ.items() if k.startswith("BERTH_") or k in _AWS_IDENTITY)
+    )
+
+
+#: What the SDK clients built from the configuration capture: where they call, and as whom.
+_AWS_IDENTITY = frozenset(
+    {"AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"}
+)
 
 
 @cache
