@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from berth.dal import aws
 from berth.domain.errors import StoreUnavailable
 from berth.domain.ports import JobCredentials
 
@@ -14,7 +14,7 @@ from berth.domain.ports import JobCredentials
 class StsCredentialVendor:
     def __init__(self, job_role_arn: str, client: Any | None = None) -> None:
         self._role_arn = job_role_arn
-        self._sts = client or boto3.client("sts")
+        self._sts = client or aws.client("sts")
 
     def assume(
         self, session_name: str, policy_json: str, seconds: int, source_identity: str

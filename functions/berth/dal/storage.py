@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from berth.dal import aws
 from berth.domain.errors import StoreUnavailable
 from berth.domain.ports import UploadTicket
 from berth.domain.storage import bundle_key
@@ -46,7 +46,7 @@ class S3BundleStore:
 
     def __init__(self, bucket: str, client: Any | None = None) -> None:
         self._bucket = bucket
-        self._s3 = client or boto3.client("s3", config=Config(signature_version="s3v4"))
+        self._s3 = client or aws.client("s3", config=Config(signature_version="s3v4"))
 
     def exists(self, tenant: str, digest: str) -> bool:
         try:
@@ -96,7 +96,7 @@ class S3BundleStore:
 
 class SecretsManagerCatalog:
     def __init__(self, client: Any | None = None) -> None:
-        self._sm = client or boto3.client("secretsmanager")
+        self._sm = client or aws.client("secretsmanager")
 
     def exists(self, name: str) -> bool:
         try:

@@ -9,9 +9,9 @@ import re
 from functools import cached_property
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from berth.dal import aws
 from berth.domain.errors import StoreUnavailable
 
 #: Errors meaning "this token is no longer waited on": the caller goes on.
@@ -30,7 +30,7 @@ def _code(exc: ClientError) -> str:
 class SfnTaskTokens:
     @cached_property
     def _sfn(self) -> Any:
-        return boto3.client("stepfunctions")
+        return aws.client("stepfunctions")
 
     def _call(self, what: str, **kwargs: Any) -> bool:
         try:
@@ -59,7 +59,7 @@ class SfnExecutions:
 
     @cached_property
     def _sfn(self) -> Any:
-        return boto3.client("stepfunctions")
+        return aws.client("stepfunctions")
 
     def start(self, job_id: str, payload: dict[str, Any]) -> None:
         try:
@@ -92,7 +92,7 @@ class SqsWorkQueues:
 
     @cached_property
     def _sqs(self) -> Any:
-        return boto3.client("sqs")
+        return aws.client("sqs")
 
     def ensure(self, host_id: str) -> str:
         url = self._urls.get(host_id)
@@ -129,7 +129,7 @@ class SqsPassTrigger:
 
     @cached_property
     def _sqs(self) -> Any:
-        return boto3.client("sqs")
+        return aws.client("sqs")
 
     def request(self, reason: str, delay_s: int = 0) -> None:
         if not self.queue_url:
@@ -151,7 +151,7 @@ class EventBridgePublisher:
 
     @cached_property
     def _events(self) -> Any:
-        return boto3.client("events")
+        return aws.client("events")
 
     def publish(self, details: list[dict[str, Any]]) -> None:
         for i in range(0, len(details), PUT_EVENTS_BATCH):

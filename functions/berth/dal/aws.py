@@ -1,0 +1,13 @@
+"""SDK clients for the adapters: each from a session of its own, built from the environment as it is
+now (never boto3's process-wide default session, which keeps the first environment it saw; the
+local cloud runs every function in one process, each with its own environment)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+
+
+def client(service: str, **kwargs: Any) -> Any:
+    return boto3.session.Session().client(service, **kwargs)  # type: ignore[call-overload]
