@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from tests.e2e.conftest import LocalCloudProcess, start_local_cloud
 
@@ -113,6 +114,17 @@ def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: P
     assert job["status"] == "COMPLETED" and job["attempts"] == 1, job
     lines = _marks(marker, kind="end")
     assert [line[0] for line in lines] == ["start", "end"]
+    # its stdout went to CloudWatch Logs with the attempt's scoped credentials (/v1/agent/credentials)
+    creds = real_cloud.credentials("admin")
+    logs = boto3.client(
+        "logs",
+        endpoint_url=real_cloud.env["AWS_ENDPOINT_URL"],
+        region_name=real_cloud.region,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+    )
+    events = logs.get_log_events(logGroupName="/berth/jobs/vision", logStreamName=f"{job['id']}/1")
+    assert [e["message"] for e in events["events"]] == ["hello from a real job"]
 
 
 def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
