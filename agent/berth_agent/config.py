@@ -126,6 +126,10 @@ class AgentConfig(_Section):
     data_bucket: str | None = None
     #: An AWS endpoint override (the embedded local cloud); None for AWS itself.
     aws_endpoint_url: str | None = None
+    #: Declared CPUs and memory of the host instead of what the OS reports (a simulated host of
+    #: the local cloud, or to keep some of the machine back from jobs).
+    host_cpu: Annotated[int | None, Field(ge=1)] = None
+    host_memory_gib: Annotated[int | None, Field(ge=1)] = None
     #: The host identity's named profile (the local cloud's ``host-<host_id>``); None: the default chain.
     aws_profile: str | None = None
 

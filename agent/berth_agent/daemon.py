@@ -155,6 +155,10 @@ class Daemon:
         self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
         self.lease_s = float(answer.get("lease_s", self.lease_s))
         self._last_beat_ok = self._clock()
+        log.info(
+            "registered",
+            extra={"host_id": self.config.host_id, "gpu_type": inv.gpu_type, "gpus": inv.healthy_uuids},
+        )
         return answer
 
     # -- signals and directives ----------------------------------------------------------------

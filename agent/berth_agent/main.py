@@ -69,7 +69,10 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         client = session.create_client("sqs", region_name=cfg.region, endpoint_url=cfg.aws_endpoint_url)
         return SqsQueue(client, url)
 
-    facts = {"cpu": os.cpu_count() or 1, "memory_gib": _memory_gib()}
+    facts = {
+        "cpu": cfg.host_cpu or os.cpu_count() or 1,
+        "memory_gib": cfg.host_memory_gib or _memory_gib(),
+    }
     return Daemon(
         config=cfg,
         inventory=inventory,

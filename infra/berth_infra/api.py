@@ -43,6 +43,7 @@ AGENT_ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/agent/heartbeat": ("POST",),
     "/v1/agent/claim": ("POST",),
     "/v1/agent/report": ("POST",),
+    "/v1/agent/credentials": ("POST",),
 }
 
 

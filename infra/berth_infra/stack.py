@@ -73,6 +73,7 @@ class BerthStack(Stack):
                 for key, (name, default) in TIMING_CONTEXT.items()
             },
             cloud_enabled=context_flag(self, "berth:cloudEnabled"),
+            job_role=self.storage.job_role,
         )
         workflow_env = {
             k: v

@@ -86,6 +86,14 @@ class Storage(Construct):
             max_session_duration=JOB_CREDENTIALS_MAX_SESSION,
             description="Berth job attempts: vended with a per-job session policy, never used bare",
         )
+        # The agent API's function names the job as SourceIdentity and may tag the session.
+        self.job_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
+            iam.PolicyStatement(
+                actions=["sts:SetSourceIdentity", "sts:TagSession"],
+                principals=[iam.AccountPrincipal(stack.account)],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
         self.job_role.add_to_policy(
             iam.PolicyStatement(
                 actions=["s3:GetObject"],

@@ -109,6 +109,7 @@ class JobWorkflow(Construct):
         bundle: bool,
         timings: dict[str, int] | None = None,
         cloud_enabled: bool = False,
+        job_role: iam.IRole | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -209,7 +210,12 @@ class JobWorkflow(Construct):
             "AgentApiFunction",
             handler="berth.handlers.agent_api.lambda_handler",
             description="Berth agent API (/v1/agent): host registration, heartbeats, claims, reports",
-            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-agent-api"},
+            environment={
+                **env,
+                "POWERTOOLS_SERVICE_NAME": "berth-agent-api",
+                # /v1/agent/credentials vends attempts' scoped credentials from this role
+                **({"BERTH_JOB_ROLE_ARN": job_role.role_arn} if job_role is not None else {}),
+            },
             bundle=bundle,
         )
         self.notifier_fn = ControlFunction(
@@ -248,6 +254,13 @@ class JobWorkflow(Construct):
         self.agent_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
         self.agent_fn.allow("Membership", ["dynamodb:GetItem"], [arns["tenants"]])
         self.agent_fn.allow("HostQueues", ["sqs:CreateQueue", "sqs:TagQueue"], [host_queues])
+        if job_role is not None:
+            # CredentialService.for_attempt: AssumeRole with a session policy and SourceIdentity
+            self.agent_fn.allow(
+                "JobCredentials",
+                ["sts:AssumeRole", "sts:SetSourceIdentity", "sts:TagSession"],
+                [job_role.role_arn],
+            )
         self.scheduler_fn.allow(
             "Hosts", ["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]]
         )

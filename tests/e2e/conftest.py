@@ -205,7 +205,9 @@ def start_local_cloud(state_dir: Path, *extra_args: str) -> LocalCloudProcess:
 
 @pytest.fixture(scope="session")
 def local_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudProcess]:
-    cloud = start_local_cloud(tmp_path_factory.mktemp("berth-local") / "state")
+    # Scripted agents: these tests steer jobs with SCRIPTED_* env (tests/e2e/test_real_agents.py
+    # runs real agent processes).
+    cloud = start_local_cloud(tmp_path_factory.mktemp("berth-local") / "state", "--agent-kind", "scripted")
     try:
         yield cloud
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import stat
 from pathlib import Path
@@ -76,11 +77,14 @@ def test_wrong_secret_is_403(local_cloud: Any) -> None:
 
 
 def test_sigint_stops_cleanly_and_removes_the_env_file(tmp_path: Path, start_local_cloud: Any) -> None:
-    cloud = start_local_cloud(tmp_path / "state")
+    cloud = start_local_cloud(tmp_path / "state")  # real agent processes (the default)
     api, endpoint = cloud.api_url, cloud.env["AWS_ENDPOINT_URL"]
     assert cloud.client("bob").get("/v1/jobs").status == 200
+    pids = [a["pid"] for a in json.loads((cloud.state_dir / "agents.json").read_text())]
+    assert pids and all(Path(f"/proc/{pid}").exists() for pid in pids)
     status = cloud.stop()
     assert status == 0, cloud.log_tail()
-    assert "berth local: stopping" in cloud.log_tail()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids), "agents outlived the local cloud"
+    assert "berth local: stopping" in cloud.log_tail(10**8)  # agents log on while they drain
     assert not cloud.env_file.exists()
     assert not _listening(api) and not _listening(endpoint)

@@ -296,6 +296,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # register ensures the host's queue (never sends to it)
         (HOST_QUEUES, None): {"sqs:CreateQueue", "sqs:TagQueue"},
         ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
+        # credentials: CredentialService.for_attempt (session policy + SourceIdentity = job id)
+        ("JobRoleArn", None): {"sts:AssumeRole", "sts:SetSourceIdentity", "sts:TagSession"},
     },
     # EventBridgePublisher (dal/workflow.py) fed by the job-events stream.
     "berth.handlers.notifier.lambda_handler": {
@@ -360,6 +362,13 @@ def _resource_name(s: Synthesized, resource: Any, log_groups: set[str]) -> str:
         if o.endswith(("TableName", "BucketName", "QueueUrl", "BusName"))
         and "Ref" in s.json["Outputs"][o]["Value"]
     }
+    named.update(
+        {
+            s.json["Outputs"][o]["Value"]["Fn::GetAtt"][0]: o
+            for o in s.json["Outputs"]
+            if o.endswith("RoleArn") and "Fn::GetAtt" in s.json["Outputs"][o]["Value"]
+        }
+    )
     named.update(
         {
             fn_id: f"function:{fn['Properties']['Handler']}"
@@ -531,6 +540,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
         ("/v1/agent/heartbeat", "POST"),
         ("/v1/agent/claim", "POST"),
         ("/v1/agent/report", "POST"),
+        ("/v1/agent/credentials", "POST"),
     }
     assert not any(path.startswith("/v1/agent") for path, _ in public)
 

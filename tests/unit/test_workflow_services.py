@@ -455,3 +455,88 @@ def test_a_preempted_attempt_is_stopped_and_requeued_without_using_an_attempt() 
     assert result["action"] == "retry" and after.status is JobStatus.RETRYING
     assert after.run.counted_failures == 0 and "Preempted (transient)" in after.reason
     assert w.workflow.requeue(job.id) == {"outcome": "queued"} and w.held() == []
+
+
+# -- the attempt's credentials ---------------------------------------------------------------------
+
+
+class RecordingVendor:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int, str]] = []
+
+    def assume(self, session_name: str, policy_json: str, seconds: int, source_identity: str) -> Any:
+        from berth.domain.ports import JobCredentials
+
+        self.calls.append((session_name, policy_json, seconds, source_identity))
+        return JobCredentials("AKIA", "secret", "token", datetime(2030, 1, 1, tzinfo=UTC))
+
+
+def _with_vendor(w: World) -> RecordingVendor:
+    from dataclasses import replace
+
+    from berth.domain.job_access import AccountScope
+    from berth.domain.storage import StorageLayout
+    from berth.logic.credentials import CredentialService
+
+    vendor = RecordingVendor()
+    service = CredentialService(
+        StorageLayout("artifacts", "data"), AccountScope("aws", "us-east-1", "1" * 12), w.tenants, vendor
+    )
+    w.agent = replace(w.agent, vendor=service)
+    return vendor
+
+
+def test_the_claiming_host_gets_its_attempts_scoped_credentials() -> None:
+    import json
+
+    w = World(hosts=1)
+    vendor = _with_vendor(w)
+    job, host = w.run_to_running(w.submit(timeout_minutes=20))
+    w.clock.now += timedelta(minutes=2)
+    creds = w.agent.credentials(HostCaller(host, ""), _ref(job))
+    assert creds == {
+        "AccessKeyId": "AKIA",
+        "SecretAccessKey": "secret",
+        "SessionToken": "token",
+        "Expiration": "2030-01-01T00:00:00.000Z",
+    }
+    ((_, policy, seconds, source),) = vendor.calls
+    assert source == job.id
+    assert seconds == 18 * 60  # what is left of the attempt's 20 minutes
+    assert "arn:aws:s3:::data/vision/" in policy and json.loads(policy)["Statement"]
+
+
+def test_credentials_are_fenced_like_claims_and_reports() -> None:
+    w = World(hosts=2)
+    vendor = _with_vendor(w)
+    job, host = w.run_to_running(w.submit())
+    other = "h1" if host == "h0" else "h0"
+    ref = _ref(job)
+    with pytest.raises(NotFound):  # another host's attempt reads as missing
+        w.agent.credentials(HostCaller(other, ""), ref)
+    forged = AttemptRef(job_id=job.id, attempt=job.attempts, fencing_token="guess")
+    with pytest.raises(Fenced):
+        w.agent.credentials(HostCaller(host, ""), forged)
+    stale = AttemptRef(job_id=job.id, attempt=job.attempts - 1 or 99, fencing_token=ref.fencing_token)
+    with pytest.raises(Fenced):
+        w.agent.credentials(HostCaller(host, ""), stale)
+    assert vendor.calls == []
+
+
+def test_credentials_need_the_claim_first() -> None:
+    w = World(hosts=1)
+    vendor = _with_vendor(w)
+    job = w.submit()
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    with pytest.raises(Fenced):
+        w.agent.credentials(HostCaller("h0", ""), _ref(w.job(job.id)))
+    assert vendor.calls == []
+
+
+def test_no_job_role_no_credentials() -> None:
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+    with pytest.raises(NotFound):
+        w.agent.credentials(HostCaller(host, ""), _ref(job))

@@ -76,7 +76,18 @@ def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[s
     t0 = time.monotonic()
     log = (state_dir.parent / "demo-local-cloud.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "berth_tools.cli.main", "local", "up", "--state-dir", str(state_dir)],
+        [
+            sys.executable,
+            "-m",
+            "berth_tools.cli.main",
+            "local",
+            "up",
+            "--state-dir",
+            str(state_dir),
+            # the scenario steers its jobs with SCRIPTED_* env
+            "--agent-kind",
+            "scripted",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,

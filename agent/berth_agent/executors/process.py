@@ -26,6 +26,7 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -54,16 +55,34 @@ _POLL_S = 0.1
 
 def _rlimit_setter(limits: dict[int, int]) -> Callable[[], None] | None:
     """A preexec function that only calls setrlimit (async-signal-safe enough: no locks, no allocs
-    beyond the call) so that limits apply before the job's first instruction."""
-    if not limits:
-        return None
+    beyond the call) so that limits apply before the job's first instruction, and asks the kernel
+    to SIGKILL the job when the agent thread that started it dies (an agent killed with SIGKILL
+    must not leave its job running on while the attempt is retried elsewhere)."""
     items = list(limits.items())
+    prctl = _prctl()
 
     def apply() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         for res, value in items:
             resource.setrlimit(res, (value, value))
 
     return apply
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), looked up before the fork; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 class ProcessRun(RunHandle):

@@ -70,6 +70,11 @@ def report(request: Annotated[AttemptReport, Body(embed=False)]) -> Response[Any
     return _json(200, agent_service().report(_host(), request))
 
 
+@app.post("/v1/agent/credentials")
+def credentials(request: Annotated[AttemptRef, Body(embed=False)]) -> Response[Any]:
+    return _json(200, agent_service().credentials(_host(), request))
+
+
 @app.exception_handler(DomainError)
 def _domain_error(exc: DomainError) -> Response[Any]:
     logger.info("agent request refused", extra={"code": exc.code, "error": exc.message})

@@ -3,9 +3,11 @@ workflow tasks, the scheduler, the agent API and the notifier)."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import UTC, datetime
 
+from berth.dal.credentials import StsCredentialVendor
 from berth.dal.documents import DynamoDocumentRepository
 from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
@@ -18,9 +20,12 @@ from berth.dal.workflow import (
     SqsPassTrigger,
     SqsWorkQueues,
 )
+from berth.domain.job_access import AccountScope
+from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
 from berth.handlers.settings import per_environment, settings
 from berth.logic.agent import AgentService
+from berth.logic.credentials import CredentialService
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowService, WorkflowSettings
@@ -130,6 +135,22 @@ def scheduler_service() -> SchedulerService:
 
 
 @per_environment
+def credential_service() -> CredentialService | None:
+    """Attempts' scoped credentials from the job role (its ARN names the partition and account)."""
+    cfg = settings()
+    if not cfg.job_role_arn:
+        return None
+    partition, account = cfg.job_role_arn.split(":")[1], cfg.job_role_arn.split(":")[4]
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return CredentialService(
+        layout=StorageLayout(artifacts_bucket=cfg.artifacts_bucket, data_bucket=cfg.data_bucket),
+        scope=AccountScope(partition=partition, region=region, account=account),
+        tenants=tenant_repository(),
+        vendor=StsCredentialVendor(cfg.job_role_arn),
+    )
+
+
+@per_environment
 def agent_service() -> AgentService:
     return AgentService(
         jobs=job_repository(),
@@ -139,4 +160,5 @@ def agent_service() -> AgentService:
         trigger=pass_trigger(),
         clock=now,
         settings=workflow_settings(),
+        vendor=credential_service(),
     )

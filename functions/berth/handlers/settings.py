@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     #: until it deploys a cloud dispatcher (AWS Batch): then nothing is placed in, or accepted for, the
     #: cloud, and feasibility, explain and capacity say so.
     cloud_enabled: bool = True
+    #: The role attempts' scoped credentials are vended from (the agent API's ``/credentials``);
+    #: empty: no credentials are vended.
+    job_role_arn: str = ""
 
 
 def environment_key() -> tuple[tuple[str, str], ...]:

@@ -17,6 +17,7 @@ from typing import Any
 from berth.domain.errors import Conflict, NotFound
 from berth.domain.fleet import HostInventory
 from berth.domain.job import Job, iso
+from berth.domain.job_access import MAX_CREDENTIAL_S
 from berth.domain.placement import OnPremPlacement
 from berth.domain.ports import HostRepository, JobRepository, PassTrigger, TaskTokens, WorkQueues
 from berth.domain.status import JobStatus
@@ -30,6 +31,7 @@ from berth.domain.workflow import (
     ReportEvent,
     agent_failure,
 )
+from berth.logic.credentials import CredentialService
 from berth.logic.workflow import WorkflowSettings
 
 S = JobStatus
@@ -68,6 +70,8 @@ class AgentService:
     trigger: PassTrigger
     clock: Callable[[], datetime]
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+    #: Vends attempts' scoped STS credentials; None where the deployment names no job role.
+    vendor: CredentialService | None = None
 
     # -- hosts -----------------------------------------------------------------------------------
     def register(self, host: HostCaller, inventory: HostInventory) -> dict[str, Any]:
@@ -223,6 +227,28 @@ class AgentService:
                 self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
             return self._answer(job)
         raise Conflict(f"job {report.job_id!r} kept changing while reporting")
+
+    def credentials(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:
+        """The attempt's scoped credentials (session policy from the tenant record, SourceIdentity =
+        job id, no longer than what is left of the attempt's time limit): only to the host that
+        claimed this rank of the current attempt, with its fencing token."""
+        job = self._current(host, ref)
+        if host.host_id not in job.run.claimed:
+            raise Fenced(f"host {host.host_id} has not claimed attempt {ref.attempt} of {job.id}")
+        if self.vendor is None:
+            raise NotFound("this deployment vends no job credentials")
+        remaining = float(MAX_CREDENTIAL_S)
+        if job.spec.timeout_minutes:
+            started = job.run.started_at or self.clock()
+            elapsed = (self.clock() - started).total_seconds()
+            remaining = min(remaining, job.spec.timeout_minutes * 60 - elapsed)
+        creds = self.vendor.for_attempt(job, ref.attempt, remaining)
+        return {
+            "AccessKeyId": creds.access_key_id,
+            "SecretAccessKey": creds.secret_access_key,
+            "SessionToken": creds.session_token,
+            "Expiration": iso(creds.expiration),
+        }
 
     def _current(self, host: HostCaller, ref: AttemptRef) -> Job:
         job = self.jobs.get(ref.job_id)

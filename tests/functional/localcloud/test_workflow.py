@@ -334,3 +334,31 @@ def test_agent_api_answers_hosts_only(cloud: LocalCloud, hosts: Hosts) -> None:
     assert forged.value.status == 409
     status, body = cloud.request("GET", "/v1/jobs", None)
     assert status == 403
+
+
+def test_agent_credentials_are_the_attempts_and_fenced(cloud: LocalCloud, hosts: Hosts) -> None:
+    """POST /v1/agent/credentials through the front door and the deployed template: the claiming
+    host gets STS credentials of the job role scoped to the attempt; another host and a forged token
+    are refused."""
+    first, other = hosts.add(2)
+    job_id = submit(cloud, spec(env={"SCRIPTED_RUN_S": "5"}))
+    running = wait_for(cloud, job_id, status_in("RUNNING"))
+    placed = running["placement"]["hosts"][0]["host_id"]
+    owner, stranger = (first, other) if first.identity.host_id == placed else (other, first)
+    ref = {"job_id": job_id, "attempt": 1, "fencing_token": owner.running[(job_id, 1)].fencing_token}
+    creds = owner.call("credentials", ref)
+    assert set(creds) == {"AccessKeyId", "SecretAccessKey", "SessionToken", "Expiration"}
+    sts = cloud.session().client(
+        "sts",
+        endpoint_url=cloud.endpoint_url,
+        aws_access_key_id=creds["AccessKeyId"],
+        aws_secret_access_key=creds["SecretAccessKey"],
+        aws_session_token=creds["SessionToken"],
+    )
+    assert ":assumed-role/" in sts.get_caller_identity()["Arn"]
+    with pytest.raises(AgentApiError) as refused:
+        stranger.call("credentials", ref)
+    assert refused.value.status == 404
+    with pytest.raises(AgentApiError) as forged:
+        owner.call("credentials", {**ref, "fencing_token": "guess"})
+    assert forged.value.status == 409

@@ -72,7 +72,13 @@ def up(
         "--agents",
         min=0,
         max=64,
-        help="On-prem hosts to start, each a scripted agent with its own IAM identity (agents.json).",
+        help="On-prem hosts to start, each an agent with its own IAM identity (agents.json).",
+    ),
+    agent_kind: str = typer.Option(
+        "process",
+        "--agent-kind",
+        help="process: real berth-agent processes running jobs' commands on simulated GPUs; "
+        "scripted: in-process protocol clients whose jobs follow SCRIPTED_* env (tests, demo).",
     ),
     gpus_per_agent: int = typer.Option(8, "--gpus-per-agent", min=1, max=16, help="Simulated GPUs per host."),
     gpu_type: str | None = typer.Option(
@@ -85,6 +91,9 @@ def up(
 ) -> None:
     """Start the embedded local cloud in the foreground (Ctrl-C stops it)."""
     started = time.monotonic()
+    if agent_kind not in ("process", "scripted"):
+        typer.echo("berth local: --agent-kind is process or scripted", err=True)
+        raise typer.Exit(code=2)
     if template is None:
         root = find_repo_root()
         if root is None:
@@ -112,6 +121,7 @@ def up(
         agents=agents,
         gpus_per_agent=gpus_per_agent,
         gpu_type=gpu_type,
+        agent_kind=agent_kind,
     )
     try:
         try:

@@ -26,6 +26,7 @@ from berth_tools.localcloud import (
 from berth_tools.localcloud.cloudformation_deploy import DeployedStack
 from berth_tools.localcloud.front_door import FrontDoor
 from berth_tools.localcloud.moto_server import MotoServer
+from berth_tools.localcloud.process_agents import AgentProcess, AgentStartError, wait_registered
 from berth_tools.localcloud.scripted_agent import HostIdentity, Inventory, ScriptedAgent
 from berth_tools.localcloud.sigv4 import signed_headers
 from berth_tools.localcloud.state_dir import Profile, StateDir
@@ -77,6 +78,10 @@ class LocalCloud:
     """Scripted on-prem agents to start (each a host with its own IAM identity)."""
     gpus_per_agent: int = 8
     gpu_type: str | None = None
+    agent_kind: str = "scripted"
+    """``scripted`` (in-process protocol clients, SCRIPTED_* behaviours) or ``process`` (real
+    ``berth-agent`` processes running the jobs' commands on simulated GPUs)."""
+    process_agents: list[AgentProcess] = field(default_factory=list)
     function_timings: dict[str, str] = field(default_factory=lambda: dict(LOCAL_TIMINGS))
     timer_interval_s: float | None = LOCAL_TIMER_S
     """Scheduled rules fire this often (None: at their own rate)."""
@@ -186,7 +191,8 @@ class LocalCloud:
                         "kind": "scripted",
                     }
                     for a in self.scripted_agents
-                ],
+                ]
+                + [a.as_json() for a in self.process_agents],
             )
             self._state.write_env(self.exports)
 
@@ -196,6 +202,11 @@ class LocalCloud:
         for agent in self.scripted_agents:
             agent.stop()
         self.scripted_agents = []
+        for process in self.process_agents:  # all drain at once
+            process.terminate()
+        for process in self.process_agents:
+            process.stop(terminated=True)
+        self.process_agents = []
         for poller in self.pollers:
             poller.stop()
         self.pollers = []
@@ -383,6 +394,9 @@ class LocalCloud:
         return agent
 
     def _start_agents(self, hosts: list[tuple[str, str, int]]) -> None:
+        if self.agent_kind == "process":
+            self._start_process_agents(hosts)
+            return
         by_profile = self.profiles
         for host_id, model, gpus in hosts:
             user = by_profile[f"host-{host_id}"]
@@ -397,6 +411,50 @@ class LocalCloud:
             )
             agent.start()
             self.scripted_agents.append(agent)
+
+    def process_agent(self, host_id: str, gpu_type: str = "A100", gpus: int = 8) -> AgentProcess:
+        """A real agent process on a host of its own (not yet started)."""
+        user = self.profiles.get(f"host-{host_id}")
+        if user is None:
+            identity = self.host_identity(host_id)
+            key: tuple[str, str] | None = (identity.access_key_id, identity.secret_access_key)
+        else:
+            key = None if self._state is not None else (user.access_key_id, user.secret_access_key)
+        if self._state is not None:
+            base = self._state.root / "agents"
+        else:
+            import tempfile
+
+            base = Path(tempfile.mkdtemp(prefix="berth-agents-"))
+        return AgentProcess(
+            host_id=host_id,
+            gpu_type=gpu_type,
+            gpus=gpus,
+            home=base / host_id,
+            api_url=self.api_url,
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+            artifacts_bucket=self.output("ArtifactsBucketName"),
+            data_bucket=self.output("DataBucketName"),
+            aws_config_file=self._state.config_file if self._state is not None else None,
+            aws_credentials_file=self._state.credentials_file if self._state is not None else None,
+            access_key=key,
+        )
+
+    def _start_process_agents(self, hosts: list[tuple[str, str, int]]) -> None:
+        for host_id, model, gpus in hosts:
+            agent = self.process_agent(host_id, model, gpus)
+            self.process_agents.append(agent.start())
+        try:
+            wait_registered(self.process_agents)
+        except AgentStartError as exc:
+            raise LocalCloudError(str(exc)) from exc
+        self._say(
+            "agents registered: "
+            + ", ".join(
+                f"{a.host_id} (pid {a.pid}, {len(a.registered_gpus)} GPUs)" for a in self.process_agents
+            )
+        )
 
     def _gateway_config(self, rest_api_id: str) -> gateway_config.GatewayConfig:
         """The deployed API's gateway responses and resource policy, from the template (moto drops them)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,12 @@ def seed_tenants(
             seed_example_data(tenants_table)
             if hosts_table is not None and not any(u.role == "host" for u in users):
                 seed_example_hosts(hosts_table)
+            # Each tenant's job log group (agents ship job output there with the attempt's scoped
+            # credentials, which may create streams but not groups).
+            logs = boto3.client("logs", endpoint_url=endpoint_url, region_name=region)
+            for tenant in sorted({u.tenant for u in users if u.role != "host"}):
+                with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+                    logs.create_log_group(logGroupName=f"{JOB_LOG_GROUP_PREFIX}/{tenant}")
             for name, value in EXAMPLE_SECRETS.items():
                 boto3.client("secretsmanager", endpoint_url=endpoint_url, region_name=region).create_secret(
                     Name=name, SecretString=value
@@ -134,6 +141,8 @@ def seed_tenants(
 #: admin, and team nlp's GLUE copy on the on-prem hosts, registered as a dataset that stays on-prem.
 EXAMPLE_GRANTS = {"vision": ["s3://vision-datasets/"]}
 #: A secret of team vision's for examples/jobs/mnist-bundle.yaml (a placeholder value).
+#: Where agents ship job output: ``<prefix>/<tenant>``, stream ``<job>/<attempt>``.
+JOB_LOG_GROUP_PREFIX = "/berth/jobs"
 EXAMPLE_SECRETS = {"berth/vision/wandb": "local-placeholder-not-a-real-key"}
 EXAMPLE_DATASETS = {
     "glue": {

@@ -1,0 +1,178 @@
+"""Jobs on real `berth-agent` processes (`berth local up --agent-kind process`): the job's command
+runs as a real process on a simulated GPU; an agent killed with SIGKILL mid-job takes its job with
+it and the job completes on another host in a second attempt; cancel kills the job's process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from tests.e2e.conftest import LocalCloudProcess, start_local_cloud
+
+#: Each run appends "start <pid> <host> <time>" and, when it ends normally, "end <pid> <time>".
+MARKER_SCRIPT = """
+import os, socket, sys, time
+mark = os.environ["MARK"]
+def note(text):
+    with open(mark, "a") as fh:
+        fh.write(text + "\\n")
+note(f"start {os.getpid()} {time.time()}")
+print("hello from a real job", flush=True)
+time.sleep(float(os.environ.get("RUN_S", "1")))
+note(f"end {os.getpid()} {time.time()}")
+"""
+
+
+def _spec(marker: Path, run_s: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "real-process",
+        "image": "python:3.11-slim",  # the process executor runs the command on the host
+        "command": ["python3", "-c", MARKER_SCRIPT],
+        "resources": {"gpu_type": "A100", "gpus": 1},
+        "env": {"MARK": str(marker), "RUN_S": str(run_s)},
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def real_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudProcess]:
+    cloud = start_local_cloud(
+        tmp_path_factory.mktemp("berth-real") / "state",
+        "--agents",
+        "3",
+        "--gpus-per-agent",
+        "2",
+        "--gpu-type",
+        "A100",
+        "--agent-kind",
+        "process",
+    )
+    try:
+        yield cloud
+    finally:
+        status = cloud.stop()
+    assert status == 0, cloud.log_tail()
+
+
+def _agents(cloud: LocalCloudProcess) -> list[dict[str, Any]]:
+    return list(json.loads((cloud.state_dir / "agents.json").read_text()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait(client: Any, job_id: str, statuses: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in statuses:
+            return dict(job)
+        assert time.monotonic() < deadline, job
+        time.sleep(0.25)
+
+
+def _marks(marker: Path, timeout: float = 30, kind: str = "start", count: int = 1) -> list[list[str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [line.split() for line in marker.read_text().splitlines()] if marker.exists() else []
+        if sum(1 for line in lines if line[0] == kind) >= count:
+            return lines
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.1)
+
+
+def test_agents_are_real_registered_processes(real_cloud: LocalCloudProcess) -> None:
+    agents = _agents(real_cloud)
+    assert len(agents) == 3
+    for agent in agents:
+        assert agent["pid"] != real_cloud.process.pid and _alive(agent["pid"])
+        cmdline = Path(f"/proc/{agent['pid']}/cmdline").read_bytes().split(b"\0")
+        assert b"berth_agent.main" in cmdline, cmdline
+        assert len(agent["gpus"]) == 2
+    capacity = real_cloud.client("alice").get("/v1/capacity").json()
+    assert {a["host_id"] for a in agents} <= {h["host_id"] for h in capacity.get("hosts", [])} or capacity
+
+
+def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+    alice = real_cloud.client("alice")
+    marker = tmp_path / "marks"
+    r = alice.post("/v1/jobs", json=_spec(marker, 1))
+    assert r.status == 201, r.text
+    job = _wait(alice, r.json()["id"], ("COMPLETED", "FAILED"))
+    assert job["status"] == "COMPLETED" and job["attempts"] == 1, job
+    lines = _marks(marker, kind="end")
+    assert [line[0] for line in lines] == ["start", "end"]
+    # its stdout went to CloudWatch Logs with the attempt's scoped credentials (/v1/agent/credentials)
+    creds = real_cloud.credentials("admin")
+    logs = boto3.client(
+        "logs",
+        endpoint_url=real_cloud.env["AWS_ENDPOINT_URL"],
+        region_name=real_cloud.region,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+    )
+    events = logs.get_log_events(logGroupName="/berth/jobs/vision", logStreamName=f"{job['id']}/1")
+    assert [e["message"] for e in events["events"]] == ["hello from a real job"]
+
+
+def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+    alice = real_cloud.client("alice")
+    marker = tmp_path / "marks"
+    r = alice.post("/v1/jobs", json=_spec(marker, 300))
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    pid = int(_marks(marker)[0][1])
+    assert _alive(pid)
+    _wait(alice, job_id, ("RUNNING",))
+    assert alice.post(f"/v1/jobs/{job_id}/cancel").status == 202
+    job = _wait(alice, job_id, ("CANCELED", "FAILED", "COMPLETED"), timeout=60)
+    assert job["status"] == "CANCELED", job
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), f"job process {pid} still running after cancel"
+    assert "end" not in marker.read_text()
+
+
+def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
+    real_cloud: LocalCloudProcess, tmp_path: Path
+) -> None:
+    alice = real_cloud.client("alice")
+    marker = tmp_path / "marks"
+    r = alice.post("/v1/jobs", json=_spec(marker, 4, retry={"max_attempts": 3}))
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    first_pid = int(_marks(marker)[0][1])
+    running = _wait(alice, job_id, ("RUNNING",))
+    host = running["placement"]["hosts"][0]["host_id"]
+    (agent,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
+    os.kill(agent["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    # the job goes down with its agent (PR_SET_PDEATHSIG), so it cannot run on while retried
+    deadline = time.monotonic() + 5
+    while _alive(first_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(first_pid), "the killed agent's job is still running"
+
+    done = _wait(alice, job_id, ("COMPLETED", "FAILED", "CANCELED"), timeout=120)
+    assert done["status"] == "COMPLETED", done
+    assert done["attempts"] == 2, done
+    assert done["placement"]["hosts"][0]["host_id"] != host, done
+    lines = _marks(marker, kind="end")
+    starts = [line for line in lines if line[0] == "start"]
+    ends = [line for line in lines if line[0] == "end"]
+    assert len(starts) == 2 and len(ends) == 1, lines
+    # the second run started after the first was killed, and only the second ended
+    assert float(starts[1][2]) > killed_at and ends[0][1] == starts[1][1], lines

@@ -1,0 +1,212 @@
+"""Real on-prem agents for the local cloud: one ``berth-agent`` process per simulated host.
+
+Each runs ``python -m berth_agent.main`` with a config file of its own under the state dir
+(``agents/<host>/config.yaml``): simulated GPUs, the ``process`` executor, work and cache dirs under
+the state dir, the moto endpoint, the front door as its API and the host's own IAM identity (the
+``host-<id>`` profile of the state dir's AWS files, or its keys in the environment without a state
+dir). Its JSON log goes to ``agents/<host>/agent.log``. ``wait_registered`` reads the log until the
+agent says it registered (with the GPU UUIDs it registered); ``stop`` sends SIGTERM and, after a
+timeout, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: How long an agent may take from spawn to registration.
+REGISTER_TIMEOUT_S = 60.0
+#: SIGTERM, then this long before SIGKILL (the local agents drain with a short timeout).
+STOP_TIMEOUT_S = 10.0
+
+
+class AgentStartError(RuntimeError):
+    pass
+
+
+@dataclass
+class AgentProcess:
+    host_id: str
+    gpu_type: str
+    gpus: int
+    home: Path
+    api_url: str
+    endpoint_url: str
+    region: str
+    artifacts_bucket: str
+    data_bucket: str
+    aws_config_file: Path | None = None
+    aws_credentials_file: Path | None = None
+    access_key: tuple[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+    registered_gpus: list[str] = field(default_factory=list)
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "agent.log"
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "config.yaml"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "api_url": self.api_url,
+            "region": self.region,
+            "pool": "default",
+            "host_id": self.host_id,
+            "work_dir": str(self.home / "work"),
+            "cache_dir": str(self.home / "cache"),
+            "cache_max_gib": 1.0,
+            "executor": "process",
+            "gpus": {
+                "discovery": "simulated",
+                "simulated": {"gpu_type": self.gpu_type, "count": self.gpus, "memory_gib": 80},
+            },
+            # a simulated host as big as the scripted ones (this machine's own cores are few)
+            "host_cpu": 64,
+            "host_memory_gib": 512,
+            "drain_timeout_s": 5,
+            "cancel_grace_s": 3,
+            # Jobs run as the user running the local cloud (no per-job uid: the state dir is private).
+            "limits": {"uid_range": None},
+            "artifacts_bucket": self.artifacts_bucket,
+            "data_bucket": self.data_bucket,
+            "aws_endpoint_url": self.endpoint_url,
+        }
+        if self.access_key is None:
+            cfg["aws_profile"] = f"host-{self.host_id}"
+        return cfg
+
+    def environment(self) -> dict[str, str]:
+        """Only what the agent needs: none of the local cloud's own AWS settings leak into it."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
+        }
+        env["PYTHONPATH"] = os.pathsep.join(
+            dict.fromkeys([*_package_roots(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+        )
+        env["BERTH_AGENT_CONFIG"] = str(self.config_file)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.access_key is not None:
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.access_key
+        else:
+            assert self.aws_config_file is not None and self.aws_credentials_file is not None
+            env["AWS_CONFIG_FILE"] = str(self.aws_config_file)
+            env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.aws_credentials_file)
+        env["AWS_EC2_METADATA_DISABLED"] = "true"
+        return env
+
+    def start(self) -> AgentProcess:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(yaml.safe_dump(self.config(), sort_keys=True))
+        log = self.log_file.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "berth_agent.main"],
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,  # Ctrl-C on the local cloud reaches it as our SIGTERM only
+            )
+        finally:
+            log.close()
+        return self
+
+    def registered(self) -> bool:
+        if self.registered_gpus:
+            return True
+        for record in self.log_records():
+            if record.get("msg") == "registered":
+                self.registered_gpus = [str(g) for g in record.get("gpus", [])]
+                return True
+        return False
+
+    def log_records(self) -> list[dict[str, Any]]:
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def terminate(self) -> None:
+        """SIGTERM: the agent drains (takes no more work, lets running jobs end within its timeout)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, *, terminated: bool = False) -> None:
+        """SIGTERM (unless already sent), then SIGKILL after ``timeout_s``."""
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        if not terminated:
+            self.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"host_id": self.host_id, "pid": self.pid, "gpus": self.registered_gpus, "kind": "process"}
+
+
+def _package_roots() -> list[str]:
+    """Where this process imports ``berth_agent`` and ``berth`` from (a source tree or a venv)."""
+    import importlib.util
+
+    roots = []
+    for name in ("berth_agent", "berth"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(str(Path(next(iter(spec.submodule_search_locations))).parent))
+    return roots
+
+
+def wait_registered(agents: list[AgentProcess], timeout_s: float = REGISTER_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(agents)
+    while pending:
+        for agent in list(pending):
+            if agent.registered():
+                pending.remove(agent)
+            elif not agent.alive():
+                tail = agent.log_file.read_text(errors="replace")[-2000:] if agent.log_file.exists() else ""
+                raise AgentStartError(f"agent {agent.host_id} exited before registering:\n{tail}")
+        if pending and time.monotonic() > deadline:
+            raise AgentStartError(
+                f"agents not registered after {timeout_s:.0f}s: {', '.join(a.host_id for a in pending)}"
+            )
+        if pending:
+            time.sleep(0.1)
