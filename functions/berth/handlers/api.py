@@ -27,10 +27,6 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from berth.dal.documents import DynamoDocumentRepository
-from berth.dal.hosts import DynamoHostRepository
-from berth.dal.jobs import DynamoJobRepository
-from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
@@ -52,7 +48,7 @@ from berth.handlers.settings import per_environment, settings
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.ratelimit import RateLimiter
-from berth.logic.snapshot import OFFERS, POLICY, SnapshotSource
+from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
 from berth.logic.workflow import WorkflowHooks
@@ -102,27 +98,13 @@ def _hooks() -> WorkflowHooks:
     )
 
 
-@per_environment
-def _job_repository() -> DynamoJobRepository:
-    cfg = settings()
-    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
-    return DynamoJobRepository(
-        cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
-    )
+#: The one job repository of this configuration (shared with the workflow's services).
+_job_repository = runtime.job_repository
 
 
 @per_environment
 def _fleet() -> FleetService:
-    cfg = settings()
-    source = SnapshotSource(
-        jobs=_job_repository(),
-        tenants=DynamoTenantRepository(cfg.tenants_table),
-        hosts=DynamoHostRepository(cfg.hosts_table),
-        documents=DynamoDocumentRepository(cfg.tenants_table),
-        clock=_now,
-        cloud_enabled=cfg.cloud_enabled,
-    )
-    return FleetService(source, cache_s=cfg.feasibility_cache_s)
+    return FleetService(runtime.snapshot_source(), cache_s=settings().feasibility_cache_s)
 
 
 @per_environment
