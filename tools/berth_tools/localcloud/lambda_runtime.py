@@ -24,6 +24,9 @@ that invocation's buffer (Powertools' Logger writes to `sys.stdout`); with Lambd
 lines they are written to the function's CloudWatch Logs group in moto, and returned base64 in
 `X-Amz-Log-Result` for `LogType=Tail` callers.
 
+Powertools. Its event handler keeps the request being resolved in a class attribute shared by all
+resolvers; `powertools_isolation` makes it per invocation, like the process-per-function Lambda gives.
+
 Timeout. The call runs on a worker thread; after the configured `Timeout` the caller gets Lambda's
 `Task timed out after N seconds` error. Python cannot kill a thread, so the handler keeps running in the
 background until it returns (documented limitation).
@@ -51,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import botocore.handlers
 
-from berth_tools.localcloud import metering, moto_compat
+from berth_tools.localcloud import metering, moto_compat, powertools_isolation
 from berth_tools.localcloud.moto_transport import InProcessTransport
 
 if TYPE_CHECKING:
@@ -479,6 +482,7 @@ def install(runtime: InProcessLambdaRuntime) -> None:
         _ORIGINALS["environ"] = os.environ
         os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
         _route_std_streams()
+        powertools_isolation.install()
     _ACTIVE.append(runtime)
 
 
