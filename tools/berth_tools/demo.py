@@ -1,4 +1,4 @@
-"""`make demo`: bring the local cloud up, drive a scripted scenario through the public API.
+"""`make demo`: bring the local cloud up with real agent processes, drive a scenario through the public API.
 
 Every step is checked; the process exits 0 only when all of them behaved. The scenario uses the
 real CLI (a subprocess, as a user would) and a plain SigV4 client for the checks a CLI hides.
@@ -84,9 +84,9 @@ def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[s
             "up",
             "--state-dir",
             str(state_dir),
-            # the scenario steers its jobs with SCRIPTED_* env
+            # real berth-agent processes: each job runs as a process on its host's simulated GPUs
             "--agent-kind",
-            "scripted",
+            "process",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -104,13 +104,60 @@ def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[s
     return proc, env
 
 
+def _training(seconds: float, marker: str = "") -> list[str]:
+    """A stand-in training loop (one line per second) that really runs on an agent's host: it prints the
+    GPUs it was given and writes a checkpoint where Berth says. ``marker`` names its process."""
+    code = (
+        "import os, sys, time, pathlib\n"
+        f"# {marker}\n"
+        f"n = {max(1, round(seconds))}\n"
+        "gpus = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+        "for epoch in range(1, n + 1):\n"
+        "    time.sleep(1)\n"
+        "    print(f'epoch {epoch}/{n} loss {1 / epoch:.3f} gpus {gpus}', flush=True)\n"
+        "ck = pathlib.Path(os.environ.get('BERTH_CHECKPOINT_DIR') or '.') / 'last.txt'\n"
+        "ck.write_text(str(n))\n"
+    )
+    return ["python3", "-c", code]
+
+
+def _runnable(example: str, seconds: float, **changes: Any) -> dict[str, Any]:
+    """An example spec whose command is a stand-in training loop (the example's own program needs its
+    image, which the local cloud's process executor does not run)."""
+    spec = {**_yaml(EXAMPLES / example), "command": _training(seconds, changes.pop("marker", "")), **changes}
+    return spec
+
+
+def _pids_running(marker: str) -> list[int]:
+    """Processes whose command line carries ``marker``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    out.append(int(proc.name))
+            except OSError:
+                continue
+    return out
+
+
 def run(s: Scenario) -> None:
     alice, admin = s.client("alice"), s.client("admin")
     ids: dict[str, str] = {}
+    specs = s.state_dir / "specs"
+    specs.mkdir(exist_ok=True)
+
+    def spec_file(name: str, spec: dict[str, Any]) -> str:
+        import yaml
+
+        path = specs / name
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return str(path)
 
     def alice_submits() -> str:
-        code, job, err = s.cli("alice", "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"))
-        assert code == 0, f"exit {code}: {err}"
+        resnet = spec_file("resnet-vision.yaml", _runnable("resnet-vision.yaml", 6))
+        code, job, err = s.cli("alice", "submit", "-f", resnet)
+        assert code == 0, f"exit {code}: {err} {job}"
         # The agents may have placed it by the time the CLI prints it.
         assert job["status"] in ("QUEUED", "STARTING", "RUNNING", "COMPLETED"), job
         assert job["tenant"] == "vision", job
@@ -118,8 +165,9 @@ def run(s: Scenario) -> None:
         return f"alice's job {job['id']} is {job['status']} in tenant {job['tenant']}"
 
     def bob_submits() -> str:
-        code, job, err = s.cli("bob", "submit", "-f", str(EXAMPLES / "bert-nlp.yaml"))
-        assert code == 0, f"exit {code}: {err}"
+        bert = spec_file("bert-nlp.yaml", _runnable("bert-nlp.yaml", 4))
+        code, job, err = s.cli("bob", "submit", "-f", bert)
+        assert code == 0, f"exit {code}: {err} {job}"
         assert job["tenant"] == "nlp", job
         ids["bob"] = job["id"]
         return f"bob's job {job['id']} is {job['status']} in tenant {job['tenant']}"
@@ -160,46 +208,70 @@ def run(s: Scenario) -> None:
         assert seen == moves, seen
         host = done["placement"]["hosts"][0]
         return (
-            f"{ids['alice']} ran on {host['host_id']} ({host['gpus']} GPUs {done['placement']['gpu_type']}): "
+            f"{ids['alice']} ran as a process on {host['host_id']} ({host['gpus']} GPUs "
+            f"{done['placement']['gpu_type']}, imagenet staged from S3): "
             f"{' → '.join(moves)}; the same 4 changes arrived on the JobEventsQueueUrl queue"
         )
 
-    def transient_retry() -> str:
-        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "flaky-host-trial"}
-        spec["resources"] = {**spec["resources"], "gpus": 1, "cpu": 4, "memory_gib": 16}
-        spec["env"] = {"SCRIPTED_FAIL_ATTEMPTS": "1"}
+    def bob_completes() -> str:
+        done = s.client("bob").get(ids["bob"])
+        deadline = time.monotonic() + 60
+        while done["status"] not in ("COMPLETED", "FAILED", "CANCELED") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            done = s.client("bob").get(ids["bob"])
+        assert done["status"] == "COMPLETED", done
+        host = done["placement"]["hosts"][0]["host_id"]
+        return f"{ids['bob']} COMPLETED on {host} with dataset://glue mounted read-only from the host's disk"
+
+    def agent_killed() -> str:
+        spec = _runnable("resnet-vision.yaml", 20, name="host-dies-trial")
+        spec["resources"] = {**spec["resources"], "gpu_type": "A100", "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["data"] = []
         job = alice.submit(spec)
-        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"))
+        running = wait_for(job["id"], is_("RUNNING"), 60)
+        host = running["placement"]["hosts"][0]["host_id"]
+        agents = json.loads((s.state_dir / "agents.json").read_text())
+        pid = next(a["pid"] for a in agents if a["host_id"] == host)
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"), 120)
         assert done["status"] == "COMPLETED" and done["attempts"] == 2, done
         events = alice.events(job["id"])["events"]
-        moves = [e["to"] for e in events]
-        assert moves.count("RETRYING") == 1 and moves[-1] == "COMPLETED", moves
         retry = next(e for e in events if e["to"] == "RETRYING")
-        hosts = [e["reason"].split(": ", 1)[1].split(" ")[0] for e in events if e["to"] == "STARTING"]
-        assert hosts[0] != hosts[1], hosts
-        return f"attempt 1 on {hosts[0]}: {retry['reason']}; attempt 2 on {hosts[1]} COMPLETED"
+        second = done["placement"]["hosts"][0]["host_id"]
+        assert second != host, (host, second)
+        return (
+            f"agent {host} (pid {pid}) killed with SIGKILL while {job['id']} ran: {retry['reason']}; "
+            f"attempt 2 ran on {second} → COMPLETED"
+        )
 
     def cancel_running() -> str:
-        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "long-run"}
+        marker = f"berth-demo-long-run-{uuid.uuid4().hex[:8]}"
+        spec = _runnable("resnet-vision.yaml", 300, name="long-run", marker=marker)
         spec["resources"] = {**spec["resources"], "gpus": 2, "cpu": 8, "memory_gib": 32}
-        spec["env"] = {"SCRIPTED_RUN_S": "300"}
         job = alice.submit(spec)
         wait_for(job["id"], is_("RUNNING"))
+        deadline = time.monotonic() + 10
+        while not _pids_running(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker), "the job's process never appeared"
         code, out, err = s.cli("alice", "cancel", job["id"])
         assert code == 0 and out["status"] == "CANCELING", (code, out, err)
         done = wait_for(job["id"], is_("CANCELED", "COMPLETED", "FAILED"), 30)
         assert done["status"] == "CANCELED", done
         moves = [e["to"] for e in alice.events(job["id"])["events"]]
         assert moves[-2:] == ["CANCELING", "CANCELED"], moves
-        return f"{job['id']}: {' → '.join(moves)} (the host stopped it and confirmed)"
+        left = _pids_running(marker)
+        assert not left, f"the job's processes are still running: {left}"
+        return f"{job['id']}: {' → '.join(moves)} (its agent stopped the process group and confirmed)"
 
     def waits_and_explains() -> str:
-        blocker = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "env": {"SCRIPTED_RUN_S": "300"}}
+        blocker = _runnable("resnet-vision.yaml", 300)
         for i in range(2):
             ids[f"blocker{i}"] = alice.submit({**blocker, "name": f"resnet-long-{i}"})["id"]
         for i in range(2):
             wait_for(ids[f"blocker{i}"], is_("RUNNING"))
-        code, job, err = s.cli("alice", "submit", "-f", str(EXAMPLES / "resnet-vision.yaml"))
+        code, job, err = s.cli("alice", "submit", "-f", spec_file("resnet-vision.yaml", blocker))
         assert code == 0, err
         ids["waiting"] = job["id"]
         time.sleep(2.5)
@@ -211,7 +283,7 @@ def run(s: Scenario) -> None:
         return f"{job['id']} waits: {ex['summary'][:110]}"
 
     def idempotent_retry() -> str:
-        spec = {**_yaml(EXAMPLES / "resnet-vision.yaml"), "name": "resnet-sweep"}
+        spec = _runnable("resnet-vision.yaml", 5, name="resnet-sweep")
         key = str(uuid.uuid4())
         first, second = alice.submit(spec, key), alice.submit(spec, key)
         assert first["id"] == second["id"], (first["id"], second["id"])
@@ -265,19 +337,22 @@ def run(s: Scenario) -> None:
         return "alice may not set quotas (403); admin sets vision's V100 guarantee to 64"
 
     def code_bundle() -> str:
-        spec_file = EXAMPLES / "mnist-bundle.yaml"
-        code, first, err = s.cli("alice", "submit", "-f", str(spec_file))
-        assert code == 0, f"exit {code}: {err}"
+        bundle_spec = EXAMPLES / "mnist-bundle.yaml"
+        code, first, err = s.cli("alice", "submit", "-f", str(bundle_spec))
+        assert code == 0, f"exit {code}: {err} {first}"
         digest = first["spec"]["code"]
         assert digest.startswith("sha256:"), first["spec"]
-        code, second, err2 = s.cli("alice", "submit", "-f", str(spec_file))
+        code, second, err2 = s.cli("alice", "submit", "-f", str(bundle_spec))
         assert code == 0 and "nothing uploaded" in err2, (code, err2)
         assert second["spec"]["code"] == digest
         ids["bundle"] = first["id"]
         secret_shown = "local-placeholder" in json.dumps([first, second])
         assert not secret_shown, "a secret's value reached the API's answer"
+        done = wait_for(first["id"], is_("COMPLETED", "FAILED", "CANCELED"), 90)
+        assert done["status"] == "COMPLETED", done
         return (
-            f"./mnist packed and uploaded once as {digest[:19]}…; the second submit uploaded nothing; "
+            f"./mnist packed and uploaded once as {digest[:19]}…, fetched, verified and run to COMPLETED on "
+            f"{done['placement']['hosts'][0]['host_id']}; the second submit uploaded nothing; "
             f"data s3://vision-datasets/mnist/ (granted to vision) and secret berth/vision/wandb by name"
         )
 
@@ -338,7 +413,8 @@ def run(s: Scenario) -> None:
             "alice's job runs to completion on an on-prem host; its events reach EventBridge",
             runs_to_completion,
         ),
-        ("a transient failure is retried on another host and completes", transient_retry),
+        ("bob's job reads an on-prem dataset and completes", bob_completes),
+        ("an agent is killed mid-job: the job is retried on another host and completes", agent_killed),
         ("a running job is canceled: the host stops it", cancel_running),
         ("with the V100 hosts full, berth explain says why a job waits", waits_and_explains),
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),

@@ -439,6 +439,10 @@ class LocalCloud:
             aws_config_file=self._state.config_file if self._state is not None else None,
             aws_credentials_file=self._state.credentials_file if self._state is not None else None,
             access_key=key,
+            # Every simulated host holds the example datasets on its own disk (one copy per state dir).
+            datasets=seed.example_dataset_roots(
+                base.parent / "datasets" if self._state is not None else base / "datasets"
+            ),
         )
 
     def _start_process_agents(self, hosts: list[tuple[str, str, int]]) -> None:

@@ -48,6 +48,8 @@ class AgentProcess:
     aws_config_file: Path | None = None
     aws_credentials_file: Path | None = None
     access_key: tuple[str, str] | None = None
+    #: Registered dataset roots on this host (``dataset://<name>/...``), e.g. the example ``glue``.
+    datasets: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     registered_gpus: list[str] = field(default_factory=list)
 
@@ -89,6 +91,8 @@ class AgentProcess:
             "data_bucket": self.data_bucket,
             "aws_endpoint_url": self.endpoint_url,
         }
+        if self.datasets:
+            cfg["datasets"] = dict(self.datasets)
         if self.access_key is None:
             cfg["aws_profile"] = f"host-{self.host_id}"
         return cfg

@@ -6,6 +6,8 @@ import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import boto3
 
@@ -135,6 +137,7 @@ def seed_tenants(
                 boto3.client("secretsmanager", endpoint_url=endpoint_url, region_name=region).create_secret(
                     Name=name, SecretString=value
                 )
+            seed_example_objects(boto3.client("s3", endpoint_url=endpoint_url, region_name=region))
 
 
 #: What the example job specs (examples/jobs/) read: team vision's own dataset bucket, granted by an
@@ -151,6 +154,41 @@ EXAMPLE_DATASETS = {
         "residency": "onprem-only",
     }
 }
+
+
+#: Small stand-ins for the example jobs' S3 data (team vision's bucket), so real agents can stage it.
+EXAMPLE_OBJECTS = {
+    "vision-datasets": {
+        "mnist/train.csv": "label,pixels\n5,0 0 0 18 126\n0,0 0 51 159 253\n",
+        "imagenet/train/shard-0000.txt": "n01440764/img-0001.jpeg\nn01443537/img-0002.jpeg\n",
+        "imagenet/val/shard-0000.txt": "n01440764/img-0101.jpeg\n",
+    }
+}
+#: What an on-prem host holds under the example dataset ``glue``'s root (``example_dataset_roots``).
+EXAMPLE_DATASET_FILES = {
+    "glue": {"mnli/train.tsv": "premise\thypothesis\tlabel\n", "README": "GLUE (stand-in)\n"}
+}
+
+
+def seed_example_objects(s3: Any) -> None:
+    """The example data buckets and their objects (idempotent)."""
+    for bucket, objects in EXAMPLE_OBJECTS.items():
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=bucket)
+        for key, body in objects.items():
+            s3.put_object(Bucket=bucket, Key=key, Body=body.encode())
+
+
+def example_dataset_roots(base: Path) -> dict[str, str]:
+    """Create the example datasets' files under ``base`` (a host's local disk) and return their roots."""
+    roots = {}
+    for name, files in EXAMPLE_DATASET_FILES.items():
+        root = base / name
+        for rel, body in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(body)
+        roots[name] = str(root)
+    return roots
 
 
 def seed_example_data(tenants_table: str) -> None:
