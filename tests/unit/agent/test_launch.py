@@ -1,4 +1,4 @@
-"""The cloud launcher (``python -m berth_agent.launch``): bundle checked, data staged, outputs synced, exit codes."""
+"""The cloud launcher (`python -m berth_agent.launch`): bundle, data, outputs, exit codes."""
 
 from __future__ import annotations
 
