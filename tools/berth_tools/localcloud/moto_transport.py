@@ -31,7 +31,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from berth_tools.localcloud import metering, moto_compat
+from berth_tools.localcloud import faults, metering, moto_compat
 
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
@@ -92,7 +92,8 @@ class InProcessTransport:
             return contextvars.Context().run(self._wsgi, request, parts, headers, data)
 
         try:
-            code, pairs, payload = metering.METER.observe(observed, serve)
+            blocked = faults.outage_answer(observed)  # `berth local fault region-outage`
+            code, pairs, payload = blocked if blocked else metering.METER.observe(observed, serve)
         except Exception:  # a bug in moto: answer 500 as its server would, never raise into the SDK caller
             print(f"berth local: moto failed on {request.method} {request.url}:", file=sys.__stderr__)
             traceback.print_exc(file=sys.__stderr__)
