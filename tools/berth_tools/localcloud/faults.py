@@ -4,12 +4,14 @@ State lives in the local cloud's process (`FAULTS`, process-global like moto's b
 through `POST /_berth/fault` on the front door (127.0.0.1 only, like `/_berth/meter`), which
 `berth local fault` sends:
 
-| body | effect |
-| --- | --- |
-| `{"kind": "region-outage", "region": R}` | every Batch and EC2 API call signed for R answers HTTP 503 `ServiceUnavailable` (both ways into moto: the server and the in-process transport) |
-| `{"kind": "capacity", "region": R, "instance_type": T}` | jobs of a `berth-*` queue in R whose compute environment would use T stay RUNNABLE (never start); after `CAPACITY_REASON_AFTER_S` their statusReason says why |
-| `{"kind": "spot-interrupt", "job_id": J}` | the running Batch job named `J-a<n>` (the latest attempt) is killed and fails with statusReason `Host EC2 (instance i-0123456789abcdef0) terminated.` |
-| `{"kind": "clear"}` | no more outages or capacity faults (RUNNABLE jobs start) |
+- `{"kind": "region-outage", "region": R}`: every Batch and EC2 API call signed for R answers HTTP
+  503 `ServiceUnavailable` (both ways into moto: the server and the in-process transport);
+- `{"kind": "capacity", "region": R, "instance_type": T}`: jobs of a `berth-*` queue in R whose
+  compute environment would use T stay RUNNABLE (never start); after `CAPACITY_REASON_AFTER_S`
+  their statusReason says why;
+- `{"kind": "spot-interrupt", "job_id": J}`: the running Batch job named `J-a<n>` (the latest
+  attempt) is killed and fails with statusReason `Host EC2 (instance i-0123456789abcdef0) terminated.`;
+- `{"kind": "clear"}`: no more outages or capacity faults (RUNNABLE jobs start).
 
 `GET /_berth/fault` answers the current faults. Bad input answers 400 with a message, an unknown job 404.
 """
