@@ -373,8 +373,8 @@ class FrontDoor:
         if request.path == LOCAL_STATS_PATH and request.method == "GET":
             return _local_stats(), None
         if request.path == faults.FAULT_PATH:  # `berth local fault` (127.0.0.1 only)
-            status, body = faults.handle_http(request.method, request.remote_addr, request.get_data())
-            return Response(json.dumps(body), status=status, content_type="application/json"), None
+            status, answer = faults.handle_http(request.method, request.remote_addr, request.get_data())
+            return Response(json.dumps(answer), status=status, content_type="application/json"), None
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
             message = f"No stage at {request.path}; the API is served under {prefix}"

@@ -146,9 +146,10 @@ class LocalBatch:
         with self._lock:
             client = self._clients.get(key)
             if client is None:
-                client = boto3.session.Session(
+                session: Any = boto3.session.Session(
                     aws_access_key_id="localbatch", aws_secret_access_key="localbatch", region_name=region
-                ).client(
+                )
+                client = session.client(
                     service,
                     endpoint_url=self.endpoint_url,
                     config=Config(retries={"max_attempts": 2, "mode": "standard"}),
@@ -213,6 +214,7 @@ class LocalBatch:
                 self._runs.pop(job.job_id, None)
 
     def _execute(self, job: Any, run: _Run, env: dict[str, str]) -> None:
+        self._emit(job)  # SUBMITTED
         self._set_status(job, "PENDING")
         self._set_status(job, "RUNNABLE")
         ce = job.job_queue.environments[0] if job.job_queue.environments else None
