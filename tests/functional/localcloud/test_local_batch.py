@@ -14,6 +14,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -23,7 +24,7 @@ from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from berth_tools.cli.main import app
-from berth_tools.localcloud import faults, local_batch
+from berth_tools.localcloud import faults, local_batch, metering
 from berth_tools.localcloud.cloud import LocalCloud
 
 REGION = "us-east-1"
@@ -398,3 +399,52 @@ def test_other_queues_keep_motos_behaviour(lb: Batch) -> None:
         containerOverrides={"command": [marker]},
     )["jobId"]
     assert lb.describe(job)["status"] == "SUCCEEDED"  # moto's docker-less backend: at once, nothing run
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_terminating_a_launcher_job_leaves_no_process_behind(lb: Batch) -> None:
+    marker = f"berth-orphan-check-{time.time_ns()}"
+    spec = {
+        "job_id": "j-orphan",
+        "attempt": 1,
+        "tenant": "vision",
+        "command": ["python3", "-c", f"import time; time.sleep(300)  # {marker}"],
+        "timeout_s": 600,
+        "aws_region": REGION,
+        "endpoint_url": lb.cloud.endpoint_url,
+    }
+    job = lb.submit(
+        "j-orphan-a1", ["python", "-m", "berth_agent.launch"], env={"BERTH_LAUNCH": json.dumps(spec)}
+    )
+    lb.wait(job, lambda j: j["status"] == "RUNNING")
+    deadline = time.monotonic() + 20
+    while not _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker), "the launcher never started the command"
+    lb.batch.terminate_job(jobId=job, reason="orphan check")
+    assert lb.done(job, timeout_s=15)["status"] == "FAILED"
+    deadline = time.monotonic() + 5
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker) == []
+
+
+def test_batchs_own_events_and_job_logs_are_not_on_the_control_planes_bill(lb: Batch) -> None:
+    metering.METER.reset()
+    job = lb.submit("j-bill-a1", ["python3", "-c", "print('x')"])
+    lb.done(job)
+    requests = metering.METER.snapshot()["requests"]
+    assert "PutEvents" not in requests.get("events", {})
+    assert "PutLogEvents" not in requests.get("logs", {})
+    assert any("submitjob" in op.lower() for op in requests["batch"])  # the client's own call counts

@@ -154,7 +154,10 @@ class LocalBatch:
                     endpoint_url=self.endpoint_url,
                     config=Config(retries={"max_attempts": 2, "mode": "standard"}),
                 )
-                client.meta.events.register("before-send", InProcessTransport(self.endpoint_url))
+                # Batch's own events and the job's logs are not the control plane's bill: not metered.
+                client.meta.events.register(
+                    "before-send", InProcessTransport(self.endpoint_url, metered=False)
+                )
                 self._clients[key] = client
         return client
 
