@@ -448,3 +448,12 @@ def test_batchs_own_events_and_job_logs_are_not_on_the_control_planes_bill(lb: B
     assert "PutEvents" not in requests.get("events", {})
     assert "PutLogEvents" not in requests.get("logs", {})
     assert any("submitjob" in op.lower() for op in requests["batch"])  # the client's own call counts
+
+
+def test_a_job_larger_than_the_compute_environment_stays_runnable_with_aws_reason(lb: Batch) -> None:
+    job = lb.submit("j-huge-a1", ["python3", "-c", "print('never')"], vcpus=64)
+    stuck = lb.wait(job, lambda j: j.get("statusReason", "").startswith("MISCONFIGURATION:"), timeout_s=10)
+    assert stuck["status"] == "RUNNABLE"
+    lb.batch.cancel_job(jobId=job, reason="too big")
+    done = lb.done(job, timeout_s=10)
+    assert (done["status"], done["statusReason"]) == ("FAILED", "too big")

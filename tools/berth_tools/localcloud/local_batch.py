@@ -65,6 +65,10 @@ SPOT_REASON = f"Host EC2 (instance {SPOT_INSTANCE_ID}) terminated."
 #: AWS Batch's wording for a job its compute environment cannot get instances for.
 CAPACITY_REASON = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no {instance_type} capacity in {region}"
 CAPACITY_REASON_AFTER_S = 5.0
+MISCONFIGURATION_REASON = (
+    "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job resource requirement (vCPU/memory/GPU) is higher"
+    " than that can be met by the CE(s) attached to the job queue."
+)
 TERMINATE_GRACE_S = 2.0
 DEFAULT_LOG_GROUP = "/aws/batch/job"
 LAUNCHER_MODULE = "berth_agent.launch"
@@ -288,9 +292,15 @@ class LocalBatch:
                 blocked_since = None
                 if ce is None:
                     return True
+                if max_vcpus is not None and vcpus > max_vcpus:  # never fits: RUNNABLE for good, as on AWS
+                    if job.job_stopped_reason != MISCONFIGURATION_REASON:
+                        job.job_stopped_reason = MISCONFIGURATION_REASON
+                        self._emit(job)
+                    time.sleep(_POLL_S)
+                    continue
                 with self._lock:
                     used = self._in_use.get(ce.arn, 0)
-                    if max_vcpus is None or used + vcpus <= max_vcpus or used == 0:
+                    if max_vcpus is None or used + vcpus <= max_vcpus:
                         self._in_use[ce.arn] = used + vcpus
                         return True
             time.sleep(_POLL_S)
