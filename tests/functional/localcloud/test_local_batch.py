@@ -115,12 +115,11 @@ class Batch:
         return found
 
 
-def _clients(cloud: LocalCloud, region: str = REGION, attempts: int = 1) -> boto3.session.Session:
-    return boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name=region)
-
-
 def _client(cloud: LocalCloud, service: str, region: str = REGION) -> Any:
-    return _clients(cloud, region).client(
+    session = boto3.session.Session(
+        aws_access_key_id="test", aws_secret_access_key="test", region_name=region
+    )
+    return session.client(
         service,
         endpoint_url=cloud.endpoint_url,
         config=Config(retries={"max_attempts": 1, "mode": "standard"}),
