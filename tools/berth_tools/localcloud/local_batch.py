@@ -485,6 +485,7 @@ _RUNNER: list[LocalBatch] = []
 def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
     """Make `berth-*` queues run their jobs (idempotent; a new endpoint replaces the runner)."""
     local = runner if runner is not None else LocalBatch(endpoint_url)
+    local.faults.clear()  # a new local cloud starts without the faults of an earlier one in this process
     _RUNNER[:] = [local]
     local.faults.spot_interrupt_handler = local.spot_interrupt
     if _PATCHES:
