@@ -30,8 +30,8 @@ from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHand
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
-from berth_agent.outputs import DirSync, OutputKeys, restore
-from berth_agent.staging import JobDirs, StagingError, parse_digest, unpack_bundle
+from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
+from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
 from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
@@ -266,10 +266,13 @@ class AttemptRunner:
             settings=self.config.logs,
         )
         shipper.start()
-        syncs = [
-            DirSync(dirs.outputs, keys.outputs, io.put),
-            DirSync(dirs.checkpoints, keys.checkpoints, io.put),
-        ]
+        syncs = PeriodicSync(
+            [
+                DirSync(dirs.outputs, keys.outputs, io.put),
+                DirSync(dirs.checkpoints, keys.checkpoints, io.put),
+            ],
+            self.sync_interval_s,
+        )
         try:
             try:
                 handle = self.executor.start(launch, shipper.emit_line)
@@ -290,8 +293,7 @@ class AttemptRunner:
                 handle.cancel(0)
             result = self._supervise(handle, syncs, key, launch.gpu_uuids)
         finally:
-            for sync in syncs:
-                sync.sync()
+            syncs.final()
             shipper.close(timeout_s=30)
         return result, True
 
@@ -301,12 +303,12 @@ class AttemptRunner:
             digest = parse_digest(code)
             if digest is None:
                 raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
-            archive = dirs.base / "bundle"
-            io.fetch_bundle(claim.tenant, digest, archive)
-            try:
-                unpack_bundle(archive, dirs.work, expected_sha256=digest)
-            finally:
-                archive.unlink(missing_ok=True)
+            stage_bundle(
+                lambda path: io.fetch_bundle(claim.tenant, digest, path),
+                digest,
+                dirs.base / "bundle",
+                dirs.work,
+            )
         if claim.attempt > 1:
             restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
 
@@ -325,17 +327,13 @@ class AttemptRunner:
         return out
 
     def _supervise(
-        self, handle: RunHandle, syncs: list[DirSync], key: tuple[str, int], gpus: tuple[str, ...]
+        self, handle: RunHandle, syncs: PeriodicSync, key: tuple[str, int], gpus: tuple[str, ...]
     ) -> JobResult:
-        next_sync = time.monotonic() + self.sync_interval_s
         next_sample = time.monotonic()
         try:
             while (result := handle.wait(self.tick_s)) is None:
                 now = time.monotonic()
-                if now >= next_sync:
-                    for sync in syncs:
-                        sync.sync()
-                    next_sync = now + self.sync_interval_s
+                syncs.tick()
                 if self.sampler is not None and handle.pid is not None and now >= next_sample:
                     self._sample(key, handle.pid, list(gpus))
                     next_sample = now + self.sample_interval_s

@@ -104,6 +104,13 @@ class BotocoreIO:
         key = bundle_key(tenant, digest)
         self._link(ObjectRef(self.artifacts_bucket, key, f"sha256:{digest}"), dest)
 
+    def fetch_bundle_uri(self, uri: str, digest: str, dest: Path) -> None:
+        """A code bundle at ``s3://bucket/key`` (the cloud launcher's ``code.uri``), cached by its digest."""
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not uri.startswith("s3://") or not bucket or not key or key.endswith("/"):
+            raise StagingError(f"code bundle {uri} is not an s3://bucket/key object")
+        self._link(ObjectRef(bucket, key, f"sha256:{digest}"), dest)
+
     def stage_s3(self, uri: str, dest: Path) -> Path:
         bucket, _, key = uri.removeprefix("s3://").partition("/")
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,3 +118,24 @@ def restore(
         get(key, dest)
         count += 1
     return count
+
+
+class PeriodicSync:
+    """The syncs of one attempt, run every ``interval_s`` while it runs (``tick``) and once at its end
+    (``final``): what the agent's attempts and the cloud launcher both do with outputs and checkpoints."""
+
+    def __init__(
+        self, syncs: list[DirSync], interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.syncs, self.interval_s, self._clock = syncs, interval_s, clock
+        self._next = clock() + interval_s
+
+    def tick(self) -> None:
+        now = self._clock()
+        if now >= self._next:
+            for sync in self.syncs:
+                sync.sync()
+            self._next = now + self.interval_s
+
+    def final(self) -> list[SyncResult]:
+        return [sync.sync() for sync in self.syncs]

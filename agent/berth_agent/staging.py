@@ -52,6 +52,7 @@ __all__ = [
     "parse_digest",
     "resolve_dataset",
     "safe_join",
+    "stage_bundle",
     "unpack_bundle",
 ]
 
@@ -327,6 +328,17 @@ def unpack_bundle(
     if zipfile.is_zipfile(archive):
         return _unpack_zip(archive, dest, max_bytes, max_files)
     raise UnsafeArchive("code bundle is neither a tar nor a zip archive")
+
+
+def stage_bundle(fetch: Callable[[Path], None], digest: str, archive: Path, dest: Path) -> int:
+    """Fetch a code bundle into ``archive`` (``fetch(path)``), verify it against ``digest`` and unpack it
+    into ``dest``; the archive is removed whatever happens. The one path both the agent's attempts and
+    the cloud launcher (``berth_agent.launch``) take, so a bundle is checked the same on both sites."""
+    try:
+        fetch(archive)
+        return unpack_bundle(archive, dest, expected_sha256=digest)
+    finally:
+        archive.unlink(missing_ok=True)
 
 
 # -- per-attempt directories --------------------------------------------------------------------

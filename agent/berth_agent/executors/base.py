@@ -27,9 +27,17 @@ log = logging.getLogger(__name__)
 #: Keys a job's own ``env`` may not set (the spec refuses them too; this is the host's own check).
 RESERVED_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
-#: The only AWS variables a job gets: its attempt's scoped credentials.
+#: The only AWS variables a job gets: its attempt's scoped credentials (in a Batch container, the job
+#: role's credentials endpoint, which the launcher passes on).
 CREDENTIAL_KEYS = frozenset(
-    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION"}
+    {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    }
 )
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -81,3 +81,22 @@ def test_restore_checkpoints_for_a_retry(tmp_path: Path) -> None:
         tmp_path / "latest"
     ).read_bytes() == b"step-10"
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_periodic_sync_runs_on_its_interval_and_once_at_the_end(tmp_path: Path) -> None:
+    from berth_agent.outputs import DirSync, PeriodicSync
+
+    now = [0.0]
+    puts: list[str] = []
+    (tmp_path / "a.txt").write_text("1")
+    periodic = PeriodicSync(
+        [DirSync(tmp_path, "p/", lambda fh, key, size: puts.append(key))], 10.0, clock=lambda: now[0]
+    )
+    periodic.tick()
+    assert puts == []  # not yet due
+    now[0] = 10.0
+    periodic.tick()
+    assert puts == ["p/a.txt"]
+    (tmp_path / "b.txt").write_text("2")
+    assert [r.uploaded for r in periodic.final()] == [1]
+    assert puts == ["p/a.txt", "p/b.txt"]

@@ -298,3 +298,13 @@ def test_job_dirs(tmp_path: Path) -> None:
     assert not dirs.base.exists()
     with pytest.raises(StagingError):
         JobDirs.create(tmp_path, "../x", 1)
+
+
+def test_stage_bundle_removes_the_archive_even_when_the_digest_is_wrong(tmp_path: Path) -> None:
+    from berth_agent.staging import BundleDigestMismatch, stage_bundle
+
+    archive = tmp_path / "bundle"
+    with pytest.raises(BundleDigestMismatch):
+        stage_bundle(lambda path: path.write_bytes(b"not the bundle"), "0" * 64, archive, tmp_path / "work")
+    assert not archive.exists()
+    assert not (tmp_path / "work").exists()  # nothing unpacked

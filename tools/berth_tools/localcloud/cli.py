@@ -166,6 +166,9 @@ def register(app: typer.Typer) -> None:
         name="local", help="The embedded local cloud (moto + Berth's stack).", no_args_is_help=True
     )
     local.command("up")(up)
+    from berth_tools.cli.fault_cmd import fault
+
+    local.command("fault")(fault)
     app.add_typer(local, name="local")
 
 

@@ -40,7 +40,7 @@ import boto3
 from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
-from berth_tools.localcloud import metering, resource_policy
+from berth_tools.localcloud import faults, metering, resource_policy
 from berth_tools.localcloud.gateway_config import GatewayConfig
 from berth_tools.localcloud.moto_server import LOCAL_HOST
 from berth_tools.localcloud.moto_transport import InProcessTransport
@@ -372,6 +372,9 @@ class FrontDoor:
         raw_path = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.full_path
         if request.path == LOCAL_STATS_PATH and request.method == "GET":
             return _local_stats(), None
+        if request.path == faults.FAULT_PATH:  # `berth local fault` (127.0.0.1 only)
+            status, answer = faults.handle_http(request.method, request.remote_addr, request.get_data())
+            return Response(json.dumps(answer), status=status, content_type="application/json"), None
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
             message = f"No stage at {request.path}; the API is served under {prefix}"

@@ -569,6 +569,13 @@ class MeterMiddleware:
         probe = ObservedRequest(
             environ.get("REQUEST_METHOD", "GET"), path, environ.get("QUERY_STRING", ""), headers, b""
         )
+        from berth_tools.localcloud import faults  # (faults imports this module)
+
+        blocked = faults.outage_answer(probe)  # `berth local fault region-outage`
+        if blocked is not None:
+            status, pairs, payload = blocked
+            start_response(f"{status} Service Unavailable", pairs)
+            return [payload]
         form_encoded = "x-www-form-urlencoded" in environ.get("CONTENT_TYPE", "")  # Action= in the body
         if probe.service not in self.BODY_SERVICES and not form_encoded:
             self.meter.record_request(probe.service, probe.operation)

@@ -318,6 +318,78 @@ SURFACES: tuple[Surface, ...] = (
         "read",
         "gets a _determine_resource: the secret's ARN, so resource-scoped policies can match",
     ),
+    # -- Batch: jobs of berth-* queues run as host processes (local_batch) -------------------------------
+    Surface(
+        "moto.batch_simple.models:BatchSimpleBackend.submit_job",
+        "replaced",
+        "a berth-* queue's job goes to the real backend's submit_job (stored, its thread started)",
+        ("job_name", "job_def_id", "job_queue"),
+    ),
+    Surface(
+        "moto.batch.models:BatchBackend.submit_job",
+        "called",
+        "stores the job and starts its thread (Job.run)",
+        ("job_name", "job_def_id", "job_queue"),
+    ),
+    Surface(
+        "moto.batch.models:BatchBackend.get_job_queue", "called", "the queue a submit names", ("identifier",)
+    ),
+    Surface("moto.batch_simple.models:BatchSimpleBackend.backend", "read", "the real backend it wraps"),
+    Surface(
+        "moto.batch.models:Job.run",
+        "replaced",
+        "the job's thread: a berth-* queue's job is run by LocalBatch.execute (else moto's docker run)",
+    ),
+    Surface(
+        "moto.batch.models:Job._container_details",
+        "wrapped",
+        "DescribeJobs' container: exitCode and reason added, the submit's env no longer grows per call",
+    ),
+    Surface("moto.batch.models:Job.status", "written", "the job's status (ManagedState's setter), driven"),
+    Surface("moto.batch.models:Job._start_attempt", "called", "appends attempts[] at STARTING"),
+    Surface("moto.batch.models:Job._mark_stopped", "called", "SUCCEEDED/FAILED with stoppedAt", ("success",)),
+    Surface("moto.batch.models:Job._get_attempt_duration", "called", "attemptDurationSeconds"),
+    Surface("moto.batch.models:Job._add_parameters_to_command", "called", "Ref:: parameters", ("command",)),
+    Surface("moto.batch.models:Job.describe_short", "called", "the event detail's common fields"),
+    Surface(
+        "moto.batch.models:JobDefinition._get_resource_requirement",
+        "called",
+        "the job's vCPUs",
+        ("req_type", "default"),
+    ),
+    *(
+        Surface(f"moto.batch.models:Job#{attr}", "read", "the job being run")
+        for attr in (
+            "job_queue",
+            "job_definition",
+            "container_overrides",
+            "job_id",
+            "job_name",
+            "arn",
+            "stop",
+            "job_stopped",
+            "attempts",
+            "backend",
+            "parameters",
+            "depends_on",
+        )
+    ),
+    *(
+        Surface(f"moto.batch.models:Job#{attr}", "written", "set as AWS Batch would")
+        for attr in ("exit_code", "job_stopped_reason", "job_started_at", "latest_attempt", "log_stream_name")
+    ),
+    *(
+        Surface(f"moto.batch.models:JobQueue#{attr}", "read", "the queue's name, ARN, compute environments")
+        for attr in ("name", "arn", "environments")
+    ),
+    *(
+        Surface(f"moto.batch.models:ComputeEnvironment#{attr}", "read", "maxvCpus and instance types")
+        for attr in ("name", "arn", "compute_resources")
+    ),
+    *(
+        Surface(f"moto.batch.models:JobDefinition#{attr}", "read", "the job's container")
+        for attr in ("name", "container_properties")
+    ),
 )
 
 

@@ -9,7 +9,7 @@ import os
 import urllib.request
 from typing import Any
 
-from berth_tools.localcloud import dynamodb_isolation, metering, moto_compat, moto_faithful
+from berth_tools.localcloud import dynamodb_isolation, local_batch, metering, moto_compat, moto_faithful
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -70,6 +70,7 @@ class MotoServer:
         self._server = server
         self._port = int(server.get_host_and_port()[1])
         os.environ["MOTO_PORT"] = str(self._port)
+        local_batch.install(self.endpoint_url)  # berth-* Batch queues run their jobs as host processes
         # moto's backends are process-global: start from an empty cloud even if this process ran one before.
         self.reset()
         self.configure(self._config)
@@ -97,6 +98,7 @@ class MotoServer:
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
+            local_batch.stop_all()
             with contextlib.suppress(OSError):  # free the memory; a next local cloud starts empty anyway
                 self.reset()
             server.stop()

@@ -31,7 +31,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from berth_tools.localcloud import metering, moto_compat
+from berth_tools.localcloud import faults, metering, moto_compat
 
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
@@ -49,11 +49,13 @@ class _RawBody(io.BytesIO):
 class InProcessTransport:
     """A botocore `before-send` hook answering requests for `endpoint_url` from moto's WSGI app."""
 
-    def __init__(self, endpoint_url: str, app: Any = None) -> None:
+    def __init__(self, endpoint_url: str, app: Any = None, metered: bool = True) -> None:
         parts = urllib.parse.urlsplit(endpoint_url)
         self.base_url = f"{parts.scheme}://{parts.netloc}"
         self.app = app if app is not None else moto_compat.moto_wsgi_app()
         self.served = 0  # how many requests took the in-process path (for tests and diagnostics)
+        #: False for AWS's own calls (local Batch's events and job logs): not the control plane's bill.
+        self.metered = metered
         self._normalize = moto_compat.surface("moto.core.request:normalize_request")
         self._dynamodb_dispatch = moto_compat.surface("moto.dynamodb.responses:DynamoHandler.dispatch")
 
@@ -92,7 +94,13 @@ class InProcessTransport:
             return contextvars.Context().run(self._wsgi, request, parts, headers, data)
 
         try:
-            code, pairs, payload = metering.METER.observe(observed, serve)
+            blocked = faults.outage_answer(observed)  # `berth local fault region-outage`
+            if blocked is not None:
+                code, pairs, payload = blocked
+            elif self.metered:
+                code, pairs, payload = metering.METER.observe(observed, serve)
+            else:
+                code, pairs, payload = serve()
         except Exception:  # a bug in moto: answer 500 as its server would, never raise into the SDK caller
             print(f"berth local: moto failed on {request.method} {request.url}:", file=sys.__stderr__)
             traceback.print_exc(file=sys.__stderr__)

@@ -1,0 +1,342 @@
+"""``python -m berth_agent.launch``: one code-bundle attempt inside a cloud container (AWS Batch).
+
+The Batch job definition of a code-bundle job runs this module in the configured base image with
+``BERTH_LAUNCH`` = a JSON launch spec (docs/cloud-interface: job_id, attempt, tenant, command, env,
+code {uri, digest} | null, data [{source, mount}], outputs {bucket, prefix}, checkpoint_prefix,
+timeout_s, aws_region, endpoint_url | null). It does what the agent's process executor does for an
+on-prem attempt, with the same functions, so a job behaves the same on both sites:
+
+1. the per-attempt directories (``staging.JobDirs``);
+2. the bundle fetched from ``code.uri`` and verified against ``code.digest`` before anything is
+   unpacked (``staging.stage_bundle``; a mismatch is refused and nothing runs);
+3. each ``s3://`` data source staged through the object cache (``awsio.BotocoreIO.stage_s3``) and
+   linked at ``<workdir>/<mount>`` (``ProcessExecutor.link_mounts``), checkpoints of an earlier
+   attempt restored (``outputs.restore``);
+4. the command run by ``ProcessExecutor`` (own process group, the environment of
+   ``executors.base.job_environment``: the job's env, ``BERTH_*``, ``BERTH_OUTPUT_DIR``,
+   ``BERTH_CHECKPOINT_DIR``, the container's AWS credentials and nothing else), its output passed
+   through to this process's stdout/stderr (the awslogs driver ships it);
+5. outputs and checkpoints synced while it runs and once at its end (``outputs.PeriodicSync``);
+6. exit with the command's exit code: 124 when it ran past ``timeout_s``, 143 when stopped by
+   SIGTERM (Batch TerminateJob), 128+N when killed by signal N, ``EXIT_STAGING`` (65) when an input
+   could not be staged, ``EXIT_NOT_FOUND`` (127) when the command does not exist, ``EXIT_USAGE`` (64)
+   for a malformed spec. A line ``berth-launch: ...`` on stderr says why for every code of its own.
+
+Credentials come from the environment (the Batch job role; locally the local Batch runner passes
+the role's STS credentials). Only the agent's light dependencies: botocore, never boto3 or moto.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from berth_agent.executors.base import CREDENTIAL_KEYS, FailureKind, JobResult, Launch, Mount, StartError
+from berth_agent.executors.process import ProcessExecutor
+from berth_agent.outputs import DirSync, PeriodicSync, restore
+from berth_agent.staging import JobDirs, ObjectCache, StagingError, parse_digest, stage_bundle
+
+LAUNCH_ENV = "BERTH_LAUNCH"
+WORK_DIR_ENV = "BERTH_LAUNCH_WORK_DIR"
+EXIT_USAGE = 64
+EXIT_STAGING = 65
+EXIT_TIMEOUT = 124
+EXIT_NOT_FOUND = 127
+EXIT_TERMINATED = 143
+DEFAULT_SYNC_INTERVAL_S = 30.0
+DEFAULT_GRACE_S = 20.0  # Batch (ECS) kills the container 30 s after SIGTERM: 10 s left for the final sync
+CACHE_BYTES = 64 * 1024**3
+_TICK_S = 0.2
+
+
+class LaunchSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DataItem:
+    source: str
+    mount: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    job_id: str
+    attempt: int
+    tenant: str
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    code_uri: str | None = None
+    code_digest: str | None = None
+    data: tuple[DataItem, ...] = ()
+    outputs_bucket: str | None = None
+    outputs_prefix: str | None = None
+    checkpoint_prefix: str | None = None
+    timeout_s: float | None = None
+    aws_region: str = "us-east-1"
+    endpoint_url: str | None = None
+    sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
+    grace_s: float = DEFAULT_GRACE_S
+
+    @classmethod
+    def parse(cls, raw: str | Mapping[str, Any]) -> LaunchSpec:
+        try:
+            obj = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        except ValueError as exc:
+            raise LaunchSpecError(f"{LAUNCH_ENV} is not JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise LaunchSpecError(f"{LAUNCH_ENV} is not a JSON object")
+        try:
+            command = obj["command"]
+            if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+                raise LaunchSpecError("command must be a non-empty list of strings")
+            env = obj.get("env") or {}
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise LaunchSpecError("env must map strings to strings")
+            code = obj.get("code")
+            code_uri = code_digest = None
+            if code is not None:
+                code_uri = str(code["uri"])
+                code_digest = parse_digest(str(code["digest"]))
+                if code_digest is None:
+                    raise LaunchSpecError(f"code.digest {code['digest']!r} is not sha256:<64 hex>")
+            data = tuple(DataItem(str(d["source"]), str(d["mount"])) for d in obj.get("data") or [])
+            outputs = obj.get("outputs") or {}
+            outputs_prefix = outputs.get("prefix")
+            checkpoint_prefix = obj.get("checkpoint_prefix")
+            for name, prefix in (
+                ("outputs.prefix", outputs_prefix),
+                ("checkpoint_prefix", checkpoint_prefix),
+            ):
+                if prefix is not None and not str(prefix).endswith("/"):
+                    raise LaunchSpecError(f"{name} must end with '/'")
+            timeout = obj.get("timeout_s")
+            spec = cls(
+                job_id=str(obj["job_id"]),
+                attempt=int(obj["attempt"]),
+                tenant=str(obj["tenant"]),
+                command=tuple(command),
+                env=env,
+                code_uri=code_uri,
+                code_digest=code_digest,
+                data=data,
+                outputs_bucket=outputs.get("bucket"),
+                outputs_prefix=outputs_prefix,
+                checkpoint_prefix=checkpoint_prefix,
+                timeout_s=None if timeout is None else float(timeout),
+                aws_region=str(obj.get("aws_region") or "us-east-1"),
+                endpoint_url=obj.get("endpoint_url"),
+                sync_interval_s=float(obj.get("sync_interval_s", DEFAULT_SYNC_INTERVAL_S)),
+                grace_s=float(obj.get("grace_s", DEFAULT_GRACE_S)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, LaunchSpecError):
+                raise
+            raise LaunchSpecError(f"{LAUNCH_ENV} is malformed: {exc!r}") from exc
+        if spec.attempt < 1:
+            raise LaunchSpecError("attempt must be >= 1")
+        if (spec.outputs_prefix or spec.checkpoint_prefix) and not spec.outputs_bucket:
+            raise LaunchSpecError("outputs.bucket is required with an outputs or checkpoint prefix")
+        return spec
+
+
+def exit_code_of(result: JobResult) -> int:
+    """The launcher's exit code for how the command ended (what Batch records as the container's)."""
+    if result.failure is FailureKind.TIMEOUT:
+        return EXIT_TIMEOUT
+    if result.failure is FailureKind.CANCELED:
+        return EXIT_TERMINATED
+    code = result.exit_code
+    if code is None:
+        return EXIT_STAGING if result.failure is FailureKind.STAGING else 1
+    return 128 - code if code < 0 else code
+
+
+def _gpu_env(environ: Mapping[str, str], env: dict[str, str]) -> None:
+    """The GPUs the container runtime gave this container (``NVIDIA_VISIBLE_DEVICES``) stay visible to
+    the job; ``job_environment`` alone would hide every GPU (it names only the agent's assignment)."""
+    visible = environ.get("NVIDIA_VISIBLE_DEVICES", "")
+    if visible and visible not in ("void", "none"):
+        env["NVIDIA_VISIBLE_DEVICES"] = visible
+        if visible == "all":
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+
+
+class _ContainerExecutor(ProcessExecutor):
+    """The process executor, keeping visible the GPUs the container runtime gave this container."""
+
+    def __init__(self, environ: Mapping[str, str], *, timeout_grace_s: float) -> None:
+        super().__init__(timeout_grace_s=timeout_grace_s)
+        self._environ = environ
+
+    def environment(self, launch: Launch) -> dict[str, str]:
+        env = super().environment(launch)
+        _gpu_env(self._environ, env)
+        return env
+
+
+class Launcher:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        *,
+        io: Any,
+        work_dir: Path,
+        environ: Mapping[str, str],
+        stdout: IO[str] = sys.stdout,
+        stderr: IO[str] = sys.stderr,
+    ) -> None:
+        self.spec, self.io, self.work_dir, self.environ = spec, io, work_dir, environ
+        self.stdout, self.stderr = stdout, stderr
+        self._out_lock = threading.Lock()
+        self._handle: Any = None
+        self._stop_requested = threading.Event()
+
+    def say(self, message: str) -> None:
+        with self._out_lock:
+            print(f"berth-launch: {message}", file=self.stderr, flush=True)
+
+    def _line(self, stream: str, line: str) -> None:
+        with self._out_lock:
+            target = self.stderr if stream == "stderr" else self.stdout
+            target.write(line + "\n")
+            target.flush()
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM to the job's group now, SIGKILL after the grace (TerminateJob, spot reclaim)."""
+        self._stop_requested.set()
+        if self._handle is not None:
+            self._handle.cancel(self.spec.grace_s if grace_s is None else grace_s)
+
+    def run(self) -> int:
+        spec = self.spec
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        dirs = JobDirs.create(self.work_dir, spec.job_id, spec.attempt)
+        try:
+            try:
+                mounts = self._stage(dirs)
+            except StagingError as exc:
+                self.say(f"staging failed: {exc}")
+                return EXIT_STAGING
+            executor = _ContainerExecutor(self.environ, timeout_grace_s=spec.grace_s)
+            launch = Launch(
+                job_id=spec.job_id,
+                attempt=spec.attempt,
+                tenant=spec.tenant,
+                command=spec.command,
+                workdir=dirs.work,
+                env=dict(spec.env),
+                timeout_s=spec.timeout_s,
+                mounts=mounts,
+                output_dir=dirs.outputs,
+                checkpoint_dir=dirs.checkpoints,
+                credentials={k: v for k, v in self.environ.items() if k in CREDENTIAL_KEYS},
+            )
+            syncs = PeriodicSync(self._syncs(dirs), spec.sync_interval_s)
+            try:
+                self._handle = executor.start(launch, self._line)
+            except StartError as exc:
+                self.say(str(exc))
+                if exc.failure is FailureKind.STAGING:
+                    return EXIT_STAGING
+                return EXIT_NOT_FOUND if exc.failure is FailureKind.NONZERO_EXIT else 1
+            if self._stop_requested.is_set():
+                self._handle.cancel(spec.grace_s)
+            try:
+                while (result := self._handle.wait(_TICK_S)) is None:
+                    syncs.tick()
+            finally:
+                for synced in syncs.final():
+                    if synced.failed:
+                        self.say(f"{synced.failed} output file(s) could not be uploaded")
+            code = exit_code_of(result)
+            if result.failure is FailureKind.TIMEOUT:
+                self.say(f"stopped at its timeout ({spec.timeout_s:g}s)")
+            return code
+        finally:
+            dirs.remove()
+
+    def _stage(self, dirs: JobDirs) -> tuple[Mount, ...]:
+        spec = self.spec
+        if spec.code_uri is not None and spec.code_digest is not None:
+            uri, digest = spec.code_uri, spec.code_digest
+            stage_bundle(
+                lambda path: self.io.fetch_bundle_uri(uri, digest, path),
+                digest,
+                dirs.base / "bundle",
+                dirs.work,
+            )
+        mounts = []
+        for i, item in enumerate(spec.data):
+            if not item.source.startswith("s3://"):
+                raise StagingError(f"{item.source}: a cloud attempt stages only s3:// data")
+            source = self.io.stage_s3(item.source, dirs.base / "data" / str(i))
+            mounts.append(Mount(source=source, target=item.mount))
+        if spec.attempt > 1 and spec.checkpoint_prefix:
+            restore(dirs.checkpoints, spec.checkpoint_prefix, self.io.list_keys, self.io.get)
+        return tuple(mounts)
+
+    def _syncs(self, dirs: JobDirs) -> list[DirSync]:
+        out = []
+        if self.spec.outputs_prefix:
+            out.append(DirSync(dirs.outputs, self.spec.outputs_prefix, self.io.put))
+        if self.spec.checkpoint_prefix:
+            out.append(DirSync(dirs.checkpoints, self.spec.checkpoint_prefix, self.io.put))
+        return out
+
+
+def botocore_io(spec: LaunchSpec, cache_dir: Path) -> Any:
+    """S3 access with the container's own credentials (the job role), through an object cache."""
+    import botocore.session
+
+    from berth_agent.awsio import BotocoreIO
+
+    session = botocore.session.Session()
+    kw: dict[str, Any] = {"region_name": spec.aws_region}
+    if spec.endpoint_url:
+        kw["endpoint_url"] = spec.endpoint_url
+    clients = {name: session.create_client(name, **kw) for name in ("s3", "logs", "secretsmanager")}
+    bucket = spec.outputs_bucket or ""
+    return BotocoreIO(
+        clients, cache=ObjectCache(cache_dir, CACHE_BYTES), artifacts_bucket=bucket, data_bucket=bucket
+    )
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    raw = env.get(LAUNCH_ENV)
+    if not raw:
+        print(f"berth-launch: {LAUNCH_ENV} is not set", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    try:
+        spec = LaunchSpec.parse(raw)
+    except LaunchSpecError as exc:
+        print(f"berth-launch: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    work_dir = Path(env.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "berth-launch")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    launcher = Launcher(spec, io=botocore_io(spec, work_dir / "cache"), work_dir=work_dir, environ=env)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        launcher.say(f"signal {signum}: stopping the job")
+        launcher.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    return launcher.run()
+
+
+if __name__ == "__main__":  # pragma: no cover - exercised by the tests as a subprocess
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The local cloud's fault state and endpoint, the fault CLI's requests, the Batch runner's helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from berth_tools.cli import fault_cmd
+from berth_tools.localcloud import faults, local_batch
+from berth_tools.localcloud.faults import FaultState, instance_type_matches
+from berth_tools.localcloud.metering import ObservedRequest
+from berth_tools.localcloud.state_dir import StateDir
+
+
+@pytest.mark.parametrize(
+    ("configured", "faulted", "matches"),
+    [
+        ("g5.xlarge", "g5.xlarge", True),
+        ("g5.xlarge", "g5.2xlarge", False),
+        ("g5", "g5.12xlarge", True),
+        ("g5.xlarge", "g5", True),
+        ("g6", "g5.xlarge", False),
+        ("optimal", "g5.xlarge", False),
+    ],
+)
+def test_instance_type_matching(configured: str, faulted: str, matches: bool) -> None:
+    assert instance_type_matches(configured, faulted) is matches
+
+
+def test_capacity_blocks_only_when_every_type_of_the_environment_is_faulted() -> None:
+    state = FaultState()
+    state.apply({"kind": "capacity", "region": "us-east-1", "instance_type": "g5.xlarge"})
+    assert state.capacity_blocked("us-east-1", ["g5.xlarge"]) == "g5.xlarge"
+    assert state.capacity_blocked("us-east-1", ["g5.xlarge", "g6.xlarge"]) is None  # another type has room
+    assert state.capacity_blocked("us-west-2", ["g5.xlarge"]) is None
+    state.apply({"kind": "clear"})
+    assert state.capacity_blocked("us-east-1", ["g5.xlarge"]) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ([], 400),
+        ({"kind": "melt"}, 400),
+        ({"kind": "region-outage"}, 400),
+        ({"kind": "region-outage", "region": "../etc"}, 400),
+        ({"kind": "capacity", "region": "us-east-1"}, 400),
+        ({"kind": "spot-interrupt", "job_id": "j-1"}, 404),  # no runner knows the job
+    ],
+)
+def test_bad_requests_are_refused_and_change_nothing(body: object, status: int) -> None:
+    state = FaultState()
+    with pytest.raises(faults.FaultError) as caught:
+        state.apply(body)
+    assert caught.value.status == status
+    assert state.snapshot() == {"region_outages": [], "capacity": []}
+
+
+def test_spot_interrupt_goes_to_the_runner() -> None:
+    state = FaultState()
+    state.spot_interrupt_handler = lambda job_id: "batch-1" if job_id == "j-1" else None
+    assert state.apply({"kind": "spot-interrupt", "job_id": "j-1"})["batch_job_id"] == "batch-1"
+
+
+def test_the_endpoint_answers_only_locally_and_only_json() -> None:
+    assert faults.handle_http("POST", "10.0.0.5", b"{}")[0] == 403
+    assert faults.handle_http("POST", "127.0.0.1", b"not json")[0] == 400
+    assert faults.handle_http("DELETE", "127.0.0.1", b"")[0] == 405
+    assert faults.handle_http("GET", "127.0.0.1", b"")[0] == 200
+
+
+def _signed(service: str, region: str) -> ObservedRequest:
+    auth = f"AWS4-HMAC-SHA256 Credential=AKIA/20260101/{region}/{service}/aws4_request, SignedHeaders=host"
+    return ObservedRequest("POST", "/", "", [("Authorization", auth)], b"")
+
+
+def test_an_outage_answers_503_for_batch_and_ec2_of_its_region_only() -> None:
+    state = FaultState()
+    state.apply({"kind": "region-outage", "region": "eu-west-1"})
+    batch = faults.outage_answer(_signed("batch", "eu-west-1"), state)
+    assert batch is not None and batch[0] == 503
+    assert json.loads(batch[2])["__type"] == "ServiceUnavailable"
+    ec2 = faults.outage_answer(_signed("ec2", "eu-west-1"), state)
+    assert ec2 is not None and b"<Code>ServiceUnavailable</Code>" in ec2[2]
+    assert faults.outage_answer(_signed("sqs", "eu-west-1"), state) is None
+    assert faults.outage_answer(_signed("batch", "us-east-1"), state) is None
+
+
+def test_cli_request_bodies() -> None:
+    assert fault_cmd.request_body("capacity", ["us-east-1", "g5.xlarge"]) == {
+        "kind": "capacity",
+        "region": "us-east-1",
+        "instance_type": "g5.xlarge",
+    }
+    assert fault_cmd.request_body("clear", []) == {"kind": "clear"}
+    assert fault_cmd.request_body("show", []) is None
+    with pytest.raises(ValueError, match="usage"):
+        fault_cmd.request_body("spot-interrupt", [])
+
+
+def test_cli_finds_the_front_door_from_the_state_dir(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="berth local up"):
+        fault_cmd.fault_url(tmp_path)
+    state = StateDir(tmp_path)
+    state.write_env({"BERTH_API_URL": "http://127.0.0.1:4321/api"})
+    assert fault_cmd.fault_url(tmp_path) == "http://127.0.0.1:4321/_berth/fault"
+
+
+def test_time_factor() -> None:
+    assert local_batch.time_factor({}) == 1.0
+    assert local_batch.time_factor({"BERTH_TIME_FACTOR": "60"}) == 60.0
+    assert local_batch.time_factor({"BERTH_TIME_FACTOR": "-1"}) == 1.0
+    assert local_batch.time_factor({"BERTH_TIME_FACTOR": "fast"}) == 1.0
+
+
+def test_job_vcpus_prefers_the_submit_overrides() -> None:
+    definition = SimpleNamespace(_get_resource_requirement=lambda req, default: "4")
+    job = SimpleNamespace(container_overrides={}, job_definition=definition)
+    assert local_batch.job_vcpus(job) == 4
+    job.container_overrides = {"resourceRequirements": [{"type": "VCPU", "value": "2"}]}
+    assert local_batch.job_vcpus(job) == 2

@@ -1,0 +1,105 @@
+"""`berth local fault`: inject a fault into a running local cloud (`POST /_berth/fault` on its front door)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from berth_tools.cli.output import OutputFormat
+from berth_tools.localcloud.faults import FAULT_PATH
+from berth_tools.localcloud.state_dir import DEFAULT_STATE_DIR, parse_exports
+
+USAGE = "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | clear | show"
+_ARITY = {
+    "region-outage": ("region",),
+    "capacity": ("region", "instance_type"),
+    "spot-interrupt": ("job_id",),
+}
+
+
+def fault_url(state_dir: Path) -> str:
+    """The front door's fault endpoint, from the state dir's `env` (BERTH_API_URL)."""
+    env_file = state_dir / "env"
+    if not env_file.is_file():
+        raise FileNotFoundError(
+            f"{env_file} is missing: is `berth local up --state-dir {state_dir}` running?"
+        )
+    api_url = parse_exports(env_file.read_text()).get("BERTH_API_URL")
+    if not api_url:
+        raise FileNotFoundError(f"{env_file} has no BERTH_API_URL")
+    parts = urllib.parse.urlsplit(api_url)
+    return f"{parts.scheme}://{parts.netloc}{FAULT_PATH}"
+
+
+def request_body(kind: str, args: list[str]) -> dict[str, Any] | None:
+    """The JSON body for `kind ARGS` (None for `show`); ValueError naming the usage otherwise."""
+    if kind == "show" and not args:
+        return None
+    if kind == "clear" and not args:
+        return {"kind": "clear"}
+    names = _ARITY.get(kind)
+    if names is None or len(args) != len(names):
+        raise ValueError(f"usage: berth local fault {USAGE}")
+    return {"kind": kind, **dict(zip(names, args, strict=True))}
+
+
+def send(url: str, body: dict[str, Any] | None, timeout: float = 10.0) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw or b"{}")
+        except ValueError:
+            return exc.code, {"message": raw.decode(errors="replace")}
+
+
+def fault(
+    kind: str = typer.Argument(..., help="region-outage, capacity, spot-interrupt, clear or show."),
+    args: list[str] | None = typer.Argument(None, help="REGION [INSTANCE_TYPE] | JOB_ID"),
+    state_dir: Path = typer.Option(
+        DEFAULT_STATE_DIR, "--state-dir", help="The running local cloud's state dir."
+    ),
+    output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o", help="table or json"),
+) -> None:
+    """Inject a fault into the running local cloud: region-outage REGION | capacity REGION INSTANCE_TYPE |
+    spot-interrupt JOB_ID | clear (show: list the faults in force)."""
+    try:
+        body = request_body(kind, list(args or []))
+    except ValueError as exc:
+        typer.echo(f"berth local fault: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
+        url = fault_url(state_dir)
+    except FileNotFoundError as exc:
+        typer.echo(f"berth local fault: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    try:
+        status, answer = send(url, body)
+    except OSError as exc:
+        typer.echo(f"berth local fault: the local cloud at {url} does not answer: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    if status != 200:
+        typer.echo(f"berth local fault: {answer.get('message', answer)} (HTTP {status})", err=True)
+        raise typer.Exit(code=2 if status == 400 else 1)
+    if output is OutputFormat.JSON:
+        typer.echo(json.dumps(answer, sort_keys=True))
+        return
+    faults = answer.get("faults", {})
+    outages = ", ".join(faults.get("region_outages", [])) or "none"
+    capacity = ", ".join(f"{c['region']}/{c['instance_type']}" for c in faults.get("capacity", [])) or "none"
+    done = f"{kind}: " + (
+        f"Batch job {answer['batch_job_id']} interrupted; " if "batch_job_id" in answer else ""
+    )
+    typer.echo(f"{done if body is not None else ''}region outages: {outages}; no capacity: {capacity}")

@@ -1,0 +1,544 @@
+"""Local AWS Batch: jobs submitted to a `berth-*` queue really run, as host processes.
+
+moto 5.2.5 stores compute environments, queues and job definitions faithfully, but without docker a
+job either succeeds at once (`batch.use_docker: false`, the local cloud's setting) or fails. Two of
+its private surfaces are replaced (declared in `moto_compat.SURFACES`):
+
+- `BatchSimpleBackend.submit_job` (the docker-less backend): a job for a queue named `berth-*` goes
+  to the real backend's `submit_job`, which stores the job and starts its thread; any other queue
+  keeps moto's behaviour;
+- `Job.run` (that thread's body): for a `berth-*` queue, `LocalBatch.execute(job)` runs it; any other
+  job runs moto's own `run`.
+
+`execute` drives the job as AWS Batch does: SUBMITTED -> PENDING -> RUNNABLE -> (waits while the
+queue's compute environment has no free vCPUs: `maxvCpus` minus the vCPUs of the jobs it runs, or
+while `berth local fault capacity` covers its instance types) -> STARTING -> RUNNING ->
+SUCCEEDED | FAILED, with `startedAt`/`stoppedAt`, `statusReason`, `container.exitCode` and an
+`attempts[]` entry; every status change puts a `Batch Job State Change` event (source `aws.batch`,
+detail as DescribeJobs answers it) on the default bus of the job's region. The container's command
+runs through the agent's `ProcessRun` (own process group, supervised, killed with its group, no
+environment but the one given): the job definition's environment with the submit's overrides over
+it, `AWS_BATCH_*`, `AWS_REGION`, `AWS_ENDPOINT_URL` (the local cloud), and STS credentials of the job
+definition's `jobRoleArn` (none without one, as on AWS). A code-bundle job's
+`python -m berth_agent.launch` runs the launcher of this source tree with this interpreter. Output
+lines go to CloudWatch Logs through the agent's `LogShipper`, in order: group `/berth/jobs/<tenant>`,
+stream `<job_id>/<attempt>` from the job's `BERTH_TENANT`/`BERTH_JOB_ID`/`BERTH_ATTEMPT` (moto's
+`/aws/batch/job` and `<definition>/default/<batch job id>` without them). TerminateJob (and CancelJob
+before start) stops it: SIGTERM to the group, SIGKILL after `TERMINATE_GRACE_S`, FAILED with the
+given reason. `attemptDurationSeconds` is enforced (`Job attempt duration exceeded timeout`).
+
+`BERTH_TIME_FACTOR` (default 1) divides the runner's own delays (the capacity statusReason delay, the
+terminate grace); a job's command runs in real time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
+from berth_agent.executors.process import ProcessRun
+from berth_agent.logship import LogShipper
+from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud.faults import FAULTS, FaultState
+from berth_tools.localcloud.moto_transport import InProcessTransport
+
+QUEUE_PREFIX = "berth-"
+EXIT_REASON = "Essential container in task exited"
+TIMEOUT_REASON = "Job attempt duration exceeded timeout"
+SPOT_INSTANCE_ID = "i-0123456789abcdef0"
+SPOT_REASON = f"Host EC2 (instance {SPOT_INSTANCE_ID}) terminated."
+#: AWS Batch's wording for a job its compute environment cannot get instances for.
+CAPACITY_REASON = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no {instance_type} capacity in {region}"
+CAPACITY_REASON_AFTER_S = 5.0
+MISCONFIGURATION_REASON = (
+    "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job resource requirement (vCPU/memory/GPU) is higher"
+    " than that can be met by the CE(s) attached to the job queue."
+)
+TERMINATE_GRACE_S = 2.0
+DEFAULT_LOG_GROUP = "/aws/batch/job"
+LAUNCHER_MODULE = "berth_agent.launch"
+_POLL_S = 0.05
+
+SUBMIT_JOB = "moto.batch_simple.models:BatchSimpleBackend.submit_job"
+JOB_RUN = "moto.batch.models:Job.run"
+CONTAINER_DETAILS = "moto.batch.models:Job._container_details"
+
+
+def time_factor(environ: dict[str, str] | None = None) -> float:
+    raw = (environ if environ is not None else os.environ).get("BERTH_TIME_FACTOR", "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        return 1.0
+    return value if value > 0 else 1.0
+
+
+def _package_roots() -> list[str]:
+    """Where this process imports `berth_agent` and `berth` from (for the launcher's PYTHONPATH)."""
+    import importlib.util
+
+    roots = []
+    for name in ("berth_agent", "berth"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            roots.append(str(Path(next(iter(spec.submodule_search_locations))).parent))
+    return roots
+
+
+def is_berth_queue(queue: Any) -> bool:
+    return queue is not None and str(queue.name).startswith(QUEUE_PREFIX)
+
+
+def _env_list(items: Any) -> dict[str, str]:
+    return {str(e["name"]): str(e["value"]) for e in items or [] if "name" in e}
+
+
+def job_vcpus(job: Any) -> int:
+    """The vCPUs a job asks for: the submit's overrides, else its definition (VCPU requirement)."""
+    overrides = job.container_overrides or {}
+    for req in overrides.get("resourceRequirements") or []:
+        if req.get("type") == "VCPU":
+            return max(1, int(float(req["value"])))
+    if overrides.get("vcpus"):
+        return max(1, int(overrides["vcpus"]))
+    value = job.job_definition._get_resource_requirement("vcpus", 1)
+    return max(1, int(float(value or 1)))
+
+
+@dataclass
+class _Run:
+    job: Any
+    berth_job_id: str | None
+    attempt: int
+    handle: ProcessRun | None = None
+    spot: bool = False
+    terminating: bool = False
+
+
+@dataclass
+class LocalBatch:
+    """Runs the Batch jobs of `berth-*` queues in this process's moto (see the module docstring)."""
+
+    endpoint_url: str
+    work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "berth-local-batch")
+    faults: FaultState = field(default_factory=lambda: FAULTS)
+    factor: float = field(default_factory=time_factor)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _runs: dict[str, _Run] = field(default_factory=dict)
+    _in_use: dict[str, int] = field(default_factory=dict)  # compute environment ARN -> vCPUs running
+    _clients: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _stopping: bool = False
+
+    # -- clients into moto, in this thread --------------------------------------------------------
+    def _client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        with self._lock:
+            client = self._clients.get(key)
+            if client is None:
+                session: Any = boto3.session.Session(
+                    aws_access_key_id="localbatch", aws_secret_access_key="localbatch", region_name=region
+                )
+                client = session.client(
+                    service,
+                    endpoint_url=self.endpoint_url,
+                    config=Config(retries={"max_attempts": 2, "mode": "standard"}),
+                )
+                # Batch's own events and the job's logs are not the control plane's bill: not metered.
+                client.meta.events.register(
+                    "before-send", InProcessTransport(self.endpoint_url, metered=False)
+                )
+                self._clients[key] = client
+        return client
+
+    # -- status and events ------------------------------------------------------------------------
+    def _detail(self, job: Any) -> dict[str, Any]:
+        """The event detail: what DescribeJobs answers for the job (AWS sends that shape)."""
+        detail: dict[str, Any] = job.describe_short()
+        detail["jobQueue"] = job.job_queue.arn
+        detail["dependsOn"] = job.depends_on or []
+        detail["parameters"] = dict(job.parameters or {})
+        detail["tags"] = job.backend.list_tags_for_resource(job.arn)
+        detail["attempts"] = json.loads(json.dumps(job.attempts, default=str))
+        container: dict[str, Any] = {"command": self._command(job)}
+        props = job.job_definition.container_properties or {}
+        if props.get("image"):
+            container["image"] = props["image"]
+        if job.exit_code is not None:
+            container["exitCode"] = job.exit_code
+        if job.log_stream_name:
+            container["logStreamName"] = job.log_stream_name
+        detail["container"] = container
+        return detail
+
+    def _set_status(self, job: Any, status: str) -> None:
+        job.status = status
+        self._emit(job)
+
+    def _emit(self, job: Any) -> None:
+        region = job.backend.region_name
+        entry = {
+            "Source": "aws.batch",
+            "DetailType": "Batch Job State Change",
+            "Detail": json.dumps(self._detail(job)),
+            "Resources": [job.arn],
+            "EventBusName": "default",
+        }
+        try:
+            answer = self._client("events", region).put_events(Entries=[entry])
+            if answer.get("FailedEntryCount"):
+                print(f"berth local batch: event not put: {answer['Entries']}", file=sys.__stderr__)
+        except Exception as exc:  # an event lost must not stop the job (AWS delivers at least once)
+            print(f"berth local batch: event not put: {exc!r}", file=sys.__stderr__)
+
+    # -- the job's thread -------------------------------------------------------------------------
+    def execute(self, job: Any) -> None:
+        env = self._environment(job)
+        run = _Run(job, env.get("BERTH_JOB_ID"), _int(env.get("BERTH_ATTEMPT"), 1))
+        with self._lock:
+            self._runs[job.job_id] = run
+        try:
+            self._execute(job, run, env)
+        except Exception as exc:  # a bug here fails the job visibly rather than leaving it RUNNING
+            print(f"berth local batch: job {job.job_id} failed in the runner: {exc!r}", file=sys.__stderr__)
+            self._finish(job, success=False, exit_code=None, reason=f"local Batch runner error: {exc}")
+        finally:
+            with self._lock:
+                self._runs.pop(job.job_id, None)
+
+    def _execute(self, job: Any, run: _Run, env: dict[str, str]) -> None:
+        self._emit(job)  # SUBMITTED
+        self._set_status(job, "PENDING")
+        self._set_status(job, "RUNNABLE")
+        ce = job.job_queue.environments[0] if job.job_queue.environments else None
+        vcpus = job_vcpus(job)
+        if not self._wait_for_capacity(job, ce, vcpus):
+            return
+        workdir = Path(tempfile.mkdtemp(prefix=f"{job.job_id[:8]}-", dir=self._work_root()))
+        shipper: LogShipper | None = None
+        try:
+            job.job_stopped_reason = None  # a capacity reason no longer holds
+            self._set_status(job, "STARTING")
+            group, stream = self._log_target(job, env)
+            shipper = self._shipper(job, group, stream)
+            job.log_stream_name = stream
+            job.job_started_at = datetime.now()
+            job._start_attempt()
+            argv, env = self._argv_env(job, env, workdir)
+            try:
+                run.handle = ProcessRun(
+                    argv,
+                    env=env,
+                    cwd=workdir,
+                    on_line=shipper.emit_line,
+                    timeout_s=job._get_attempt_duration(),
+                    timeout_grace_s=TERMINATE_GRACE_S / self.factor,
+                )
+            except Exception as exc:  # CannotStartContainerError on AWS
+                shipper.emit(f"CannotStartContainerError: {exc}")
+                self._finish(job, success=False, exit_code=None, reason=f"CannotStartContainerError: {exc}")
+                return
+            self._set_status(job, "RUNNING")
+            result = self._supervise(job, run)
+        finally:
+            if shipper is not None:
+                shipper.close(timeout_s=10)
+            shutil.rmtree(workdir, ignore_errors=True)
+            if ce is not None:
+                with self._lock:
+                    self._in_use[ce.arn] = self._in_use.get(ce.arn, 0) - vcpus
+        self._settle(job, run, result)
+
+    def _wait_for_capacity(self, job: Any, ce: Any, vcpus: int) -> bool:
+        """Wait RUNNABLE until the compute environment has room (and no capacity fault); False when
+        the job was terminated or canceled meanwhile (then it is FAILED already)."""
+        region = job.backend.region_name
+        resources = (ce.compute_resources or {}) if ce is not None else {}
+        max_vcpus = int(resources.get("maxvCpus") or 0) or None
+        types = [str(t) for t in resources.get("instanceTypes") or []]
+        blocked_since: float | None = None
+        while True:
+            if job.stop or self._stopping:
+                self._finish(
+                    job, success=False, exit_code=None, reason=job.job_stopped_reason or "terminated"
+                )
+                return False
+            blocked = self.faults.capacity_blocked(region, types)
+            if blocked is not None:
+                now = time.monotonic()
+                blocked_since = blocked_since if blocked_since is not None else now
+                reason = CAPACITY_REASON.format(instance_type=blocked, region=region)
+                if (
+                    now - blocked_since >= CAPACITY_REASON_AFTER_S / self.factor
+                    and job.job_stopped_reason != reason
+                ):
+                    job.job_stopped_reason = reason
+                    self._emit(job)
+            else:
+                blocked_since = None
+                if ce is None:
+                    return True
+                if max_vcpus is not None and vcpus > max_vcpus:  # never fits: RUNNABLE for good, as on AWS
+                    if job.job_stopped_reason != MISCONFIGURATION_REASON:
+                        job.job_stopped_reason = MISCONFIGURATION_REASON
+                        self._emit(job)
+                    time.sleep(_POLL_S)
+                    continue
+                with self._lock:
+                    used = self._in_use.get(ce.arn, 0)
+                    if max_vcpus is None or used + vcpus <= max_vcpus:
+                        self._in_use[ce.arn] = used + vcpus
+                        return True
+            time.sleep(_POLL_S)
+
+    def _supervise(self, job: Any, run: _Run) -> JobResult:
+        assert run.handle is not None
+        while (result := run.handle.wait(_POLL_S)) is None:
+            if (job.stop or self._stopping) and not run.terminating:
+                run.terminating = True
+                run.handle.cancel(TERMINATE_GRACE_S / self.factor)
+        return result
+
+    def _settle(self, job: Any, run: _Run, result: JobResult) -> None:
+        code = result.exit_code
+        exit_code = None if code is None else (128 - code if code < 0 else code)
+        if run.spot:
+            self._finish(job, success=False, exit_code=None, reason=SPOT_REASON)
+        elif run.terminating:
+            self._finish(
+                job, success=False, exit_code=exit_code, reason=job.job_stopped_reason or "terminated"
+            )
+        elif result.failure is FailureKind.TIMEOUT:
+            self._finish(job, success=False, exit_code=exit_code, reason=TIMEOUT_REASON)
+        else:
+            self._finish(job, success=exit_code == 0, exit_code=exit_code, reason=EXIT_REASON)
+
+    def _finish(self, job: Any, *, success: bool, exit_code: int | None, reason: str) -> None:
+        if job.job_stopped:
+            return
+        job.exit_code = exit_code
+        job.job_stopped_reason = reason
+        if job.latest_attempt is not None:
+            container = job.latest_attempt.setdefault("container", {})
+            container["reason"] = reason
+            if exit_code is not None:
+                container["exitCode"] = exit_code
+            job.latest_attempt["statusReason"] = reason
+        job._mark_stopped(success=success)
+        self._emit(job)
+
+    # -- what the process gets --------------------------------------------------------------------
+    @staticmethod
+    def _command(job: Any) -> list[str]:
+        props = job.job_definition.container_properties or {}
+        command = (job.container_overrides or {}).get("command") or props.get("command") or []
+        return [str(c) for c in job._add_parameters_to_command(command)]
+
+    @staticmethod
+    def _environment(job: Any) -> dict[str, str]:
+        """The definition's environment with the submit's overrides over it (moto's own merge appends
+        to the overrides on every describe, so it is not used)."""
+        props = job.job_definition.container_properties or {}
+        env = _env_list(props.get("environment"))
+        env.update(_env_list((job.container_overrides or {}).get("environment")))
+        return env
+
+    def _argv_env(self, job: Any, job_env: dict[str, str], workdir: Path) -> tuple[list[str], dict[str, str]]:
+        region = job.backend.region_name
+        argv = self._command(job)
+        if not argv:
+            raise ValueError("the job has no command")
+        env = {"PATH": SAFE_PATH, "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
+        env.update(job_env)
+        env.update(
+            {
+                "AWS_BATCH_JOB_ID": job.job_id,
+                "AWS_BATCH_JQ_NAME": job.job_queue.name,
+                "AWS_BATCH_JOB_ATTEMPT": str(len(job.attempts)),
+                "AWS_REGION": region,
+                "AWS_DEFAULT_REGION": region,
+                "AWS_ENDPOINT_URL": self.endpoint_url,
+            }
+        )
+        if job.job_queue.environments:
+            env["AWS_BATCH_CE_NAME"] = job.job_queue.environments[0].name
+        env.update(self._role_credentials(job))
+        if (
+            len(argv) >= 3
+            and argv[1:3] == ["-m", LAUNCHER_MODULE]
+            and Path(argv[0]).name.startswith("python")
+        ):
+            argv[0] = sys.executable  # the image's python: here, this interpreter and this source tree
+            env["PYTHONPATH"] = os.pathsep.join(_package_roots())
+            env.setdefault("BERTH_LAUNCH_WORK_DIR", str(workdir / "launch"))
+        return argv, env
+
+    def _role_credentials(self, job: Any) -> dict[str, str]:
+        """STS credentials of the definition's `jobRoleArn` (what the container's role endpoint serves)."""
+        role_arn = (job.job_definition.container_properties or {}).get("jobRoleArn")
+        if not role_arn:
+            return {}
+        session = moto_compat.assume_role(
+            job.backend.account_id, job.backend.region_name, job.job_id[:64], str(role_arn), 3600
+        )
+        return {
+            "AWS_ACCESS_KEY_ID": session.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": session.secret_access_key,
+            "AWS_SESSION_TOKEN": session.session_token,
+        }
+
+    @staticmethod
+    def _log_target(job: Any, env: dict[str, str]) -> tuple[str, str]:
+        tenant, job_id, attempt = env.get("BERTH_TENANT"), env.get("BERTH_JOB_ID"), env.get("BERTH_ATTEMPT")
+        if tenant and job_id and attempt:
+            return f"/berth/jobs/{tenant}", f"{job_id}/{attempt}"
+        return DEFAULT_LOG_GROUP, f"{job.job_definition.name}/default/{job.job_id}"
+
+    def _shipper(self, job: Any, group: str, stream: str) -> LogShipper:
+        logs = self._client("logs", job.backend.region_name)
+        with contextlib.suppress(ClientError):  # ResourceAlreadyExistsException
+            logs.create_log_group(logGroupName=group)
+        with contextlib.suppress(ClientError):  # a stream of an earlier run of the same attempt
+            logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        shipper = LogShipper(_ExistingStreamOk(logs), group, stream, backoff_base_s=0.05, backoff_max_s=1.0)
+        shipper.start()
+        return shipper
+
+    def _work_root(self) -> Path:
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        return self.work_root
+
+    # -- faults and shutdown ----------------------------------------------------------------------
+    def spot_interrupt(self, berth_job_id: str) -> str | None:
+        """Reclaim the instance of the Berth job's running Batch job (the latest attempt, by its name
+        `<job_id>-a<n>`): the process is killed and the job fails with the spot reason."""
+        prefix = f"{berth_job_id}-a"
+        with self._lock:
+            candidates = [
+                r
+                for r in self._runs.values()
+                if str(r.job.job_name).startswith(prefix) and r.handle is not None and not r.job.job_stopped
+            ]
+        if not candidates:
+            return None
+        run = max(candidates, key=lambda r: _int(str(r.job.job_name)[len(prefix) :], 0))
+        run.spot = True
+        assert run.handle is not None
+        run.handle.cancel(0)
+        return str(run.job.job_id)
+
+    def stop_all(self) -> None:
+        """Kill every running job now (the local cloud stops)."""
+        self._stopping = True
+        with self._lock:
+            handles = [r.handle for r in self._runs.values() if r.handle is not None]
+        for handle in handles:
+            handle.cancel(0)
+        for handle in handles:
+            handle.wait(10)
+
+
+class _ExistingStreamOk:
+    """The logs client for `LogShipper`, which creates its stream: an existing one is fine here."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def create_log_stream(self, **kwargs: Any) -> Any:
+        try:
+            return self._client.create_log_stream(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ResourceAlreadyExistsException":
+                return {}
+            raise
+
+    def put_log_events(self, **kwargs: Any) -> Any:
+        return self._client.put_log_events(**kwargs)
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+# -- installing the runner into moto ------------------------------------------------------------------
+_PATCHES: list[moto_compat.Patch] = []
+_RUNNER: list[LocalBatch] = []
+
+
+def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
+    """Make `berth-*` queues run their jobs (idempotent; a new endpoint replaces the runner)."""
+    local = runner if runner is not None else LocalBatch(endpoint_url)
+    local.faults.clear()  # a new local cloud starts without the faults of an earlier one in this process
+    _RUNNER[:] = [local]
+    local.faults.spot_interrupt_handler = local.spot_interrupt
+    if _PATCHES:
+        return local
+    original_submit = moto_compat.surface(SUBMIT_JOB)
+    original_run = moto_compat.surface(JOB_RUN)
+
+    def submit_job(
+        self: Any, job_name: str, job_def_id: str, job_queue: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        if is_berth_queue(self.get_job_queue(job_queue)):
+            return self.backend.submit_job(job_name, job_def_id, job_queue, *args, **kwargs)
+        return original_submit(self, job_name, job_def_id, job_queue, *args, **kwargs)
+
+    def run(job: Any) -> None:
+        if is_berth_queue(job.job_queue) and _RUNNER:
+            _RUNNER[0].execute(job)
+        else:
+            original_run(job)
+
+    original_details = moto_compat.surface(CONTAINER_DETAILS)
+
+    def container_details(job: Any) -> Any:
+        # moto's merge appends AWS_BATCH_JOB_ID to the submit's own environment list on every describe
+        # (DescribeJobs grew by one variable per call); it merges into a copy here.
+        saved = (job.container_overrides or {}).get("environment")
+        if saved is not None:
+            job.container_overrides["environment"] = list(saved)
+        try:
+            details = original_details(job)
+        finally:
+            if saved is not None:
+                job.container_overrides["environment"] = saved
+        if job.job_stopped and job.exit_code is not None:  # DescribeJobs has container.exitCode on AWS
+            details["exitCode"] = job.exit_code
+        if job.job_stopped and job.latest_attempt and "reason" in job.latest_attempt.get("container", {}):
+            details["reason"] = job.latest_attempt["container"]["reason"]
+        return details
+
+    container_details.__wrapped__ = original_details  # type: ignore[attr-defined]
+    _PATCHES.append(moto_compat.replace(CONTAINER_DETAILS, container_details))
+    submit_job.__wrapped__ = original_submit  # type: ignore[attr-defined]
+    run.__wrapped__ = original_run  # type: ignore[attr-defined]
+    _PATCHES.append(moto_compat.replace(SUBMIT_JOB, submit_job))
+    _PATCHES.append(moto_compat.replace(JOB_RUN, run))
+    return local
+
+
+def current() -> LocalBatch | None:
+    return _RUNNER[0] if _RUNNER else None
+
+
+def stop_all() -> None:
+    """Kill the running jobs (the moto server is stopping); the patches stay (moto resets its jobs)."""
+    if _RUNNER:
+        _RUNNER[0].stop_all()
