@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -97,10 +98,8 @@ def logs(request: pytest.FixtureRequest) -> Iterator[Logs]:
     cw.create_log_group(logGroupName="/berth/jobs/nlp")
 
     def write(group: str, stream: str, at_ms: int, message: str) -> None:
-        try:
+        with contextlib.suppress(cw.exceptions.ResourceAlreadyExistsException):
             cw.create_log_stream(logGroupName=group, logStreamName=stream)
-        except cw.exceptions.ResourceAlreadyExistsException:
-            pass
         cw.put_log_events(
             logGroupName=group, logStreamName=stream, logEvents=[{"timestamp": at_ms, "message": message}]
         )
