@@ -30,6 +30,7 @@ from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHand
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
+from berth_agent.metricship import MetricsShipper
 from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
 from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
 from berth_agent.usage import JobUsage, UsageSampler
@@ -152,13 +153,16 @@ class AttemptRunner:
         tick_s: float = 0.2,
         sampler: UsageSampler | None = None,
         sample_interval_s: float = 15.0,
+        metrics: MetricsShipper | None = None,
     ) -> None:
         self.config, self.inventory, self.api, self.executor = config, inventory, api, executor
         self.ledger, self.io_for = ledger, io_for
         self.sync_interval_s, self.tick_s = sync_interval_s, tick_s
         self.sampler, self.sample_interval_s = sampler, sample_interval_s
-        #: The latest usage sample per running attempt (for a metrics route once the protocol has one).
+        #: The latest usage sample per running attempt; every sample also goes to ``metrics``
+        #: (the agent API's /v1/agent/metrics).
         self.usage: dict[tuple[str, int], JobUsage] = {}
+        self.metrics = metrics
         self._lock = threading.Lock()
         self._running: dict[tuple[str, int], tuple[str, RunHandle | None]] = {}
         self._cancel: dict[tuple[str, int], float] = {}
@@ -216,6 +220,8 @@ class AttemptRunner:
                 fenced = key in self._fenced
             if fenced:  # no longer ours: the control plane has moved on, nothing more to say
                 return Outcome(job_id, attempt, ran, result, "Fenced")
+            if self.metrics is not None:  # while the token still admits them
+                self.metrics.flush(key)
             self._report(job_id, attempt, token, result)
             return Outcome(job_id, attempt, ran, result)
         finally:
@@ -223,6 +229,8 @@ class AttemptRunner:
                 self._running.pop(key, None)
                 self._cancel.pop(key, None)
                 self._fenced.discard(key)
+            if self.metrics is not None:
+                self.metrics.forget(key)
             self.ledger.remove(entry)
             if dirs is not None:
                 dirs.remove()
@@ -352,6 +360,11 @@ class AttemptRunner:
             return
         self.usage[key] = usage
         log.info("usage", extra={"job_id": key[0], "attempt": key[1], "usage": usage.as_dict()})
+        if self.metrics is not None:
+            with self._lock:
+                entry = self._running.get(key)
+            if entry is not None:
+                self.metrics.add(key, entry[0], usage)
 
     def _report(self, job_id: str, attempt: int, token: str, result: JobResult) -> None:
         event = (

@@ -127,11 +127,12 @@ class AgentClient:
                 pass
         return min(cap, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
+    def post(self, path: str, body: dict[str, Any], *, max_attempts: int | None = None) -> Any:
         url = f"{self.api_url}/v1/agent/{path}"
+        tries = self.max_attempts if max_attempts is None else max_attempts
         data = json.dumps(body, separators=(",", ":")).encode()
         last: AgentApiError | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(1, tries + 1):
             retry_after = None
             try:
                 resp = self._http.post(
@@ -148,7 +149,7 @@ class AgentClient:
                     raise err
                 last = Unreachable(resp.status_code, err.code, err.message, err.details)
                 retry_after = resp.headers.get("Retry-After")
-            if attempt < self.max_attempts:
+            if attempt < tries:
                 log.warning("agent API call failed; retrying", extra={"path": path, "error": str(last)})
                 self._sleep(self._delay(attempt, retry_after))
         assert last is not None
@@ -186,6 +187,12 @@ class AgentClient:
 
     def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any:
         return self.post("credentials", _attempt(job_id, attempt, fencing_token))
+
+    def metrics(self, job_id: str, attempt: int, fencing_token: str, samples: list[dict[str, Any]]) -> Any:
+        """Usage samples of a running attempt; two tries only: the shipper keeps what failed and
+        sends it with the next batch, so a slow API never holds up the sender for long."""
+        body = {**_attempt(job_id, attempt, fencing_token), "samples": samples}
+        return self.post("metrics", body, max_attempts=2)
 
 
 def _attempt(job_id: str, attempt: int, fencing_token: str) -> dict[str, Any]:

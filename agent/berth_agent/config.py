@@ -74,6 +74,17 @@ class LogConfig(_Section):
     flush_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
 
 
+class MetricsConfig(_Section):
+    """Usage samples of running attempts, sent to the agent API (``POST /v1/agent/metrics``)."""
+
+    sample_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    send_interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    #: Most samples kept per attempt while the API cannot be reached (the oldest go first).
+    buffer_max_samples: Annotated[int, Field(ge=1, le=100_000)] = 360
+    #: Most samples per request (the agent API refuses more than 120).
+    batch_max_samples: Annotated[int, Field(ge=1, le=120)] = 100
+
+
 class JobLimits(_Section):
     """Per-job limits the host imposes on the process executor (rlimits; None = not set)."""
 
@@ -118,6 +129,7 @@ class AgentConfig(_Section):
     cancel_grace_s: Annotated[int, Field(ge=0, le=3600)] = 30
     limits: JobLimits = JobLimits()
     logs: LogConfig = LogConfig()
+    metrics: MetricsConfig = MetricsConfig()
     container: ContainerConfig = ContainerConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     log_level: str = "INFO"

@@ -22,6 +22,7 @@ from berth_agent.awsio import BotocoreIO
 from berth_agent.client import AgentClient
 from berth_agent.daemon import Daemon, SqsQueue
 from berth_agent.ledger import AttemptLedger
+from berth_agent.metricship import MetricsShipper
 from berth_agent.staging import ObjectCache
 from berth_agent.usage import UsageSampler
 
@@ -62,6 +63,13 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         ledger=ledger,
         io_for=io_for,
         sampler=UsageSampler(nvml=nvml if inventory.source == "nvml" else None),
+        sample_interval_s=cfg.metrics.sample_interval_s,
+        metrics=MetricsShipper(
+            api,
+            send_interval_s=cfg.metrics.send_interval_s,
+            buffer_max_samples=cfg.metrics.buffer_max_samples,
+            batch_max_samples=cfg.metrics.batch_max_samples,
+        ),
     )
     session = botocore.session.Session(profile=cfg.aws_profile)
 

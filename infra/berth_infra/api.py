@@ -17,6 +17,9 @@ from berth_infra.data import DataTables
 from berth_infra.storage import Storage
 
 API_STAGE_NAME = "api"
+#: Agents ship job output to ``<prefix>/<tenant>``, stream ``<job_id>/<attempt>``
+#: (berth.domain.observability).
+JOB_LOG_GROUP_PREFIX = "/berth/jobs"
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
 #: Every route of the HTTP API contract (docs/BRIEF): path -> methods. Paths start with /v1.
@@ -44,6 +47,7 @@ AGENT_ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/agent/claim": ("POST",),
     "/v1/agent/report": ("POST",),
     "/v1/agent/credentials": ("POST",),
+    "/v1/agent/metrics": ("POST",),
 }
 
 
@@ -242,6 +246,7 @@ class ApiFunction(Construct):
                 "POWERTOOLS_SERVICE_NAME": "berth-api",
                 "BERTH_RATE_LIMIT_REQUESTS": str(tenant_requests_per_second),
                 "BERTH_RATE_LIMIT_WINDOW_S": "1",
+                "BERTH_JOB_METRICS_TABLE": tables.job_metrics.table_name,
             },
         )
         self.log_group.grant_write(self.role)
@@ -264,6 +269,23 @@ class ApiFunction(Construct):
                 resources=[
                     f"arn:{stack.partition}:secretsmanager:{stack.region}:{stack.account}:secret:berth/*"
                 ],
+            )
+        )
+
+        # GET /v1/jobs/{id}/logs: the job's attempt stream in its tenant's group (the agents write
+        # them with the attempts' own credentials); GET /v1/jobs/{id}/metrics: the attempt's samples.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="JobLogs",
+                actions=["logs:GetLogEvents"],
+                resources=[
+                    f"arn:{stack.partition}:logs:{stack.region}:{stack.account}:log-group:{JOB_LOG_GROUP_PREFIX}/*"
+                ],
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="JobMetrics", actions=["dynamodb:Query"], resources=[tables.job_metrics.table_arn]
             )
         )
 

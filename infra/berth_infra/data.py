@@ -86,6 +86,18 @@ class DataTables(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
 
+        # Job metrics: attempts' usage samples (``sk`` = "<attempt>#<epoch ms>#<host>"), sent by the
+        # agents through the agent API, read by GET /v1/jobs/{id}/metrics; they expire (TTL), so the
+        # table is destroyed with the stack.
+        self.job_metrics = _table(
+            self,
+            "JobMetricsTable",
+            partition_key="job_id",
+            sort_key=("sk", _S),
+            ttl_attribute="expires_at",
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+
     @property
     def all_tables(self) -> list[ddb.Table]:
-        return [self.jobs, self.job_events, self.tenants, self.hosts, self.idempotency]
+        return [self.jobs, self.job_events, self.tenants, self.hosts, self.idempotency, self.job_metrics]

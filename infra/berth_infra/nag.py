@@ -66,6 +66,13 @@ def berth_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "under its tenant's prefix only.",
         ),
         NagAck(
+            stack.api_function.role,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:"
+            "log-group:/berth/jobs/*]",
+            "GetLogEvents on the job log groups /berth/jobs/<tenant> (one per tenant, created with the "
+            "tenant): the API reads only the stream of a job the caller passed the tenant check for.",
+        ),
+        NagAck(
             stack.api.rest_api,
             "AwsSolutions-COG4",
             "Berth authenticates every method with AWS_IAM (SigV4): callers are IAM principals mapped to "

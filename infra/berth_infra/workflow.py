@@ -213,6 +213,8 @@ class JobWorkflow(Construct):
             environment={
                 **env,
                 "POWERTOOLS_SERVICE_NAME": "berth-agent-api",
+                # /v1/agent/metrics stores attempts' usage samples here
+                "BERTH_JOB_METRICS_TABLE": tables.job_metrics.table_name,
                 # /v1/agent/credentials vends attempts' scoped credentials from this role
                 **({"BERTH_JOB_ROLE_ARN": job_role.role_arn} if job_role is not None else {}),
             },
@@ -254,6 +256,8 @@ class JobWorkflow(Construct):
         self.agent_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
         self.agent_fn.allow("Membership", ["dynamodb:GetItem"], [arns["tenants"]])
         self.agent_fn.allow("HostQueues", ["sqs:CreateQueue", "sqs:TagQueue"], [host_queues])
+        # metrics: a batch of an attempt's usage samples (pynamodb's batch writer)
+        self.agent_fn.allow("JobMetrics", ["dynamodb:BatchWriteItem"], [tables.job_metrics.table_arn])
         if job_role is not None:
             # CredentialService.for_attempt: AssumeRole with a session policy and SourceIdentity
             self.agent_fn.allow(

@@ -21,6 +21,7 @@ TABLES = {
     "BERTH_TENANTS_TABLE": "berth-tenants",
     "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
     "BERTH_HOSTS_TABLE": "berth-hosts",
+    "BERTH_JOB_METRICS_TABLE": "berth-job-metrics",
 }
 BUCKETS = {"BERTH_ARTIFACTS_BUCKET": "berth-artifacts", "BERTH_DATA_BUCKET": "berth-data"}
 
@@ -79,6 +80,15 @@ def create_tables(ddb: Any) -> None:
         TableName=TABLES["BERTH_HOSTS_TABLE"],
         KeySchema=[{"AttributeName": "host_id", "KeyType": "HASH"}],
         AttributeDefinitions=[_s("host_id")],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_JOB_METRICS_TABLE"],
+        KeySchema=[
+            {"AttributeName": "job_id", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[_s("job_id"), _s("sk")],
         **pay,
     )
     ddb.create_table(
@@ -162,6 +172,7 @@ def api(seeded: None) -> Invoke:
     api_module._idempotent_submit.cache_clear()
     api_module._fleet.cache_clear()
     api_module._job_repository.cache_clear()
+    api_module._observability.cache_clear()
     base = json.loads((EVENTS / "apigw_submit_job.json").read_text())
 
     def invoke(

@@ -31,6 +31,8 @@ MATRIX: list[tuple[str, str, dict[str, int]]] = [
     ("PUT", "/v1/policy", {"alice": 403, "bob": 403, "admin": 200, "mallory": 403, "": 401}),
     ("GET", "/v1/offers", {"alice": 200, "bob": 200, "admin": 200, "mallory": 403, "": 401}),
     ("PUT", "/v1/offers", {"alice": 403, "bob": 403, "admin": 422, "mallory": 403, "": 401}),
+    ("GET", "/v1/jobs/{job}/logs", {"alice": 200, "bob": 404, "admin": 200, "mallory": 403, "": 401}),
+    ("GET", "/v1/jobs/{job}/metrics", {"alice": 200, "bob": 404, "admin": 200, "mallory": 403, "": 401}),
 ]
 CALLERS = ["alice", "bob", "admin", "mallory", ""]
 
@@ -49,10 +51,16 @@ def test_route_by_caller(
     if status >= 400:
         assert set(resp["error"]) == {"code", "message", "details"}
         return
-    if path.startswith("/v1/jobs/") and method == "GET" and not path.endswith(("/events", "/explain")):
+    if (
+        path.startswith("/v1/jobs/")
+        and method == "GET"
+        and not path.endswith(("/events", "/explain", "/logs", "/metrics"))
+    ):
         assert resp["id"] == job["id"] and resp["tenant"] == "vision"
     if path.endswith("/explain"):
         assert resp["job_id"] == job["id"] and resp["tenant"] == "vision"
+    if path.endswith(("/logs", "/metrics")):
+        assert resp["job_id"] == job["id"] and resp["attempt"] is None  # queued: nothing yet
 
 
 def test_admin_list_of_a_tenant_holds_its_jobs_only(api: Invoke, spec: dict[str, Any]) -> None:

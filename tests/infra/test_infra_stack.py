@@ -37,6 +37,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "TenantsTableName",
         "IdempotencyTableName",
         "HostsTableName",
+        "JobMetricsTableName",
         "ApiFunctionName",
         "ArtifactsBucketName",
         "DataBucketName",
@@ -68,7 +69,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
 
 def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) -> None:
     tables = synthesized.resources("AWS::DynamoDB::Table")
-    assert len(tables) == 5
+    assert len(tables) == 6
     for table in tables.values():
         props = table["Properties"]
         assert props["BillingMode"] == "PAY_PER_REQUEST"
@@ -124,6 +125,16 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
         assert "GlobalSecondaryIndexes" not in props
 
 
+def test_job_metrics_schema(synthesized: Synthesized) -> None:
+    table = _table_by_output(synthesized, "JobMetricsTableName")
+    props = table["Properties"]
+    assert _key_schema(props) == [("job_id", "HASH"), ("sk", "RANGE")]
+    assert _attr_types(props) == {"job_id": "S", "sk": "S"}
+    assert props["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert "GlobalSecondaryIndexes" not in props
+    assert table["DeletionPolicy"] == "Delete"  # samples expire anyway
+
+
 def _function_by_handler(s: Synthesized, handler: str) -> tuple[str, dict[str, Any]]:
     (found,) = [
         (fn_id, fn)
@@ -174,6 +185,7 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_SCHEDULER_QUEUE_URL": outputs["SchedulerQueueUrl"]["Value"],
         "BERTH_STATE_MACHINE_ARN": outputs["StateMachineArn"]["Value"],
         "BERTH_CLOUD_ENABLED": "false",
+        "BERTH_JOB_METRICS_TABLE": outputs["JobMetricsTableName"]["Value"],
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"
@@ -235,6 +247,9 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # WorkflowHooks: start a submitted job's execution; answer the placement wait of a job
         # canceled while queued.
         (STATE_MACHINE, None): {"states:StartExecution", "states:SendTaskSuccess"},
+        # GET /v1/jobs/{id}/logs (CloudWatchLogReader) and /metrics (DynamoMetricsRepository)
+        ("log-group:/berth/jobs/*", None): {"logs:GetLogEvents"},
+        ("JobMetricsTableName", None): {"dynamodb:Query"},
     },
     # WorkflowService (logic/workflow.py): one action per task state.
     "berth.handlers.workflow.lambda_handler": {
@@ -298,6 +313,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
         # credentials: CredentialService.for_attempt (session policy + SourceIdentity = job id)
         ("JobRoleArn", None): {"sts:AssumeRole", "sts:SetSourceIdentity", "sts:TagSession"},
+        # metrics: DynamoMetricsRepository.put (pynamodb's batch writer)
+        ("JobMetricsTableName", None): {"dynamodb:BatchWriteItem"},
     },
     # EventBridgePublisher (dal/workflow.py) fed by the job-events stream.
     "berth.handlers.notifier.lambda_handler": {
@@ -331,6 +348,8 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     "not known at deploy time",
     ("sqs:TagQueue", HOST_QUEUES): "the host queue is tagged berth:host at creation",
     ("sqs:SendMessage", HOST_QUEUES): "work messages to the placed hosts' queues",
+    ("logs:GetLogEvents", "log-group:/berth/jobs/*"): "every tenant's job log group (created per "
+    "tenant): the API reads only the caller's job's stream, after the tenant check",
     ("dynamodb:ListStreams", "*"): "the stream event source's ListStreams has no resource-level permissions",
     ("lambda:InvokeFunction", f"{WORKFLOW_FUNCTION}:*"): "CDK's LambdaInvoke grant: the workflow "
     "function's versions and aliases, the one function the state machine calls",
@@ -541,6 +560,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
         ("/v1/agent/claim", "POST"),
         ("/v1/agent/report", "POST"),
         ("/v1/agent/credentials", "POST"),
+        ("/v1/agent/metrics", "POST"),
     }
     assert not any(path.startswith("/v1/agent") for path, _ in public)
 

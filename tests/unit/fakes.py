@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
 from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
+from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
 from berth.domain.ports import Member, Page, UploadTicket
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
@@ -325,3 +326,61 @@ def fake_store() -> tuple[FakeJobs, FakeTenants]:
     """A job and a tenant repository over one tenant table, as the DynamoDB pair shares one."""
     table = FakeTenantTable()
     return FakeJobs(table), FakeTenants(table)
+
+
+class FakeMetrics:
+    """The JobMetrics table: one sample per (job, attempt, epoch ms, host), so a batch stored twice
+    is kept once, as the DynamoDB sort key does."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, int, int, str], tuple[StoredSample, int]] = {}
+
+    def put(
+        self, job_id: str, attempt: int, host_id: str, samples: list[MetricSample], expires_at: int
+    ) -> None:
+        for s in samples:
+            key = (job_id, attempt, int(s.at.timestamp() * 1000), host_id)
+            self.items[key] = (StoredSample(attempt=attempt, host_id=host_id, sample=s), expires_at)
+
+    def samples(self, job_id: str, attempt: int, limit: int) -> list[StoredSample]:
+        keys = sorted(k for k in self.items if k[0] == job_id and k[1] == attempt)
+        return [self.items[k][0] for k in keys[-limit:]] if limit > 0 else []
+
+
+class FakeLogReader:
+    """CloudWatch Logs streams in memory; tokens name their stream and position (not MAC'd: the real
+    reader's MAC is tested against CloudWatch on moto)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[str, str], list[tuple[int, str]]] = {}
+
+    def write(self, group: str, stream: str, at_ms: int, message: str) -> None:
+        self.streams.setdefault((group, stream), []).append((at_ms, message))
+
+    def read(
+        self, group: str, stream: str, start_ms: int | None, next_token: str | None, limit: int
+    ) -> LogPage:
+        start = 0
+        if next_token is not None:
+            g, s, since, pos = _parse_fake_token(next_token)
+            if (g, s) != (group, stream):
+                raise InvalidRequest("next_token belongs to another job or attempt")
+            start_ms, start = since, pos
+        events = self.streams.get((group, stream))
+        if events is None:
+            return LogPage(events=[], next_token=None)
+        selected = sorted((e for e in events if start_ms is None or e[0] >= start_ms), key=lambda e: e[0])
+        page = selected[start : start + limit]
+        token = f"{group}|{stream}|{'' if start_ms is None else start_ms}|{start + len(page)}"
+        return LogPage(
+            events=[LogEvent(at=datetime.fromtimestamp(ms / 1000, UTC), message=m) for ms, m in page],
+            next_token=token,
+        )
+
+
+def _parse_fake_token(token: str) -> tuple[str, str, int | None, int]:
+    try:
+        g, s, since, pos = token.split("|")
+        return g, s, int(since) if since else None, int(pos)
+    except ValueError as exc:
+        raise InvalidRequest("next_token is not valid") from exc

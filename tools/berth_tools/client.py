@@ -192,6 +192,21 @@ class BerthClient:
     def put_quota(self, tenant: str, quota: dict[str, Any]) -> Any:
         return self.call("PUT", f"/v1/tenants/{_seg(tenant)}/quota", body=quota)
 
+    def logs(
+        self,
+        job_id: str,
+        attempt: int | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+        next_token: str | None = None,
+    ) -> Any:
+        query = {"attempt": attempt, "since": since, "limit": limit, "next_token": next_token}
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}/logs", query=query)
+
+    def metrics(self, job_id: str, attempt: int | None = None, limit: int | None = None) -> Any:
+        query = {"attempt": attempt, "limit": limit}
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}/metrics", query=query)
+
 
 def _seg(value: str) -> str:
     """One URL path segment, percent-encoded (an id can never add path segments)."""

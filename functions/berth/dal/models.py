@@ -225,3 +225,23 @@ def document_model(table_name: str) -> type[DocumentRow]:
 @cache
 def host_model(table_name: str) -> type[HostRow]:
     return _bind(HostRow, table_name)  # type: ignore[return-value]
+
+
+class JobMetricRow(Model):
+    """One usage sample of an attempt: ``sk`` = ``<attempt, 6 digits>#<epoch ms, 13 digits>#<host>``,
+    so one attempt's samples are one key range, in time order; expires through the TTL."""
+
+    class Meta:
+        table_name = "unset"
+
+    job_id = UnicodeAttribute(hash_key=True)
+    sk = UnicodeAttribute(range_key=True)
+    attempt = NumberAttribute()
+    host_id = UnicodeAttribute()
+    sample = JSONAttribute()
+    expires_at = NumberAttribute()  # the table's TTL attribute (epoch seconds)
+
+
+@cache
+def metric_model(table_name: str) -> type[JobMetricRow]:
+    return _bind(JobMetricRow, table_name)  # type: ignore[return-value]

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
+from berth.domain.observability import LogPage, MetricSample, StoredSample
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
@@ -218,4 +219,31 @@ class Executions(Protocol):
 class EventPublisher(Protocol):
     def publish(self, details: list[dict[str, Any]]) -> None:
         """Put ``Berth Job State Change`` events (all or raise)."""
+        ...
+
+
+class MetricsRepository(Protocol):
+    """Attempts' usage samples (``berth.domain.observability``), kept per job, attempt and time."""
+
+    def put(
+        self, job_id: str, attempt: int, host_id: str, samples: list[MetricSample], expires_at: int
+    ) -> None:
+        """Store the samples (``expires_at``, epoch s: when they may go). Storing a sample with the
+        same (attempt, host, time) again replaces it: a batch the agent sends twice is kept once."""
+
+    def samples(self, job_id: str, attempt: int, limit: int) -> list[StoredSample]:
+        """The attempt's latest ``limit`` samples (of every host of the attempt), oldest first."""
+        ...
+
+
+class LogReader(Protocol):
+    """Job output in CloudWatch Logs, one stream per attempt."""
+
+    def read(
+        self, group: str, stream: str, start_ms: int | None, next_token: str | None, limit: int
+    ) -> LogPage:
+        """Up to ``limit`` events of one stream, oldest first, from ``start_ms`` (epoch ms) or where
+        ``next_token`` (from an earlier page of this very stream) left off. A stream or group that
+        does not exist (yet) is an empty page with no token; a token of another stream, or one this
+        API did not issue, InvalidRequest; the service failing, StoreUnavailable."""
         ...

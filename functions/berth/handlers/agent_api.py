@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from berth.domain.errors import DomainError
 from berth.domain.fleet import HostInventory
 from berth.domain.identity import Identity
+from berth.domain.observability import MetricsBatch
 from berth.domain.workflow import AttemptRef, AttemptReport, HeartbeatRequest
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
@@ -73,6 +74,11 @@ def report(request: Annotated[AttemptReport, Body(embed=False)]) -> Response[Any
 @app.post("/v1/agent/credentials")
 def credentials(request: Annotated[AttemptRef, Body(embed=False)]) -> Response[Any]:
     return _json(200, agent_service().credentials(_host(), request))
+
+
+@app.post("/v1/agent/metrics")
+def metrics(request: Annotated[MetricsBatch, Body(embed=False)]) -> Response[Any]:
+    return _json(200, agent_service().metrics(_host(), request))
 
 
 @app.exception_handler(DomainError)

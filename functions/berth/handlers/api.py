@@ -27,6 +27,8 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from berth.dal.observability import CloudWatchLogReader
+from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
@@ -38,6 +40,7 @@ from berth.domain.errors import (
 )
 from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
+from berth.domain.observability import parse_since
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
@@ -47,6 +50,7 @@ from berth.handlers.request_guard import body_problem, with_canonical_content_ty
 from berth.handlers.settings import per_environment, settings
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
+from berth.logic.observability import ObservabilityService
 from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
@@ -297,6 +301,71 @@ def job_events(job_id: JobId) -> Response[Any]:
 def explain(job_id: JobId) -> Response[Any]:
     caller = _caller()
     return _json(200, _fleet().explain(_services()[0], caller, job_id))
+
+
+@per_environment
+def _observability() -> ObservabilityService:
+    cfg = settings()
+    tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
+    return ObservabilityService(
+        jobs=_services()[0],
+        log_reader=CloudWatchLogReader(tokens),
+        metric_store=runtime.metric_store(),
+        log_group_prefix=cfg.job_log_group_prefix,
+    )
+
+
+Attempt = Annotated[int | None, Query(ge=1, le=1000, description="Which attempt (default: the latest)")]
+
+
+@app.get(
+    "/v1/jobs/<job_id>/logs",
+    summary="A job's output (stdout and stderr), oldest first, one attempt at a time",
+    description="Reads the attempt's CloudWatch Logs stream (`/berth/jobs/<tenant>`, "
+    "`<job_id>/<attempt>`). `since` is epoch milliseconds or an ISO 8601 time with a zone. Pass "
+    "`next_token` (with the same `attempt`) to continue; it is returned even at the end of what is "
+    "there now, so a follower polls with it until `status` is terminal and a page comes back empty. "
+    "The same tenant check as `GET /v1/jobs/{id}`.",
+    responses={
+        200: {"description": "A page of output", "content": {"application/json": {"model": schemas.LogsOut}}},
+        **schemas.error_responses(400, 403, 404, 422, 429),
+    },
+    tags=["jobs"],
+)
+def job_logs(
+    job_id: JobId,
+    attempt: Attempt = None,
+    since: Annotated[
+        str | None, Query(min_length=1, max_length=40, description="Epoch ms or ISO 8601 time")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Most events in the page")] = 200,
+    next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
+) -> Response[Any]:
+    caller = _caller()
+    since_ms = None if since is None else parse_since(since)
+    page = _observability().logs(caller, job_id, attempt, since_ms, limit, next_token)
+    return _json(200, page)
+
+
+@app.get(
+    "/v1/jobs/<job_id>/metrics",
+    summary="A job's GPU, CPU and memory samples for one attempt, with a summary",
+    description="Samples the agent took (NVML for GPUs, `/proc` for the job's processes), oldest "
+    "first: the latest `limit` of them; the summary covers all of the attempt's samples. The same "
+    "tenant check as `GET /v1/jobs/{id}`.",
+    responses={
+        200: {"description": "Samples", "content": {"application/json": {"model": schemas.MetricsOut}}},
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["jobs"],
+)
+def job_metrics(
+    job_id: JobId,
+    attempt: Attempt = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Most samples returned")] = 1000,
+) -> Response[Any]:
+    caller = _caller()
+    return _json(200, _observability().metrics(caller, job_id, attempt, limit))
 
 
 # -- fleet and policy -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from berth.dal.credentials import StsCredentialVendor
 from berth.dal.documents import DynamoDocumentRepository
 from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
+from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.tenants import DynamoTenantRepository
 from berth.dal.workflow import (
@@ -161,4 +162,11 @@ def agent_service() -> AgentService:
         clock=now,
         settings=workflow_settings(),
         vendor=credential_service(),
+        metric_store=metric_store(),
     )
+
+
+@per_environment
+def metric_store() -> DynamoMetricsRepository | None:
+    table = settings().job_metrics_table
+    return DynamoMetricsRepository(table) if table else None

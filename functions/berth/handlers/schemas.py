@@ -126,3 +126,59 @@ def error_responses(*codes: int) -> dict[int, OpenAPIResponse]:
         429: "Quota exceeded, or the tenant's request rate limit (see the Retry-After header)",
     }
     return {c: {"description": text[c], "content": {"application/json": {"model": ErrorOut}}} for c in codes}
+
+
+class LogEventOut(BaseModel):
+    at: str
+    message: str
+    attempt: int
+
+
+class LogsOut(BaseModel):
+    job_id: str
+    attempt: int | None = Field(description="The attempt read (null: the job has not started)")
+    attempts: int = Field(description="How many attempts the job has made")
+    status: JobStatus = Field(description="The job's status now: a follower stops once it is terminal")
+    events: list[LogEventOut]
+    next_token: str | None = Field(
+        description="Continues after the last event (also when it is the end for now: pass it again "
+        "to follow); null while the attempt has no log stream yet"
+    )
+
+
+class GpuSampleOut(BaseModel):
+    uuid: str
+    utilization_pct: float
+    memory_used_mib: int
+    memory_total_mib: int
+    job_memory_mib: int
+
+
+class MetricSampleOut(BaseModel):
+    at: str
+    attempt: int
+    host_id: str
+    gpu_util_pct: float | None = Field(description="Mean over the attempt's GPUs on that host")
+    gpu_mem_used_mib: int | None = Field(description="Sum over the attempt's GPUs on that host")
+    cpu_pct: float = Field(description="The job's processes; 100 = one core")
+    rss_mib: float
+    processes: int
+    gpus: list[GpuSampleOut]
+
+
+class MetricsSummaryOut(BaseModel):
+    samples: int
+    gpu_util_avg: float | None = None
+    gpu_util_max: float | None = None
+    gpu_mem_max_mib: int | None = None
+    cpu_avg: float | None = None
+    rss_max_mib: float | None = None
+
+
+class MetricsOut(BaseModel):
+    job_id: str
+    attempt: int | None
+    attempts: int
+    status: JobStatus
+    samples: list[MetricSampleOut]
+    summary: MetricsSummaryOut

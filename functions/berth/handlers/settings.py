@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     #: The role attempts' scoped credentials are vended from (the agent API's ``/credentials``);
     #: empty: no credentials are vended.
     job_role_arn: str = ""
+    #: Attempts' usage samples (``POST /v1/agent/metrics``, ``GET /v1/jobs/{id}/metrics``); empty:
+    #: none are kept (the agent API answers 404 to metrics, the API an empty list).
+    job_metrics_table: str = ""
+    #: Where agents ship job output: group ``<prefix>/<tenant>``, stream ``<job_id>/<attempt>``.
+    job_log_group_prefix: str = "/berth/jobs"
 
 
 def environment_key() -> tuple[tuple[str, str], ...]:

@@ -14,12 +14,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from berth.domain.errors import Conflict, NotFound
+from berth.domain.errors import Conflict, NotFound, ValidationFailed
 from berth.domain.fleet import HostInventory
 from berth.domain.job import Job, iso
 from berth.domain.job_access import MAX_CREDENTIAL_S
+from berth.domain.observability import MAX_CLOCK_SKEW_S, METRICS_RETENTION_DAYS, MetricsBatch
 from berth.domain.placement import OnPremPlacement
-from berth.domain.ports import HostRepository, JobRepository, PassTrigger, TaskTokens, WorkQueues
+from berth.domain.ports import (
+    HostRepository,
+    JobRepository,
+    MetricsRepository,
+    PassTrigger,
+    TaskTokens,
+    WorkQueues,
+)
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
     PROTOCOL_VERSION,
@@ -72,6 +80,9 @@ class AgentService:
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
     #: Vends attempts' scoped STS credentials; None where the deployment names no job role.
     vendor: CredentialService | None = None
+    #: Stores attempts' usage samples; None where the deployment keeps none.
+    metric_store: MetricsRepository | None = None
+    metrics_retention: timedelta = timedelta(days=METRICS_RETENTION_DAYS)
 
     # -- hosts -----------------------------------------------------------------------------------
     def register(self, host: HostCaller, inventory: HostInventory) -> dict[str, Any]:
@@ -249,6 +260,27 @@ class AgentService:
             "SessionToken": creds.session_token,
             "Expiration": iso(creds.expiration),
         }
+
+    def metrics(self, host: HostCaller, batch: MetricsBatch) -> dict[str, Any]:
+        """Store usage samples of this host's rank of the current attempt (fenced like a report).
+        A sample dated before the job existed or ahead of the clock by more than the allowed skew
+        refuses the whole batch (422): nothing of it is stored."""
+        job = self._current(host, batch)
+        if host.host_id not in job.run.claimed:
+            raise Fenced(f"host {host.host_id} has not claimed attempt {batch.attempt} of {job.id}")
+        if self.metric_store is None:
+            raise NotFound("this deployment stores no job metrics")
+        now = self.clock()
+        skew = timedelta(seconds=MAX_CLOCK_SKEW_S)
+        bad = [i for i, s in enumerate(batch.samples) if s.at > now + skew or s.at < job.created_at - skew]
+        if bad:
+            raise ValidationFailed(
+                f"{len(bad)} sample(s) dated outside the job's lifetime (check the host's clock)",
+                details={"samples": bad[:20]},
+            )
+        expires = int((now + self.metrics_retention).timestamp())
+        self.metric_store.put(job.id, batch.attempt, host.host_id, list(batch.samples), expires)
+        return {"stored": len(batch.samples), **self._answer(job)}
 
     def _current(self, host: HostCaller, ref: AttemptRef) -> Job:
         job = self.jobs.get(ref.job_id)

@@ -311,3 +311,45 @@ def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogC
     live = [s for s in samples if s["processes"] >= 1]  # a sample may land as the process exits
     assert len(live) >= 2 and max(s["rss_bytes"] for s in live) > 30 * 1024 * 1024
     assert runner.usage == {}
+
+
+def test_usage_samples_reach_the_metrics_route_before_the_final_report(tmp_path: Path) -> None:
+    from berth_agent.metricship import MetricsShipper
+    from berth_agent.usage import UsageSampler
+
+    digest, data = _bundle(tmp_path, "import time\nx = bytearray(20 * 1024 * 1024)\ntime.sleep(1.0)\n")
+    order: list[str] = []
+
+    class Api(FakeApi):
+        def metrics(self, job_id: str, attempt: int, token: str, samples: list[dict[str, Any]]) -> Any:
+            order.append(f"metrics:{len(samples)}")
+            self.sent = [*getattr(self, "sent", []), *samples]
+            return {"stored": len(samples)}
+
+        def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any:
+            order.append(f"report:{event}")
+            return super().report(job_id, attempt, fencing_token, event, **kw)
+
+    api = Api(_spec(digest))
+    base = _runner(tmp_path, api, FakeIO({digest: data}))
+    # The sender thread never sends on its own here: what arrives came from the flush.
+    ship = MetricsShipper(api, send_interval_s=3600)
+    runner = AttemptRunner(
+        config=base.config,
+        inventory=INV,
+        api=api,
+        executor=ProcessExecutor(),
+        ledger=base.ledger,
+        io_for=base.io_for,
+        tick_s=0.05,
+        sampler=UsageSampler(),
+        sample_interval_s=0.2,
+        metrics=ship,
+    )
+    outcome = runner.run(MSG)
+    assert outcome.result is not None and outcome.result.succeeded
+    assert order[0] == "report:started" and order[-1] == "report:succeeded"
+    assert order[-2].startswith("metrics:") and all(not o.startswith("report") for o in order[1:-1])
+    assert max(s["rss_mib"] for s in api.sent) > 20
+    assert ship.pending((MSG["job_id"], MSG["attempt"])) == 0
+    ship.close()

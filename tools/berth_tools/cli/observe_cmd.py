@@ -1,0 +1,141 @@
+"""A job's output and usage: ``berth logs JOB [-f]`` and ``berth metrics JOB``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, Protocol
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
+from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELED"})
+
+
+class LogsApi(Protocol):
+    def logs(
+        self,
+        job_id: str,
+        attempt: int | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+        next_token: str | None = None,
+    ) -> Any: ...
+
+
+def log_pages(
+    api: LogsApi,
+    job_id: str,
+    *,
+    attempt: int | None = None,
+    since: str | None = None,
+    follow: bool = False,
+    poll_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[dict[str, Any]]:
+    """Pages of a job's output, oldest first, until what is there now is read; with ``follow``,
+    until the job has ended and its last attempt's stream is drained. Without an ``attempt`` it
+    reads the latest one and, following, moves on to the next attempt when the job retries."""
+    current, token = attempt, None
+    while True:
+        page = api.logs(job_id, attempt=current, since=since if token is None else None, next_token=token)
+        yield page
+        if current is None and page.get("attempt") is not None:
+            current = int(page["attempt"])  # pin it: a token belongs to one attempt's stream
+        token = page.get("next_token") or token
+        if page.get("events"):
+            continue  # more may be waiting: read on without pausing
+        if not follow:
+            return
+        if attempt is None and current is not None and int(page.get("attempts") or 0) > current:
+            current, token = int(page["attempts"]), None  # the job retried: follow the new attempt
+            continue
+        # The service reads the job before the log: an empty page with a terminal status means the
+        # stream was read after the job ended (the agent ships all output before its final report).
+        if page.get("status") in TERMINAL:
+            return
+        sleep(poll_s)
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", min=1, help="Which attempt (default: the latest)")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Epoch ms or ISO 8601 time (e.g. 2026-12-01T10:00:00Z)")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job has ended")
+    ] = False,
+    poll_s: Annotated[float, typer.Option("--poll", min=0.2, help="Seconds between polls (-f)")] = 2.0,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Print a job's output (stdout and stderr), oldest first. ``--output json``: one JSON object
+    per line, per event (``at``, ``message``, ``attempt``)."""
+    with api_errors(output):
+        client = client_for(api_url, profile)
+        for page in log_pages(client, job_id, attempt=attempt, since=since, follow=follow, poll_s=poll_s):
+            for event in page.get("events", []):
+                if output is OutputFormat.JSON:
+                    sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
+                else:
+                    sys.stdout.write(event["message"].rstrip("\n") + "\n")
+            sys.stdout.flush()
+
+
+def _num(value: Any, unit: str = "") -> str:
+    return "-" if value is None else f"{value}{unit}"
+
+
+def metrics(
+    job_id: Annotated[str, typer.Argument(help="Job id")],
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", min=1, help="Which attempt (default: the latest)")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Most samples shown")] = 20,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Show a job's GPU, CPU and memory use: a summary of the attempt and its latest samples."""
+    with api_errors(output):
+        data = client_for(api_url, profile).metrics(job_id, attempt, limit)
+
+    def table(d: dict[str, Any]) -> None:
+        s = d["summary"]
+        console.print(
+            f"[bold]{d['job_id']}[/] attempt {_num(d['attempt'])} of {d['attempts']} "
+            f"({d['status']}), {s['samples']} samples: GPU util avg {_num(s['gpu_util_avg'], '%')} "
+            f"max {_num(s['gpu_util_max'], '%')}, GPU mem max {_num(s['gpu_mem_max_mib'], ' MiB')}, "
+            f"CPU avg {_num(s['cpu_avg'], '%')}, RSS max {_num(s['rss_max_mib'], ' MiB')}",
+            highlight=False,
+        )
+        t = Table("AT", "HOST", "GPU %", "GPU MEM MiB", "CPU %", "RSS MiB", "PROCS")
+        for x in d["samples"]:
+            t.add_row(
+                x["at"],
+                escape(x["host_id"]),
+                _num(x["gpu_util_pct"]),
+                _num(x["gpu_mem_used_mib"]),
+                _num(x["cpu_pct"]),
+                _num(x["rss_mib"]),
+                str(x["processes"]),
+            )
+        if d["samples"]:
+            console.print(t)
+
+    render(output, data, table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("logs")(logs)
+    app.command("metrics")(metrics)
