@@ -5,7 +5,10 @@
 1. leftovers of a previous run (``AttemptLedger``) are reaped and reported lost, then forgotten;
 2. ``register`` with the inventory; ``sd_notify READY=1``;
 3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
-   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host);
+   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host). ``drain`` is
+   level-triggered: the control plane repeats it in every answer while an operator wants the host
+   drained; the agent takes no new work while answers carry it (running attempts go on, the agent
+   stays up) and resumes once one comes without it;
 4. the main loop long-polls the queue while not draining, and for each ``run`` message whose GPUs
    are all free on this host starts ``AttemptRunner.run`` in a thread; the message is deleted once
    the claim is answered (200 or 409), and left for redelivery otherwise (busy GPUs, no answer);
@@ -111,6 +114,8 @@ class Daemon:
         self._busy: dict[str, tuple[str, int]] = {}  # GPU uuid -> attempt using it
         self._threads: list[threading.Thread] = []
         self.draining = threading.Event()
+        #: The control plane's ``drain`` directive is in force: take no new work, stay up.
+        self.directed_drain = threading.Event()
         self.stopping_now = threading.Event()
         self._drain_deadline: float | None = None
         self.heartbeat_s = 30.0
@@ -180,18 +185,29 @@ class Daemon:
         sdnotify.stopping(f"draining ({why})")
 
     def apply(self, directives: list[Mapping[str, Any]]) -> None:
+        """Act on one heartbeat answer's directives (all of them: a ``drain`` absent from the answer
+        ends a directed drain)."""
+        drain = False
         for d in directives:
             action = d.get("action")
             if action == "drain":
-                self.drain("directive")
+                drain = True
             elif action in ("cancel", "stop") and d.get("job_id") and d.get("attempt") is not None:
                 self.runner.cancel(str(d["job_id"]), int(d["attempt"]))
             else:
                 log.warning("unknown directive ignored", extra={"directive": dict(d)})
+        if drain and not self.directed_drain.is_set():
+            log.info("drain directive: taking no new work", extra={"running": len(self.runner.running())})
+            self.directed_drain.set()
+        elif not drain and self.directed_drain.is_set():
+            log.info("drain directive lifted: taking work again")
+            self.directed_drain.clear()
 
     def heartbeat_once(self) -> None:
         answer = self.api.heartbeat(
-            healthy=True, draining=self.draining.is_set(), attempts=self.runner.running()
+            healthy=True,
+            draining=self.draining.is_set() or self.directed_drain.is_set(),
+            attempts=self.runner.running(),
         )
         self._last_beat_ok = self._clock()
         self.lease_lost = False
@@ -263,6 +279,9 @@ class Daemon:
                     self.runner.cancel(a["job_id"], a["attempt"])
                 self._drain_deadline = None
             time.sleep(0.2)
+            return
+        if self.directed_drain.is_set():  # no new work; messages stay queued for others or later
+            self.draining.wait(0.2)
             return
         try:
             messages = queue.receive(self.poll_wait_s)
