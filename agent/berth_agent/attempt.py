@@ -1,6 +1,6 @@
 """One claimed attempt, end to end on this host: claim, stage, run, sync, ship logs, report, clean up.
 
-The daemon loop (not built yet) owns the queue, the heartbeat and drain; for every work message it
+The daemon loop (``daemon.Daemon``) owns the queue, the heartbeat and drain; for every work message it
 hands an ``AttemptRunner.run(message)`` to a thread, relays heartbeat directives with ``cancel``,
 and reads ``running`` for its heartbeat's ``attempts``. All I/O an attempt does with its scoped
 credentials goes through ``AttemptIO`` (built by ``io_for(credentials)``: botocore S3 and Logs
@@ -192,9 +192,17 @@ class AttemptRunner:
         )
         try:
             answer = self.api.claim(job_id, attempt, token)
-        except (Fenced, AlreadyClaimed, Canceled) as exc:
+        except AgentApiError as exc:
+            # 409 (another claim won, fenced, canceled) and 404 (not this host's attempt, or no such
+            # job) are final answers: the message goes, nothing runs. Anything else (no answer,
+            # 403, ...) leaves it for redelivery.
+            if not isinstance(exc, (Fenced, AlreadyClaimed, Canceled)) and exc.status != 404:
+                raise
             if on_claim_answered is not None:
                 on_claim_answered()
+            log.info(
+                "claim refused; not running", extra={"job_id": job_id, "attempt": attempt, "code": exc.code}
+            )
             return Outcome(job_id, attempt, False, None, exc.code)
         if on_claim_answered is not None:
             on_claim_answered()

@@ -112,6 +112,7 @@ class Daemon:
         self._clock = clock
         self._lock = threading.Lock()
         self._busy: dict[str, tuple[str, int]] = {}  # GPU uuid -> attempt using it
+        self._taken: set[tuple[str, int]] = set()  # attempts this agent has taken (running threads)
         self._threads: list[threading.Thread] = []
         self.draining = threading.Event()
         #: The control plane's ``drain`` directive is in force: take no new work, stay up.
@@ -247,10 +248,17 @@ class Daemon:
             queue.delete(message.receipt)
             return False
         with self._lock:
+            if key in self._taken:
+                # A duplicate delivery of an attempt this agent already runs: its claim was answered,
+                # so the message is spent (it would come back every visibility timeout otherwise).
+                log.info("duplicate work message deleted", extra={"job_id": key[0], "attempt": key[1]})
+                queue.delete(message.receipt)
+                return False
             if any(g in self._busy for g in gpus):
                 return False  # redelivered after its visibility timeout, when they may be free
             for g in gpus:
                 self._busy[g] = key
+            self._taken.add(key)
 
         def work() -> None:
             try:
@@ -261,6 +269,7 @@ class Daemon:
                 with self._lock:
                     for g in gpus:
                         self._busy.pop(g, None)
+                    self._taken.discard(key)
 
         t = threading.Thread(target=work, name=f"attempt-{key[0]}-{key[1]}", daemon=True)
         self._threads.append(t)
