@@ -140,7 +140,9 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
         "import os, pathlib\n"
         "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])\n"
         "e = os.environ\n"
-        "print(e['AWS_ACCESS_KEY_ID'], e['AWS_SESSION_TOKEN'], e['WANDB_API_KEY'])\n"
+        "import botocore.session\n"
+        "c = botocore.session.Session().get_credentials().get_frozen_credentials()\n"
+        "print(c.access_key, c.token, e['WANDB_API_KEY'], 'AWS_ACCESS_KEY_ID' in e)\n"
         "pathlib.Path(os.environ['BERTH_OUTPUT_DIR'], 'model.txt').write_text('weights')\n"
         "pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'], 'step-1').write_text('1')\n"
     )
@@ -150,7 +152,8 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
     outcome = runner.run(MSG)
     assert outcome.ran and outcome.result is not None and outcome.result.succeeded
     assert [r["event"] for r in api.reports] == ["started", "succeeded"]
-    assert io.events == ["gpus GPU-a", "ASIA t wandb-key"]
+    # the job's SDK finds the attempt's credentials through AWS_CONFIG_FILE's credential_process
+    assert io.events == ["gpus GPU-a", "ASIA t wandb-key False"]
     assert io.objects["vision/jobs/j-1/outputs/model.txt"] == b"weights"
     assert io.objects["vision/jobs/j-1/checkpoints/step-1"] == b"1"
     assert runner.running() == [] and runner.ledger.entries() == []
