@@ -207,3 +207,18 @@ def test_a_long_job_and_the_agent_move_to_fresh_credentials_before_expiry(tmp_pa
     assert uploader != "ASIA-1"
     # and the log lines were shipped by more than one set's client
     assert len([io for io in ios.values() if io.events]) >= 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-job uids need root")
+def test_a_refreshed_file_stays_the_jobs_own(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    f = CredentialsFile(work, "eu-west-1")
+    f.write(_creds(1, None))
+    for path in (work, f.dir, f.json, f.config):  # what the process executor does at start
+        os.chown(path, 3_000_400, 3_000_400)
+    f.write(_creds(2, None))  # a refresh, by the root agent
+    for path in (f.json, f.config):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (3_000_400, 3_000_400, 0o600)
+    assert '"ASIA-2"' in f.json.read_text()
