@@ -293,13 +293,39 @@ class Daemon:
             self.draining.wait(0.2)
             return
         try:
-            messages = queue.receive(self.poll_wait_s)
+            messages = self._receive(queue)
         except Exception as exc:  # the queue unreachable: running jobs go on; retry after a pause
             log.warning("queue receive failed", extra={"error": str(exc)})
             self.draining.wait(self.receive_retry_s)
             return
+        if self.draining.is_set() or self.directed_drain.is_set():
+            # A drain began during the poll: these are not taken (they come back after the
+            # queue's visibility timeout, to this host once it runs again or to nobody).
+            return
         for message in messages:
             self.offer(queue, message)
+
+    def _receive(self, queue: WorkQueue) -> list[Message]:
+        """Long-poll in a helper thread, so that a drain is acted on at once rather than after up to
+        ``poll_wait_s``; a poll abandoned by a drain delivers nothing (its messages come back)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def poll() -> None:
+            try:
+                box["messages"] = queue.receive(self.poll_wait_s)
+            except Exception as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=poll, daemon=True, name="queue-poll").start()
+        while not done.wait(0.05):
+            if self.draining.is_set():
+                return []
+        if "error" in box:
+            raise box["error"]
+        return list(box["messages"])
 
     def run(self, install_signals: bool = True) -> None:
         self.recover()

@@ -328,3 +328,34 @@ def test_a_failing_queue_does_not_stop_the_agent(tmp_path: Path) -> None:
     d.on_sigterm()
     t.join(5)
     assert not t.is_alive() and queue.failures == 0
+
+
+def test_sigterm_during_a_long_poll_is_acted_on_at_once_and_its_messages_are_not_taken(
+    tmp_path: Path,
+) -> None:
+    class LongPoll(FakeQueue):
+        """A 20 s long poll that a message reaches after the SIGTERM."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self.polling = threading.Event()
+            self.message_arrives = threading.Event()
+
+        def receive(self, wait_s: int) -> list[Message]:
+            self.polling.set()
+            self.message_arrives.wait(20)
+            return [_msg("j-late", ["GPU-a"])]
+
+    queue, runner = LongPoll(), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    d.poll_wait_s = 20
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    assert queue.polling.wait(5)
+    started = time.monotonic()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - started < 2  # not after the 20 s poll
+    queue.message_arrives.set()
+    time.sleep(0.2)
+    assert runner.started == [] and queue.deleted == []  # not claimed: it comes back later
