@@ -213,6 +213,11 @@ class Daemon:
         self._last_beat_ok = self._clock()
         self.lease_lost = False
         self.apply(list((answer or {}).get("directives") or []))
+        if (answer or {}).get("reregister"):
+            # The control plane marked this host lost (its attempts were failed and are stopped by
+            # the directives above): register again to get new work.
+            log.warning("host was marked lost: registering again")
+            self.register()
 
     def _heartbeats(self, done: threading.Event) -> None:
         while not done.wait(self.heartbeat_s):

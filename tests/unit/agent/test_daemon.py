@@ -359,3 +359,22 @@ def test_sigterm_during_a_long_poll_is_acted_on_at_once_and_its_messages_are_not
     queue.message_arrives.set()
     time.sleep(0.2)
     assert runner.started == [] and queue.deleted == []  # not claimed: it comes back later
+
+
+def test_a_host_marked_lost_stops_its_attempts_and_registers_again(tmp_path: Path) -> None:
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), runner, api)
+    d.register()
+    beat = api.heartbeat
+
+    def lost(**kw: Any) -> Any:
+        beat(**kw)
+        return {
+            "lease_expires_at": None,
+            "reregister": True,
+            "directives": [{"job_id": "j1", "attempt": 1, "action": "stop", "reason": "host lease expired"}],
+        }
+
+    api.heartbeat = lost  # type: ignore[method-assign]
+    d.heartbeat_once()
+    assert runner.canceled == [("j1", 1, None)] and len(api.registered) == 2
