@@ -314,3 +314,31 @@ def test_usage_is_sampled_while_the_job_runs(tmp_path: Path, caplog: pytest.LogC
     live = [s for s in samples if s["processes"] >= 1]  # a sample may land as the process exits
     assert len(live) >= 2 and max(s["rss_bytes"] for s in live) > 30 * 1024 * 1024
     assert runner.usage == {}
+
+
+def test_a_flood_through_the_runner_arrives_whole_with_the_buffer_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200,000 lines from a real job through ``AttemptRunner`` (the agent's own path: reader threads,
+    shipper, a logs client) with the default 8 MiB buffer and a sink that keeps up at its own pace:
+    every line arrives, in order, and the shipper never held more than its bound."""
+    from berth_agent import logship
+
+    shippers: list[logship.LogShipper] = []
+
+    class Recorded(logship.LogShipper):
+        def start(self) -> None:
+            shippers.append(self)
+            super().start()
+
+    monkeypatch.setattr(logship, "LogShipper", Recorded)
+    n = 200_000
+    api = FakeApi({"name": "flood", "image": "python:3.11-slim", "command": ["seq", str(n)]})
+    io = FakeIO()
+    outcome = _runner(tmp_path, api, io).run(MSG)
+    assert outcome.result is not None and outcome.result.succeeded
+    assert io.events == [str(i) for i in range(1, n + 1)]
+    (shipper,) = shippers
+    bound = shipper.max_buffer_bytes
+    assert bound == 8 * 1024 * 1024 and shipper.stats.dropped_lines == 0
+    assert 0 < shipper.stats.peak_buffered_bytes <= bound
