@@ -1,6 +1,6 @@
 """One claimed attempt, end to end on this host: claim, stage, run, sync, ship logs, report, clean up.
 
-The daemon loop (not built yet) owns the queue, the heartbeat and drain; for every work message it
+The daemon loop (``daemon.Daemon``) owns the queue, the heartbeat and drain; for every work message it
 hands an ``AttemptRunner.run(message)`` to a thread, relays heartbeat directives with ``cancel``,
 and reads ``running`` for its heartbeat's ``attempts``. All I/O an attempt does with its scoped
 credentials goes through ``AttemptIO`` (built by ``io_for(credentials)``: botocore S3 and Logs
@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from berth_agent import logship
+from berth_agent.attempt_credentials import AttemptCredentials, CredentialsFile
 from berth_agent.client import AgentApiError, AlreadyClaimed, Canceled, Fenced
-from berth_agent.config import AgentConfig
+from berth_agent.config import AgentConfig, ExecutorKind
 from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHandle, StartError
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
@@ -196,9 +197,17 @@ class AttemptRunner:
         )
         try:
             answer = self.api.claim(job_id, attempt, token)
-        except (Fenced, AlreadyClaimed, Canceled) as exc:
+        except AgentApiError as exc:
+            # 409 (another claim won, fenced, canceled) and 404 (not this host's attempt, or no such
+            # job) are final answers: the message goes, nothing runs. Anything else (no answer,
+            # 403, ...) leaves it for redelivery.
+            if not isinstance(exc, (Fenced, AlreadyClaimed, Canceled)) and exc.status != 404:
+                raise
             if on_claim_answered is not None:
                 on_claim_answered()
+            log.info(
+                "claim refused; not running", extra={"job_id": job_id, "attempt": attempt, "code": exc.code}
+            )
             return Outcome(job_id, attempt, False, None, exc.code)
         if on_claim_answered is not None:
             on_claim_answered()
@@ -251,8 +260,21 @@ class AttemptRunner:
             io: AttemptIO = (
                 self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
             )
+            creds_file: CredentialsFile | None = None
+            job_creds: dict[str, str] = {}
+            if creds is not None:
+                job_creds = credential_env(creds, self.config.region)
+                if self.config.executor == ExecutorKind.PROCESS:
+                    # refreshable for the job's SDK: a credential_process file, not fixed values
+                    creds_file = CredentialsFile(dirs.work, self.config.region)
             keys = OutputKeys.of(claim.tenant, claim.job_id)
             self._stage(claim, io, dirs, keys)
+            if creds_file is not None and creds is not None:
+                try:
+                    creds_file.write(creds)
+                except OSError as exc:
+                    raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
+                job_creds = creds_file.env()
             mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
             secrets = self._secrets(claim, io)
             launch = build_launch(
@@ -261,7 +283,7 @@ class AttemptRunner:
                 dirs,
                 mounts,
                 gpu_uuids=gpu_uuids,
-                credentials={} if creds is None else credential_env(creds, self.config.region),
+                credentials=job_creds,
                 secrets=secrets,
             )
         except (StagingError, ClaimError, AgentApiError) as exc:
@@ -274,13 +296,32 @@ class AttemptRunner:
             settings=self.config.logs,
         )
         shipper.start()
+        current = {"io": io}  # replaced when the credentials are refreshed
+
+        def put(fh: BinaryIO, key: str, size: int) -> None:
+            current["io"].put(fh, key, size)
+
         syncs = PeriodicSync(
             [
-                DirSync(dirs.outputs, keys.outputs, io.put),
-                DirSync(dirs.checkpoints, keys.checkpoints, io.put),
+                DirSync(dirs.outputs, keys.outputs, put),
+                DirSync(dirs.checkpoints, keys.checkpoints, put),
             ],
             self.sync_interval_s,
         )
+        refresher: AttemptCredentials | None = None
+        if creds is not None:
+
+            def refreshed(fresh: Mapping[str, Any]) -> None:
+                current["io"] = self.io_for(fresh)
+                shipper.set_client(current["io"].logs_client())
+                if creds_file is not None:
+                    creds_file.write(fresh)
+
+            refresher = AttemptCredentials(
+                creds,
+                lambda: self.api.credentials(claim.job_id, claim.attempt, token),
+                on_refresh=refreshed,
+            )
         try:
             try:
                 handle = self.executor.start(launch, shipper.emit_line)
@@ -299,7 +340,7 @@ class AttemptRunner:
                 with self._lock:
                     self._fenced.add(key)
                 handle.cancel(0)
-            result = self._supervise(handle, syncs, key, launch.gpu_uuids)
+            result = self._supervise(handle, syncs, key, launch.gpu_uuids, refresher)
         finally:
             syncs.final()
             shipper.close(timeout_s=30)
@@ -335,12 +376,27 @@ class AttemptRunner:
         return out
 
     def _supervise(
-        self, handle: RunHandle, syncs: PeriodicSync, key: tuple[str, int], gpus: tuple[str, ...]
+        self,
+        handle: RunHandle,
+        syncs: PeriodicSync,
+        key: tuple[str, int],
+        gpus: tuple[str, ...],
+        refresher: AttemptCredentials | None = None,
     ) -> JobResult:
         next_sample = time.monotonic()
         try:
             while (result := handle.wait(self.tick_s)) is None:
                 now = time.monotonic()
+                if refresher is not None:
+                    try:
+                        refresher.maybe_refresh()
+                    except Fenced:  # no longer ours: stop now, say nothing more
+                        with self._lock:
+                            self._fenced.add(key)
+                        handle.cancel(0)
+                        refresher = None
+                    except Exception as exc:  # a refresh that breaks must not orphan the job
+                        log.warning("credential refresh error", extra={"job_id": key[0], "error": str(exc)})
                 syncs.tick()
                 if self.sampler is not None and handle.pid is not None and now >= next_sample:
                     self._sample(key, handle.pid, list(gpus))

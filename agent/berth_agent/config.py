@@ -95,6 +95,12 @@ class JobLimits(_Section):
     #: the same number) from this range, so jobs cannot read each other's files or the agent's.
     #: Pick a range no account, subuid/subgid allocation or other host service uses.
     uid_range: Annotated[str | None, Field(pattern=r"^\d+-\d+$")] = "3000000-3000999"
+    #: cgroup v2 memory.max/cpu.max per job (``resources.memory_gib``/``cpu``) where the host delegates
+    #: a writable cgroup with the memory and cpu controllers (berth_agent.cgroups); otherwise rlimits
+    #: only, with the reason logged at start. ``cgroup_root``: that cgroup's directory (default: the
+    #: agent's own, from /proc/self/cgroup).
+    cgroups: bool = True
+    cgroup_root: Path | None = None
 
 
 class ContainerConfig(_Section):

@@ -5,7 +5,10 @@
 1. leftovers of a previous run (``AttemptLedger``) are reaped and reported lost, then forgotten;
 2. ``register`` with the inventory; ``sd_notify READY=1``;
 3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
-   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host);
+   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host). ``drain`` is
+   level-triggered: the control plane repeats it in every answer while an operator wants the host
+   drained; the agent takes no new work while answers carry it (running attempts go on, the agent
+   stays up) and resumes once one comes without it;
 4. the main loop long-polls the queue while not draining, and for each ``run`` message whose GPUs
    are all free on this host starts ``AttemptRunner.run`` in a thread; the message is deleted once
    the claim is answered (200 or 409), and left for redelivery otherwise (busy GPUs, no answer);
@@ -109,8 +112,11 @@ class Daemon:
         self._clock = clock
         self._lock = threading.Lock()
         self._busy: dict[str, tuple[str, int]] = {}  # GPU uuid -> attempt using it
+        self._taken: set[tuple[str, int]] = set()  # attempts this agent has taken (running threads)
         self._threads: list[threading.Thread] = []
         self.draining = threading.Event()
+        #: The control plane's ``drain`` directive is in force: take no new work, stay up.
+        self.directed_drain = threading.Event()
         self.stopping_now = threading.Event()
         self._drain_deadline: float | None = None
         self.heartbeat_s = 30.0
@@ -180,22 +186,38 @@ class Daemon:
         sdnotify.stopping(f"draining ({why})")
 
     def apply(self, directives: list[Mapping[str, Any]]) -> None:
+        """Act on one heartbeat answer's directives (all of them: a ``drain`` absent from the answer
+        ends a directed drain)."""
+        drain = False
         for d in directives:
             action = d.get("action")
             if action == "drain":
-                self.drain("directive")
+                drain = True
             elif action in ("cancel", "stop") and d.get("job_id") and d.get("attempt") is not None:
                 self.runner.cancel(str(d["job_id"]), int(d["attempt"]))
             else:
                 log.warning("unknown directive ignored", extra={"directive": dict(d)})
+        if drain and not self.directed_drain.is_set():
+            log.info("drain directive: taking no new work", extra={"running": len(self.runner.running())})
+            self.directed_drain.set()
+        elif not drain and self.directed_drain.is_set():
+            log.info("drain directive lifted: taking work again")
+            self.directed_drain.clear()
 
     def heartbeat_once(self) -> None:
         answer = self.api.heartbeat(
-            healthy=True, draining=self.draining.is_set(), attempts=self.runner.running()
+            healthy=True,
+            draining=self.draining.is_set() or self.directed_drain.is_set(),
+            attempts=self.runner.running(),
         )
         self._last_beat_ok = self._clock()
         self.lease_lost = False
         self.apply(list((answer or {}).get("directives") or []))
+        if (answer or {}).get("reregister"):
+            # The control plane marked this host lost (its attempts were failed and are stopped by
+            # the directives above): register again to get new work.
+            log.warning("host was marked lost: registering again")
+            self.register()
 
     def _heartbeats(self, done: threading.Event) -> None:
         while not done.wait(self.heartbeat_s):
@@ -231,10 +253,17 @@ class Daemon:
             queue.delete(message.receipt)
             return False
         with self._lock:
+            if key in self._taken:
+                # A duplicate delivery of an attempt this agent already runs: its claim was answered,
+                # so the message is spent (it would come back every visibility timeout otherwise).
+                log.info("duplicate work message deleted", extra={"job_id": key[0], "attempt": key[1]})
+                queue.delete(message.receipt)
+                return False
             if any(g in self._busy for g in gpus):
                 return False  # redelivered after its visibility timeout, when they may be free
             for g in gpus:
                 self._busy[g] = key
+            self._taken.add(key)
 
         def work() -> None:
             try:
@@ -245,6 +274,7 @@ class Daemon:
                 with self._lock:
                     for g in gpus:
                         self._busy.pop(g, None)
+                    self._taken.discard(key)
 
         t = threading.Thread(target=work, name=f"attempt-{key[0]}-{key[1]}", daemon=True)
         self._threads.append(t)
@@ -264,14 +294,43 @@ class Daemon:
                 self._drain_deadline = None
             time.sleep(0.2)
             return
+        if self.directed_drain.is_set():  # no new work; messages stay queued for others or later
+            self.draining.wait(0.2)
+            return
         try:
-            messages = queue.receive(self.poll_wait_s)
+            messages = self._receive(queue)
         except Exception as exc:  # the queue unreachable: running jobs go on; retry after a pause
             log.warning("queue receive failed", extra={"error": str(exc)})
             self.draining.wait(self.receive_retry_s)
             return
+        if self.draining.is_set() or self.directed_drain.is_set():
+            # A drain began during the poll: these are not taken (they come back after the
+            # queue's visibility timeout, to this host once it runs again or to nobody).
+            return
         for message in messages:
             self.offer(queue, message)
+
+    def _receive(self, queue: WorkQueue) -> list[Message]:
+        """Long-poll in a helper thread, so that a drain is acted on at once rather than after up to
+        ``poll_wait_s``; a poll abandoned by a drain delivers nothing (its messages come back)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def poll() -> None:
+            try:
+                box["messages"] = queue.receive(self.poll_wait_s)
+            except Exception as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=poll, daemon=True, name="queue-poll").start()
+        while not done.wait(0.05):
+            if self.draining.is_set():
+                return []
+        if "error" in box:
+            raise box["error"]
+        return list(box["messages"])
 
     def run(self, install_signals: bool = True) -> None:
         self.recover()

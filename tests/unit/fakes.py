@@ -144,17 +144,20 @@ class FakeHosts:
                 lease_expires_at=lease_expires_at,
                 holds=holds,
                 version=(0 if current is None else current.version) + 1,
+                drain_requested=current is not None and current.drain_requested,
             )
             self.hosts[inventory.host_id] = record
             return record
 
-    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
+    def heartbeat(
+        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+    ) -> None:
         with self.lock:
             current = self.hosts.get(host_id)
             if current is None:
                 raise NotFound(f"host {host_id!r} is not registered")
             self.hosts[host_id] = current.model_copy(
-                update={"lease_expires_at": lease_expires_at, "healthy": healthy}
+                update={"lease_expires_at": lease_expires_at, "healthy": healthy, "draining": draining}
             )
 
     def get(self, host_id: str) -> HostRecord | None:
@@ -210,6 +213,15 @@ class FakeHosts:
                 update={"healthy": False, "version": current.version + 1}
             )
             return True
+
+    def request_drain(self, host_id: str, drain: bool) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            self.hosts[host_id] = current.model_copy(
+                update={"drain_requested": drain, "version": current.version + 1}
+            )
 
 
 class FakeDocuments:

@@ -540,3 +540,44 @@ def test_no_job_role_no_credentials() -> None:
     job, host = w.run_to_running(w.submit())
     with pytest.raises(NotFound):
         w.agent.credentials(HostCaller(host, ""), _ref(job))
+
+
+# -- drain ---------------------------------------------------------------------------------------
+
+
+def test_a_host_whose_agent_drains_gets_no_new_work() -> None:
+    w = World(hosts=2)
+    w.agent.heartbeat(HostCaller("h0", ""), HeartbeatRequest(draining=True))
+    assert w.hosts.hosts["h0"].draining
+    for _ in range(3):
+        job = w.submit()
+        w.workflow.await_placement(job.id, f"t-{job.id}")
+        w.scheduler.run_pass()
+        assert _host(w.job(job.id)) == "h1"
+    w.register("h0", 8)  # the agent restarted: a new agent is not draining
+    assert not w.hosts.hosts["h0"].draining
+
+
+def test_an_operators_drain_is_a_directive_until_lifted() -> None:
+    w = World(hosts=2)
+    job, host = w.run_to_running(w.submit())
+    other = "h1" if host == "h0" else "h0"
+    w.agent.request_drain(host)
+    beat = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(job)]))
+    # its running attempt goes on (no stop); the host is told to drain, in every answer
+    assert beat["directives"] == [
+        {"job_id": None, "attempt": None, "action": "drain", "reason": "an operator asked this host to drain"}
+    ]
+    w.register(host, 8)  # an agent restart does not end an operator's drain
+    again = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(job)]))
+    assert [d["action"] for d in again["directives"]] == ["drain"]
+    nxt = w.submit()
+    w.workflow.await_placement(nxt.id, "t-next")
+    w.scheduler.run_pass()
+    assert _host(w.job(nxt.id)) == other
+    assert w.job(job.id).status is JobStatus.RUNNING
+    w.agent.request_drain(host, drain=False)
+    assert ("host " + host + " undrained", 0) in w.trigger.requests
+    assert w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest())["directives"] == []
+    with pytest.raises(NotFound):
+        w.agent.request_drain("nope")

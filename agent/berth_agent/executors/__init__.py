@@ -6,6 +6,9 @@ cluster's API objects (``kubernetes.client.BatchV1Api()``, ``CoreV1Api()``), pas
 
 from __future__ import annotations
 
+import logging
+
+from berth_agent import cgroups
 from berth_agent.config import AgentConfig, ExecutorKind
 from berth_agent.executors.base import (
     Executor,
@@ -43,11 +46,21 @@ __all__ = [
     "job_environment",
 ]
 
+log = logging.getLogger(__name__)
+
 
 def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None) -> Executor:
     grace = float(config.cancel_grace_s)
     if config.executor == ExecutorKind.PROCESS:
-        return ProcessExecutor(uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace)
+        job_cgroups, why = (
+            cgroups.detect(config.limits.cgroup_root)
+            if config.limits.cgroups
+            else (None, "off in the config")
+        )
+        log.info("job cgroups" if job_cgroups else "no job cgroups: rlimits only", extra={"why": why})
+        return ProcessExecutor(
+            uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace, cgroups=job_cgroups
+        )
     if config.executor in (ExecutorKind.DOCKER, ExecutorKind.PODMAN):
         if config.executor == ExecutorKind.DOCKER:
             return ContainerExecutor("docker", config.container, timeout_grace_s=grace)

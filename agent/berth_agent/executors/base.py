@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 #: Keys a job's own ``env`` may not set (the spec refuses them too; this is the host's own check).
 RESERVED_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
-#: The only AWS variables a job gets: its attempt's scoped credentials (in a Batch container, the job
-#: role's credentials endpoint, which the launcher passes on).
+#: The only AWS variables a job gets: its attempt's scoped credentials, as values or (process jobs,
+#: refreshed: berth_agent.attempt_credentials) as a config file whose credential_process prints them
+#: (in a Batch container, the job role's credentials endpoint, which the launcher passes on).
 CREDENTIAL_KEYS = frozenset(
     {
         "AWS_ACCESS_KEY_ID",
@@ -37,6 +38,8 @@ CREDENTIAL_KEYS = frozenset(
         "AWS_REGION",
         "AWS_DEFAULT_REGION",
         "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONFIG_FILE",
+        "AWS_SDK_LOAD_CONFIG",
     }
 )
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

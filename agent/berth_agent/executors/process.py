@@ -14,13 +14,17 @@ seconds) set in the child before exec, and, when the agent runs as root, a uid/g
 ``UidPool`` (no supplementary groups, umask 077; its directories chowned to it and 0700), so one
 job cannot read another's files, and none can read the agent's.
 
-Not here: cgroup v2 CPU/memory limits (the host's systemd/cgroup setup would add them), and a
-process that calls ``setsid`` itself escapes the group's kill (a cgroup would catch it).
+Where the host delegates a cgroup v2 subtree (``berth_agent.cgroups``), each job also gets a cgroup
+of its own with ``memory.max`` and ``cpu.max`` from its spec: the child writes itself into it
+before it drops to the job's uid and execs, so all it forks is inside, and what escaped the process
+group (``setsid``) is killed with the cgroup when the leader exits. Elsewhere the reason is logged
+once and jobs get the rlimits only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -34,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from berth_agent.cgroups import JobCgroup, JobCgroups
 from berth_agent.executors.base import (
     Executor,
     FailureKind,
@@ -53,16 +58,30 @@ TAIL_LINES = 20
 _POLL_S = 0.1
 
 
-def _rlimit_setter(limits: dict[int, int]) -> Callable[[], None] | None:
+def _rlimit_setter(
+    limits: dict[int, int], cgroup_procs: str | None = None, switch_to: int | None = None
+) -> Callable[[], None] | None:
     """A preexec function that only calls setrlimit (async-signal-safe enough: no locks, no allocs
     beyond the call) so that limits apply before the job's first instruction, and asks the kernel
     to SIGKILL the job when the agent thread that started it dies (an agent killed with SIGKILL
-    must not leave its job running on while the attempt is retried elsewhere)."""
+    must not leave its job running on while the attempt is retried elsewhere). With a job cgroup it
+    first moves itself into it (``cgroup_procs``) and only then drops to uid/gid ``switch_to`` (a
+    job uid could not make that move)."""
     items = list(limits.items())
     prctl = _prctl()
 
     def apply() -> None:
-        if prctl is not None:
+        if cgroup_procs is not None:
+            fd = os.open(cgroup_procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        if switch_to is not None:
+            os.setgroups([])
+            os.setregid(switch_to, switch_to)
+            os.setreuid(switch_to, switch_to)
+        if prctl is not None:  # after the uid switch, which clears it
             prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         for res, value in items:
             resource.setrlimit(res, (value, value))
@@ -104,8 +123,10 @@ class ProcessRun(RunHandle):
         container: bool = False,
         on_exit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cgroup: JobCgroup | None = None,
     ) -> None:
         self._on_line = on_line
+        self._cgroup = cgroup
         self._on_exit = on_exit
         self._clock = clock
         self._terminate_hook = terminate
@@ -120,7 +141,12 @@ class ProcessRun(RunHandle):
         self.started_at = clock()
         self._deadline = None if timeout_s is None else self.started_at + timeout_s
         extra: dict[str, object] = {}
-        if user is not None:
+        switch_to = None
+        if user is not None and cgroup is not None:
+            if group != user:
+                raise ValueError("a job in a cgroup runs with gid = uid")
+            switch_to = user  # in the child, after it joined its cgroup
+        elif user is not None:
             extra = {"user": user, "group": group, "extra_groups": []}
         try:
             self._proc = subprocess.Popen(
@@ -133,7 +159,9 @@ class ProcessRun(RunHandle):
                 start_new_session=True,
                 close_fds=True,
                 umask=0o077,
-                preexec_fn=_rlimit_setter(rlimits or {}),
+                preexec_fn=_rlimit_setter(
+                    rlimits or {}, None if cgroup is None else str(cgroup.procs), switch_to
+                ),
                 **extra,  # type: ignore[call-overload]
             )
         except BaseException as exc:
@@ -210,8 +238,11 @@ class ProcessRun(RunHandle):
                 if self._kill_at is not None and now >= self._kill_at:
                     self._kill_at = None
                     self._signal_group(signal.SIGKILL)
-        # The leader is gone: nothing else of the group may outlive it (and hold the pipes open).
+        # The leader is gone: nothing else of the group may outlive it (and hold the pipes open),
+        # nor anything of its cgroup (a process that left the group with setsid).
         self._signal_group(signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.kill()
         for t in self._readers:
             t.join(timeout=5.0)
         with self._lock:
@@ -222,6 +253,15 @@ class ProcessRun(RunHandle):
                 stderr_tail=list(self._tail),
                 container=self._container,
             )
+            if (
+                self._cgroup is not None
+                and self._stop_reason is None
+                and not self._result.succeeded
+                and self._cgroup.oom_killed()
+            ):
+                self._result = JobResult(
+                    returncode, FailureKind.OOM, "killed by the OOM killer at its memory limit (memory.max)"
+                )
         if self._on_exit is not None:
             self._on_exit()
         self._done.set()
@@ -271,9 +311,32 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 class ProcessExecutor(Executor):
-    def __init__(self, *, uids: UidPool | None = None, timeout_grace_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        uids: UidPool | None = None,
+        timeout_grace_s: float = 30.0,
+        cgroups: JobCgroups | None = None,
+    ) -> None:
         self.uids = uids
         self.timeout_grace_s = timeout_grace_s
+        self.cgroups = cgroups
+
+    def _cgroup(self, launch: Launch) -> JobCgroup | None:
+        """The job's own cgroup with its limits, or None (no delegated cgroup, or the kernel refused:
+        logged, and the job runs with its rlimits only)."""
+        if self.cgroups is None:
+            return None
+        try:
+            return self.cgroups.create(
+                launch.name, memory_gib=launch.limits.memory_gib, cpus=launch.limits.cpus
+            )
+        except OSError as exc:
+            log.warning(
+                "job cgroup not created; rlimits only",
+                extra={"job_id": launch.job_id, "attempt": launch.attempt, "error": str(exc)},
+            )
+            return None
 
     def rlimits(self, launch: Launch) -> dict[int, int]:
         """The limits to set, each capped at the agent's own hard limit (a child cannot raise it)."""
@@ -338,20 +401,23 @@ class ProcessExecutor(Executor):
         env = self.environment(launch)
         self.link_mounts(launch)
         uid: int | None = None
-        on_exit = None
+        cleanups: list[Callable[[], None]] = []
+
+        def on_exit() -> None:
+            for cleanup in cleanups:
+                cleanup()
+
         if self.uids is not None:
             uid = self.uids.take()
-            pool = self.uids
-            job_uid = uid
-
-            def on_exit() -> None:
-                pool.give_back(job_uid)
-
+            cleanups.append(functools.partial(self.uids.give_back, uid))
             try:
                 self._give(launch, uid)
             except BaseException:
                 on_exit()
                 raise
+        cgroup = self._cgroup(launch)
+        if cgroup is not None:
+            cleanups.insert(0, cgroup.remove)
         return ProcessRun(
             launch.command,
             env=env,
@@ -363,4 +429,5 @@ class ProcessExecutor(Executor):
             user=uid,
             group=uid,
             on_exit=on_exit,
+            cgroup=cgroup,
         )

@@ -59,6 +59,8 @@ class DynamoHostRepository:
             lease_expires_at=row.lease_expires_at,
             holds=holds,
             version=int(row.version or 0),
+            draining=bool(row.draining),
+            drain_requested=bool(row.drain_requested),
         )
 
     def get(self, host_id: str) -> HostRecord | None:
@@ -94,6 +96,7 @@ class DynamoHostRepository:
                 R.memory_gib.set(inventory.memory_gib),
                 R.labels.set(dict(inventory.labels)),
                 R.healthy.set(True),
+                R.draining.set(False),
                 R.lease_expires_at.set(lease_expires_at),
                 R.free_gpu_ids.set(free) if free else R.free_gpu_ids.remove(),
                 R.version.set(version + 1),
@@ -113,12 +116,18 @@ class DynamoHostRepository:
             return found
         raise Conflict(f"host {inventory.host_id!r} kept changing while registering; try again")
 
-    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
+    def heartbeat(
+        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+    ) -> None:
         R = self._Row
         try:
             with translated(f"heartbeat host {host_id}"):
                 R(host_id).update(
-                    actions=[R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy)],
+                    actions=[
+                        R.lease_expires_at.set(lease_expires_at),
+                        R.healthy.set(healthy),
+                        R.draining.set(draining),
+                    ],
                     condition=R.host_id.exists(),
                 )
         except Conflict as exc:
@@ -187,3 +196,13 @@ class DynamoHostRepository:
         except Conflict:
             return False
         return True
+
+    def request_drain(self, host_id: str, drain: bool) -> None:
+        R = self._Row
+        try:
+            with translated(f"drain host {host_id}"):
+                R(host_id).update(
+                    actions=[R.drain_requested.set(drain), R.version.add(1)], condition=R.host_id.exists()
+                )
+        except Conflict as exc:
+            raise NotFound(f"host {host_id!r} is not registered") from exc

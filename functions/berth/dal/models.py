@@ -138,6 +138,8 @@ class HostRow(Model):
     free_gpu_ids = UnicodeSetAttribute(null=True)
     holds = MapAttribute(null=True)  # type: ignore[var-annotated]
     version = NumberAttribute(null=True)
+    draining = BooleanAttribute(null=True)
+    drain_requested = BooleanAttribute(null=True)
 
 
 class RateRow(Model):

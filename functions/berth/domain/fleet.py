@@ -66,6 +66,10 @@ class HostRecord(_Frozen):
     holds: dict[str, Hold] = Field(default_factory=dict)
     """attempt key (``attempt_key``) -> what it holds."""
     version: int = 0
+    draining: bool = False
+    """Its agent said it takes no new work (its heartbeat's ``draining``); reset on registration."""
+    drain_requested: bool = False
+    """An operator asked it to drain: heartbeats answer a ``drain`` directive; survives registration."""
 
     @property
     def host_id(self) -> str:
@@ -99,6 +103,10 @@ class HostRecord(_Frozen):
     def alive(self, now: datetime) -> bool:
         """Healthy and within its lease (a host that never heartbeated has no lease yet: alive)."""
         return self.healthy and (self.lease_expires_at is None or self.lease_expires_at > now)
+
+    def schedulable(self, now: datetime) -> bool:
+        """Alive and neither draining nor asked to drain: the scheduler may place new work here."""
+        return self.alive(now) and not self.draining and not self.drain_requested
 
     def pick_free(self, gpus: int) -> tuple[str, ...] | None:
         """The first ``gpus`` free UUIDs, or None when fewer are free."""

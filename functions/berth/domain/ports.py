@@ -70,8 +70,11 @@ class HostRepository(Protocol):
         """Create the host or replace its inventory (keeping the holds of running attempts and only
         its own attributes); healthy, with this lease. Conflict if a held GPU would disappear."""
 
-    def heartbeat(self, host_id: str, lease_expires_at: datetime, healthy: bool = True) -> None:
-        """Extend the host's lease and set its health; NotFound for an unknown host."""
+    def heartbeat(
+        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+    ) -> None:
+        """Extend the host's lease and set its health and whether it is draining; NotFound for an
+        unknown host."""
 
     def get(self, host_id: str) -> HostRecord | None: ...
 
@@ -97,6 +100,9 @@ class HostRepository(Protocol):
     def mark_lost(self, host_id: str, now: datetime) -> bool:
         """Mark a host whose lease expired before ``now`` unhealthy; False if it renewed meanwhile
         (conditional on the lease still being expired) or was already marked."""
+
+    def request_drain(self, host_id: str, drain: bool) -> None:
+        """Ask the host to drain (or stop asking); NotFound for an unknown host."""
 
 
 class DocumentRepository(Protocol):

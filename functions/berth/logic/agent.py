@@ -124,8 +124,12 @@ class AgentService:
                 "directives": [d.model_dump() for d in stops],
             }
         lease = now + timedelta(seconds=self.settings.lease_s)
-        self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy)
+        self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy, draining=request.draining)
         directives: list[Directive] = []
+        if rec.drain_requested:
+            # Level-triggered: every answer carries it while the drain is requested; the agent takes
+            # no new work while it does and resumes once an answer comes without it.
+            directives.append(Directive(action="drain", reason="an operator asked this host to drain"))
         for ref in request.attempts:
             job = self.jobs.get(ref.job_id)
             if job is None or not _is_current(job, host.host_id, ref):
@@ -144,6 +148,15 @@ class AgentService:
                     Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.stop)
                 )
         return {"lease_expires_at": iso(lease), "directives": [d.model_dump() for d in directives]}
+
+    def request_drain(self, host_id: str, drain: bool = True) -> None:
+        """The operator's drain of a host (no API route in protocol v1: an admin script or the local
+        cloud calls it): the scheduler places nothing more there, and the host's next heartbeat
+        answers ``drain``, so its agent stops taking work while its running attempts finish.
+        ``drain=False`` undoes it. NotFound for an unknown host."""
+        self.hosts.request_drain(host_id, drain)
+        if not drain:
+            self.trigger.request(f"host {host_id} undrained")
 
     # -- attempts --------------------------------------------------------------------------------
     def claim(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:

@@ -182,15 +182,16 @@ class FleetService:
             inv = rec.inventory
             pool = pools.setdefault(inv.pool, {"pool": inv.pool, "hosts": 0, "healthy_hosts": 0, **_zero()})
             alive = rec.alive(now)
+            offers = rec.schedulable(now)
             pool["hosts"] += 1
             pool["healthy_hosts"] += int(alive)
             model = pool.setdefault("models", {}).setdefault(inv.gpu_type, _zero())
             for counts in (pool, model):
                 counts["gpus"] += rec.gpus
                 counts["used_gpus"] += rec.gpus - rec.free_gpus
-                # A host that is unhealthy or past its lease offers nothing.
-                counts["free_gpus"] += rec.free_gpus if alive else 0
-                counts["unavailable_gpus"] += 0 if alive else rec.free_gpus
+                # A host that is unhealthy, past its lease or draining offers nothing.
+                counts["free_gpus"] += rec.free_gpus if offers else 0
+                counts["unavailable_gpus"] += 0 if offers else rec.free_gpus
         hosts = [
             {
                 "host_id": rec.host_id,
@@ -204,6 +205,7 @@ class FleetService:
                 "labels": dict(rec.inventory.labels),
                 "healthy": rec.healthy,
                 "alive": rec.alive(now),
+                "draining": rec.draining or rec.drain_requested,
                 "lease_expires_at": None
                 if rec.lease_expires_at is None
                 else rec.lease_expires_at.isoformat(),

@@ -116,7 +116,8 @@ def tenant_state(name: str, quota: Quota | None) -> TenantState:
 
 
 def scheduler_host(record: HostRecord, now: datetime) -> Host:
-    """A stored host as the scheduler sees it: healthy only while alive (healthy, lease valid)."""
+    """A stored host as the scheduler sees it: healthy only while alive (healthy, lease valid) and not
+    draining (its agent takes no new work, or an operator asked it to drain)."""
     inv = record.inventory
     return Host(
         host_id=inv.host_id,
@@ -128,7 +129,7 @@ def scheduler_host(record: HostRecord, now: datetime) -> Host:
         free_cpu=record.free_cpu,
         memory_gib=inv.memory_gib,
         free_memory_gib=record.free_memory_gib,
-        healthy=record.alive(now),
+        healthy=record.schedulable(now),
         labels=dict(inv.labels),
     )
 

@@ -130,3 +130,23 @@ def test_reregistration_keeps_holds_and_refuses_to_drop_held_gpus(store: Store) 
         store.hosts.register(_inventory(gpus=GPUS[1:]), T0)
     kept = store.hosts.get("h1")
     assert kept is not None and kept.inventory.gpu_ids == (*GPUS[:3], "GPU-new")
+
+
+def test_draining_comes_from_heartbeats_and_a_drain_request_survives_registration(store: Store) -> None:
+    store.hosts.register(_inventory(), T0 + timedelta(minutes=1))
+    store.hosts.heartbeat("h1", T0 + timedelta(minutes=1), draining=True)
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.draining and rec.alive(T0) and not rec.schedulable(T0)
+    store.hosts.register(_inventory(), T0 + timedelta(minutes=1))  # a restarted agent is not draining
+    rec = store.hosts.get("h1")
+    assert rec is not None and not rec.draining and rec.schedulable(T0)
+    store.hosts.request_drain("h1", True)
+    store.hosts.register(_inventory(), T0 + timedelta(minutes=1))
+    store.hosts.heartbeat("h1", T0 + timedelta(minutes=1))
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.drain_requested and not rec.draining and not rec.schedulable(T0)
+    store.hosts.request_drain("h1", False)
+    rec = store.hosts.get("h1")
+    assert rec is not None and not rec.drain_requested and rec.schedulable(T0)
+    with pytest.raises(NotFound):
+        store.hosts.request_drain("nope", True)

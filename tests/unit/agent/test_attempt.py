@@ -140,7 +140,9 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
         "import os, pathlib\n"
         "print('gpus', os.environ['CUDA_VISIBLE_DEVICES'])\n"
         "e = os.environ\n"
-        "print(e['AWS_ACCESS_KEY_ID'], e['AWS_SESSION_TOKEN'], e['WANDB_API_KEY'])\n"
+        "import botocore.session\n"
+        "c = botocore.session.Session().get_credentials().get_frozen_credentials()\n"
+        "print(c.access_key, c.token, e['WANDB_API_KEY'], 'AWS_ACCESS_KEY_ID' in e)\n"
         "pathlib.Path(os.environ['BERTH_OUTPUT_DIR'], 'model.txt').write_text('weights')\n"
         "pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'], 'step-1').write_text('1')\n"
     )
@@ -150,7 +152,8 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
     outcome = runner.run(MSG)
     assert outcome.ran and outcome.result is not None and outcome.result.succeeded
     assert [r["event"] for r in api.reports] == ["started", "succeeded"]
-    assert io.events == ["gpus GPU-a", "ASIA t wandb-key"]
+    # the job's SDK finds the attempt's credentials through AWS_CONFIG_FILE's credential_process
+    assert io.events == ["gpus GPU-a", "ASIA t wandb-key False"]
     assert io.objects["vision/jobs/j-1/outputs/model.txt"] == b"weights"
     assert io.objects["vision/jobs/j-1/checkpoints/step-1"] == b"1"
     assert runner.running() == [] and runner.ledger.entries() == []
@@ -353,3 +356,31 @@ def test_usage_samples_reach_the_metrics_route_before_the_final_report(tmp_path:
     assert max(s["rss_mib"] for s in api.sent) > 20
     assert ship.pending((MSG["job_id"], MSG["attempt"])) == 0
     ship.close()
+
+
+def test_a_flood_through_the_runner_arrives_whole_with_the_buffer_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200,000 lines from a real job through ``AttemptRunner`` (the agent's own path: reader threads,
+    shipper, a logs client) with the default 8 MiB buffer and a sink that keeps up at its own pace:
+    every line arrives, in order, and the shipper never held more than its bound."""
+    from berth_agent import logship
+
+    shippers: list[logship.LogShipper] = []
+
+    class Recorded(logship.LogShipper):
+        def start(self) -> None:
+            shippers.append(self)
+            super().start()
+
+    monkeypatch.setattr(logship, "LogShipper", Recorded)
+    n = 200_000
+    api = FakeApi({"name": "flood", "image": "python:3.11-slim", "command": ["seq", str(n)]})
+    io = FakeIO()
+    outcome = _runner(tmp_path, api, io).run(MSG)
+    assert outcome.result is not None and outcome.result.succeeded
+    assert io.events == [str(i) for i in range(1, n + 1)]
+    (shipper,) = shippers
+    bound = shipper.max_buffer_bytes
+    assert bound == 8 * 1024 * 1024 and shipper.stats.dropped_lines == 0
+    assert 0 < shipper.stats.peak_buffered_bytes <= bound

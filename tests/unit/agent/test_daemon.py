@@ -186,7 +186,42 @@ def test_directives(tmp_path: Path) -> None:
     assert runner.canceled == [("j1", 2, None)] and not d.draining.is_set()
     api.directives = [{"job_id": None, "attempt": None, "action": "drain", "reason": "maintenance"}]
     d.heartbeat_once()
-    assert d.draining.is_set()
+    assert d.directed_drain.is_set() and not d.draining.is_set()
+
+
+def test_drain_directive_stops_intake_keeps_jobs_and_lifts(tmp_path: Path) -> None:
+    """The control plane's ``drain``: no new claims while answers carry it, running work goes on,
+    the agent stays up and reports ``draining``; an answer without it resumes intake."""
+    queue = FakeQueue([[_msg("j1", ["GPU-a"])]])
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, queue, runner, api)
+    drain = {"job_id": None, "attempt": None, "action": "drain", "reason": "maintenance"}
+    beat = api.heartbeat
+
+    def draining_beat(**kw: Any) -> Any:
+        api.directives = [drain]
+        return beat(**kw)
+
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    _until(lambda: runner.started == ["j1"])
+    api.heartbeat = draining_beat  # type: ignore[method-assign]
+    _until(lambda: d.directed_drain.is_set())
+    _until(lambda: any(h["draining"] for h in api.heartbeats))
+    queue.batches.append([_msg("j2", ["GPU-b"])])
+    time.sleep(0.3)
+    assert runner.started == ["j1"] and queue.batches == [[_msg("j2", ["GPU-b"])]]  # not even received
+    assert runner.canceled == [] and [r["job_id"] for r in runner.running()] == ["j1"]
+    runner.release.set()
+    _until(lambda: not d._threads_alive())
+    time.sleep(0.2)
+    assert t.is_alive()  # a directed drain does not stop the agent
+    api.heartbeat = beat  # type: ignore[method-assign]
+    _until(lambda: not d.directed_drain.is_set())
+    _until(lambda: runner.started == ["j1", "j2"])
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive()
 
 
 def test_run_drains_on_sigterm_and_returns_when_work_is_done(tmp_path: Path) -> None:
@@ -293,3 +328,53 @@ def test_a_failing_queue_does_not_stop_the_agent(tmp_path: Path) -> None:
     d.on_sigterm()
     t.join(5)
     assert not t.is_alive() and queue.failures == 0
+
+
+def test_sigterm_during_a_long_poll_is_acted_on_at_once_and_its_messages_are_not_taken(
+    tmp_path: Path,
+) -> None:
+    class LongPoll(FakeQueue):
+        """A 20 s long poll that a message reaches after the SIGTERM."""
+
+        def __init__(self) -> None:
+            super().__init__([])
+            self.polling = threading.Event()
+            self.message_arrives = threading.Event()
+
+        def receive(self, wait_s: int) -> list[Message]:
+            self.polling.set()
+            self.message_arrives.wait(20)
+            return [_msg("j-late", ["GPU-a"])]
+
+    queue, runner = LongPoll(), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    d.poll_wait_s = 20
+    t = threading.Thread(target=d.run, kwargs={"install_signals": False})
+    t.start()
+    assert queue.polling.wait(5)
+    started = time.monotonic()
+    d.on_sigterm()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - started < 2  # not after the 20 s poll
+    queue.message_arrives.set()
+    time.sleep(0.2)
+    assert runner.started == [] and queue.deleted == []  # not claimed: it comes back later
+
+
+def test_a_host_marked_lost_stops_its_attempts_and_registers_again(tmp_path: Path) -> None:
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), runner, api)
+    d.register()
+    beat = api.heartbeat
+
+    def lost(**kw: Any) -> Any:
+        beat(**kw)
+        return {
+            "lease_expires_at": None,
+            "reregister": True,
+            "directives": [{"job_id": "j1", "attempt": 1, "action": "stop", "reason": "host lease expired"}],
+        }
+
+    api.heartbeat = lost  # type: ignore[method-assign]
+    d.heartbeat_once()
+    assert runner.canceled == [("j1", 1, None)] and len(api.registered) == 2
