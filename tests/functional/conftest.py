@@ -21,6 +21,7 @@ TABLES = {
     "BERTH_TENANTS_TABLE": "berth-tenants",
     "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
     "BERTH_HOSTS_TABLE": "berth-hosts",
+    "BERTH_USAGE_TABLE": "berth-usage",
 }
 BUCKETS = {"BERTH_ARTIFACTS_BUCKET": "berth-artifacts", "BERTH_DATA_BUCKET": "berth-data"}
 
@@ -79,6 +80,12 @@ def create_tables(ddb: Any) -> None:
         TableName=TABLES["BERTH_HOSTS_TABLE"],
         KeySchema=[{"AttributeName": "host_id", "KeyType": "HASH"}],
         AttributeDefinitions=[_s("host_id")],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_USAGE_TABLE"],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[_s("pk"), _s("sk")],
         **pay,
     )
     ddb.create_table(

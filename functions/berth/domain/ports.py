@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
@@ -218,4 +219,17 @@ class Executions(Protocol):
 class EventPublisher(Protocol):
     def publish(self, details: list[dict[str, Any]]) -> None:
         """Put ``Berth Job State Change`` events (all or raise)."""
+        ...
+
+
+class UsageLedger(Protocol):
+    """Usage per tenant and month, one record per job attempt (``berth.domain.cost``)."""
+
+    def record(self, usage: AttemptUsage) -> bool:
+        """Store the attempt's usage unless a record of at least as much run time is stored (so a
+        retried or late write never counts twice nor goes back); True when stored."""
+        ...
+
+    def month(self, tenant: str, month: str) -> list[AttemptUsage]:
+        """Every attempt of the tenant recorded for ``month`` (``YYYY-MM``)."""
         ...
