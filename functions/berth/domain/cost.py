@@ -8,6 +8,9 @@ report, or the cloud job's start, to now or to its end):
 - on-prem: an internal rate per GPU-hour (``CostRates.onprem_usd_per_gpu_hour``, in the scheduling
   policy's ``accounting`` section) times the GPUs the placement holds.
 
+Either rate is fixed on the placement (``hourly_usd``) when the attempt is placed, so a price or
+policy change never reprices a running attempt, and whoever ends the attempt needs no policy.
+
 A job's ``cost_usd`` is the cost of its ended attempts (``RunState.cost_done_usd``) plus the
 current attempt's so far. Usage is attributed to the month (UTC) in which the attempt started.
 """
@@ -37,11 +40,9 @@ class CostRates(BaseModel):
     """... and at most once per this many seconds (bounds the write rate of big jobs)."""
 
 
-def hourly_usd(placement: JobPlacement, rates: CostRates) -> float:
-    """What the placement costs the job per hour."""
-    if isinstance(placement, CloudPlacement):
-        return placement.hourly_usd
-    return rates.onprem_usd_per_gpu_hour * sum(h.gpus for h in placement.hosts)
+def onprem_hourly_usd(rates: CostRates, gpus: int) -> float:
+    """What ``gpus`` on-prem GPUs cost per hour at the internal rate."""
+    return rates.onprem_usd_per_gpu_hour * gpus
 
 
 def placement_gpus(placement: JobPlacement, job_gpus: int) -> int:
@@ -80,7 +81,7 @@ class AttemptUsage:
         return self.hourly_usd * self.seconds / 3600.0
 
 
-def attempt_usage(job: Job, until: datetime, rates: CostRates, final: bool = False) -> AttemptUsage | None:
+def attempt_usage(job: Job, until: datetime, final: bool = False) -> AttemptUsage | None:
     """The current attempt's usage from its start to ``until`` (None: not placed or not started)."""
     placement, started = job.placement, job.run.started_at
     if placement is None or started is None or job.attempts < 1:
@@ -95,21 +96,21 @@ def attempt_usage(job: Job, until: datetime, rates: CostRates, final: bool = Fal
         location=location,
         gpus=placement_gpus(placement, job.spec.resources.gpus),
         seconds=max(0.0, (until - started).total_seconds()),
-        hourly_usd=hourly_usd(placement, rates),
+        hourly_usd=placement.hourly_usd,
         final=final,
     )
 
 
-def cost_now(job: Job, now: datetime, rates: CostRates) -> float:
+def cost_now(job: Job, now: datetime) -> float:
     """The job's whole cost so far: its ended attempts plus the current one up to ``now``."""
-    usage = attempt_usage(job, now, rates)
+    usage = attempt_usage(job, now)
     return job.run.cost_done_usd + (0.0 if usage is None else usage.cost_usd)
 
 
 def accrual_due(job: Job, now: datetime, rates: CostRates) -> float | None:
     """The cost to store on a running job now, or None when the stored one is close enough (moved
     by less than ``accrual_step_usd``, or written less than ``accrual_interval_s`` ago)."""
-    cost = cost_now(job, now, rates)
+    cost = cost_now(job, now)
     if cost - job.cost_usd < rates.accrual_step_usd:
         return None
     last = job.run.cost_at
@@ -132,15 +133,15 @@ class CostLimit:
         return f"cost limit max_cost_usd={self.limit_usd:.2f} reached ({self.spent_usd:.2f} spent)"
 
 
-def cost_limit(job: Job, now: datetime, rates: CostRates, margin_s: float) -> CostLimit | None:
+def cost_limit(job: Job, now: datetime, margin_s: float) -> CostLimit | None:
     """The job's ``max_cost_usd`` as seen now. ``margin_s`` is how long a stop takes to take effect
     (the directive's delivery and the attempt's end): the attempt must be stopped that long before
     its cost would reach the limit. None: no limit, or not running."""
     limit = job.spec.constraints.max_cost_usd
     if limit is None or job.placement is None or job.run.started_at is None:
         return None
-    spent = cost_now(job, now, rates)
-    rate = hourly_usd(job.placement, rates)
+    spent = cost_now(job, now)
+    rate = job.placement.hourly_usd
     if rate <= 0:
         return CostLimit(limit, spent, float("inf") if spent < limit else 0.0)
     stop_in = (limit - spent) * 3600.0 / rate - margin_s
