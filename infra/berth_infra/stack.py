@@ -135,6 +135,7 @@ class BerthStack(Stack):
             "TenantsTableName": (self.tables.tenants.table_name, "Tenants and quotas table"),
             "IdempotencyTableName": (self.tables.idempotency.table_name, "Powertools idempotency table"),
             "HostsTableName": (self.tables.hosts.table_name, "On-prem hosts and their GPUs table"),
+            "UsageTableName": (self.tables.usage.table_name, "Usage ledger (GPU-hours and cost per attempt)"),
             "ApiFunctionName": (self.api_function.function.function_name, "API Lambda function name"),
             "ArtifactsBucketName": (
                 self.storage.artifacts.bucket_name,
