@@ -36,6 +36,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/bundles": ("POST",),
     "/v1/datasets/{name}": ("GET", "PUT"),
     "/v1/tenants/{tenant}/usage": ("GET",),
+    "/v1/usage": ("GET",),
 }
 
 #: The agent API (docs/agent-protocol.md), served by its own function; hosts only.

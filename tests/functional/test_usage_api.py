@@ -60,3 +60,12 @@ def test_bad_months_are_refused(api: Invoke) -> None:
     for month in ("2026-13", "26-01", "2026-1", "yesterday", "2026-01-01"):
         status, body = api("GET", "/v1/tenants/vision/usage", query={"month": month})
         assert status in (400, 422) and "error" in body, month
+
+
+def test_own_usage_route_answers_the_callers_tenant(api: Invoke) -> None:
+    month = datetime.now(UTC).strftime("%Y-%m")
+    _record("nlp", month, "j-n", Site.ONPREM, 3600, 3.0, gpus=3)
+    status, body = api("GET", "/v1/usage", user="bob")
+    assert status == 200 and body["tenant"] == "nlp" and body["total_cost_usd"] == 3.0
+    status, mine = api("GET", "/v1/usage")
+    assert status == 200 and mine["tenant"] == "vision" and mine["sites"] == []

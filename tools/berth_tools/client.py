@@ -192,6 +192,11 @@ class BerthClient:
     def put_quota(self, tenant: str, quota: dict[str, Any]) -> Any:
         return self.call("PUT", f"/v1/tenants/{_seg(tenant)}/quota", body=quota)
 
+    def usage(self, tenant: str | None = None, month: str | None = None) -> Any:
+        """A tenant's usage in a month (None: the caller's own tenant; the current month)."""
+        path = "/v1/usage" if tenant is None else f"/v1/tenants/{_seg(tenant)}/usage"
+        return self.call("GET", path, query={"month": month})
+
 
 def _seg(value: str) -> str:
     """One URL path segment, percent-encoded (an id can never add path segments)."""

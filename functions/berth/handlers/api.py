@@ -535,6 +535,20 @@ def get_usage(tenant: Tenant, month: Month = None) -> Response[Any]:
     return _json(200, _usage().month(_caller(), tenant, month))
 
 
+@app.get(
+    "/v1/usage",
+    summary="The caller's own tenant's GPU-hours and cost in a month (as /v1/tenants/{tenant}/usage)",
+    responses={
+        200: {"description": "The month's usage", "content": {"application/json": {"model": schemas.UsageOut}}},
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["tenants"],
+)
+def get_own_usage(month: Month = None) -> Response[Any]:
+    caller = _caller()
+    return _json(200, _usage().month(caller, caller.tenant, month))
+
+
 # -- errors ---------------------------------------------------------------------------------------
 @app.exception_handler(DomainError)
 def _domain_error(exc: DomainError) -> Response[Any]:
