@@ -11,7 +11,9 @@ from berth.domain.placement import Site
 from tests.functional.conftest import TABLES, Invoke
 
 
-def _record(tenant: str, month: str, job: str, site: Site, seconds: float, rate: float, gpus: int = 1) -> None:
+def _record(
+    tenant: str, month: str, job: str, site: Site, seconds: float, rate: float, gpus: int = 1
+) -> None:
     where = "us-east-1" if site is Site.CLOUD else "default"
     usage = AttemptUsage(tenant, month, job, 1, site, where, gpus, seconds, rate, final=True)
     DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"]).record(usage)

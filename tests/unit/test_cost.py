@@ -93,7 +93,9 @@ def test_accrual_is_bounded_by_the_step_and_the_interval() -> None:
     rates = CostRates(accrual_step_usd=0.05, accrual_interval_s=120)
     assert accrual_due(job, NOW + 2 * MIN, rates) is None  # 0.033 USD: below the step
     assert accrual_due(job, NOW + 6 * MIN, rates) == pytest.approx(0.1)
-    written = job.model_copy(update={"cost_usd": 0.1, "run": job.run.model_copy(update={"cost_at": NOW + 6 * MIN})})
+    written = job.model_copy(
+        update={"cost_usd": 0.1, "run": job.run.model_copy(update={"cost_at": NOW + 6 * MIN})}
+    )
     assert accrual_due(written, NOW + 7 * MIN, rates) is None  # written a minute ago
     assert accrual_due(written, NOW + 10 * MIN, rates) == pytest.approx(1 / 6)
 
@@ -197,7 +199,9 @@ def test_max_cost_usd_stops_the_job_and_fails_it_for_good() -> None:
     result = w.workflow.classify_failure(job.id, 1, "Berth.Canceled", "stopped")
     failed = w.job(job.id)
     assert result["action"] == "fail" and failed.status is S.FAILED
-    assert failed.reason.startswith("CostLimit (permanent): cost limit max_cost_usd=0.50 reached (0.50 spent)")
+    assert failed.reason.startswith(
+        "CostLimit (permanent): cost limit max_cost_usd=0.50 reached (0.50 spent)"
+    )
     assert failed.cost_usd <= 0.5 and w.held() == []
 
 

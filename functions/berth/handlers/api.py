@@ -526,7 +526,10 @@ Month = Annotated[
     summary="A tenant's GPU-hours and cost in a month, per site, and its cloud budget left "
     "(admins: any tenant; members: their own)",
     responses={
-        200: {"description": "The month's usage", "content": {"application/json": {"model": schemas.UsageOut}}},
+        200: {
+            "description": "The month's usage",
+            "content": {"application/json": {"model": schemas.UsageOut}},
+        },
         **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["tenants"],
@@ -539,7 +542,10 @@ def get_usage(tenant: Tenant, month: Month = None) -> Response[Any]:
     "/v1/usage",
     summary="The caller's own tenant's GPU-hours and cost in a month (as /v1/tenants/{tenant}/usage)",
     responses={
-        200: {"description": "The month's usage", "content": {"application/json": {"model": schemas.UsageOut}}},
+        200: {
+            "description": "The month's usage",
+            "content": {"application/json": {"model": schemas.UsageOut}},
+        },
         **schemas.error_responses(403, 404, 422, 429),
     },
     tags=["tenants"],

@@ -109,8 +109,10 @@ def test_a_spent_budget_blocks_bursting(cloud: LocalCloud, hosts: Hosts) -> None
     # The tenant's month already holds 100 USD of cloud use (a record in the ledger, as a cloud
     # job's attempt writes it), and its budget is 100 USD.
     month = datetime.now(UTC).strftime("%Y-%m")
-    usage = cloud.session().resource("dynamodb", endpoint_url=cloud.endpoint_url).Table(
-        cloud.output("UsageTableName")
+    usage = (
+        cloud.session()
+        .resource("dynamodb", endpoint_url=cloud.endpoint_url)
+        .Table(cloud.output("UsageTableName"))
     )
     usage.put_item(
         Item={

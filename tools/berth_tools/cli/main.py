@@ -13,7 +13,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth_tools.cli import bench_cmd, fleet_cmd, jobs_cmd, loadtest_cmd, sim_cmd
+    from berth_tools.cli import bench_cmd, fleet_cmd, jobs_cmd, loadtest_cmd, prices_cmd, sim_cmd
     from berth_tools.localcloud import cli as local_cli
 
     bench = typer.Typer(
@@ -26,6 +26,7 @@ def _register() -> None:
     loadtest_cmd.register(bench)
     bench_cmd.register(bench)
     local_cli.register(app)
+    prices_cmd.register(app)
 
 
 _register()
