@@ -31,6 +31,9 @@ MATRIX: list[tuple[str, str, dict[str, int]]] = [
     ("PUT", "/v1/policy", {"alice": 403, "bob": 403, "admin": 200, "mallory": 403, "": 401}),
     ("GET", "/v1/offers", {"alice": 200, "bob": 200, "admin": 200, "mallory": 403, "": 401}),
     ("PUT", "/v1/offers", {"alice": 403, "bob": 403, "admin": 422, "mallory": 403, "": 401}),
+    ("GET", "/v1/tenants/vision/usage", {"alice": 200, "bob": 403, "admin": 200, "mallory": 403, "": 401}),
+    ("GET", "/v1/tenants/ghosts/usage", {"alice": 403, "bob": 403, "admin": 404, "mallory": 403, "": 401}),
+    ("GET", "/v1/usage", {"alice": 200, "bob": 200, "admin": 200, "mallory": 403, "": 401}),
 ]
 CALLERS = ["alice", "bob", "admin", "mallory", ""]
 
