@@ -38,6 +38,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/tenants/{tenant}/grants": ("GET", "PUT"),
     "/v1/bundles": ("POST",),
     "/v1/datasets/{name}": ("GET", "PUT"),
+    "/v1/tenants/{tenant}/usage": ("GET",),
+    "/v1/usage": ("GET",),
 }
 
 #: The agent API (docs/agent-protocol.md), served by its own function; hosts only.
@@ -102,6 +104,8 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
     "idempotency": TableAccess(
         ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
     ),
+    # GET /v1/tenants/{tenant}/usage reads a tenant's month (the API never writes usage)
+    "usage": TableAccess(("dynamodb:Query",)),
 }
 
 
@@ -189,6 +193,7 @@ def base_environment(tables: DataTables, storage: Storage) -> dict[str, str]:
         "BERTH_TENANTS_TABLE": tables.tenants.table_name,
         "BERTH_IDEMPOTENCY_TABLE": tables.idempotency.table_name,
         "BERTH_HOSTS_TABLE": tables.hosts.table_name,
+        "BERTH_USAGE_TABLE": tables.usage.table_name,
         "BERTH_ARTIFACTS_BUCKET": storage.artifacts.bucket_name,
         "BERTH_DATA_BUCKET": storage.data.bucket_name,
         "POWERTOOLS_METRICS_NAMESPACE": "Berth",
@@ -300,6 +305,7 @@ class ApiFunction(Construct):
             "tenants_write": [tables.tenants.table_arn],
             "idempotency": [tables.idempotency.table_arn],
             "hosts": [tables.hosts.table_arn],
+            "usage": [tables.usage.table_arn],
         }
         for name, access in API_TABLE_ACCESS.items():
             conditions = (

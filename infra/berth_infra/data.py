@@ -98,6 +98,18 @@ class DataTables(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
 
+        # Usage: the ledger, one item per job attempt (GPU-hours, cost), keyed "<tenant>#<YYYY-MM>" /
+        # "<job_id>#<attempt>", so a tenant's month is one Query.
+        self.usage = _table(self, "UsageTable", partition_key="pk", sort_key=("sk", _S))
+
     @property
     def all_tables(self) -> list[ddb.Table]:
-        return [self.jobs, self.job_events, self.tenants, self.hosts, self.idempotency, self.job_metrics]
+        return [
+            self.jobs,
+            self.job_events,
+            self.tenants,
+            self.hosts,
+            self.idempotency,
+            self.job_metrics,
+            self.usage,
+        ]

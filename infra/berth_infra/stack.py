@@ -136,6 +136,7 @@ class BerthStack(Stack):
             "IdempotencyTableName": (self.tables.idempotency.table_name, "Powertools idempotency table"),
             "HostsTableName": (self.tables.hosts.table_name, "On-prem hosts and their GPUs table"),
             "JobMetricsTableName": (self.tables.job_metrics.table_name, "Attempts' usage samples table"),
+            "UsageTableName": (self.tables.usage.table_name, "Usage ledger (GPU-hours and cost per attempt)"),
             "ApiFunctionName": (self.api_function.function.function_name, "API Lambda function name"),
             "ArtifactsBucketName": (
                 self.storage.artifacts.bucket_name,

@@ -44,6 +44,7 @@ def _table_arns(tables: DataTables) -> dict[str, str]:
         "job_events": tables.job_events.table_arn,
         "tenants": tables.tenants.table_arn,
         "hosts": tables.hosts.table_arn,
+        "usage": tables.usage.table_arn,
     }
 
 
@@ -272,6 +273,10 @@ class JobWorkflow(Construct):
         self.scheduler_fn.allow("TenantsRead", ["dynamodb:GetItem"], [arns["tenants"]])
         self.scheduler_fn.allow("Executions", ["states:StartExecution"], [sm_arn])
         self.notifier_fn.allow("Publish", ["events:PutEvents"], [self.bus.event_bus_arn])
+        # The usage ledger: the workflow writes an attempt's final record, the scheduler running
+        # attempts' records and reads tenants' months (their cloud spend against the budget).
+        self.workflow_fn.allow("Usage", ["dynamodb:PutItem"], [arns["usage"]])
+        self.scheduler_fn.allow("Usage", ["dynamodb:PutItem", "dynamodb:Query"], [arns["usage"]])
 
         # -- event sources ------------------------------------------------------------------------
         self.scheduler_fn.function.add_event_source(

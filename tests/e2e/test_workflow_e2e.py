@@ -103,3 +103,27 @@ def test_explain_names_why_a_job_cannot_fit_now(local_cloud: Any) -> None:
     finally:
         for b in blockers:
             alice.post(f"/v1/jobs/{b}/cancel")
+
+
+def test_a_finished_jobs_cost_is_in_its_events_and_berth_usage(local_cloud: Any) -> None:
+    alice = local_cloud.client("alice")
+    r = alice.post("/v1/jobs", json={**SPEC, "env": {"SCRIPTED_RUN_S": "2"}})
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    done = _wait(alice, job_id, ("COMPLETED", "FAILED", "CANCELED"))
+    assert done["status"] == "COMPLETED", done
+    # 2 GPUs at the default internal rate (1 USD per GPU-hour) for a few seconds
+    assert done["placement"]["hourly_usd"] == 2.0 and 0 < done["cost_usd"] < 0.05, done
+    proc = subprocess.run(
+        [sys.executable, "-m", "berth_tools.cli.main", "usage", "--output", "json"],
+        env=local_cloud.cli_env("alice"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    usage = json.loads(proc.stdout)
+    assert usage["tenant"] == "vision" and usage["attempts"] >= 1
+    onprem = {s["site"]: s for s in usage["sites"]}["onprem"]
+    assert onprem["cost_usd"] >= done["cost_usd"] - 1e-4 and onprem["gpu_hours"] > 0

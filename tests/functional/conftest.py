@@ -22,6 +22,7 @@ TABLES = {
     "BERTH_IDEMPOTENCY_TABLE": "berth-idempotency",
     "BERTH_HOSTS_TABLE": "berth-hosts",
     "BERTH_JOB_METRICS_TABLE": "berth-job-metrics",
+    "BERTH_USAGE_TABLE": "berth-usage",
 }
 BUCKETS = {"BERTH_ARTIFACTS_BUCKET": "berth-artifacts", "BERTH_DATA_BUCKET": "berth-data"}
 
@@ -89,6 +90,12 @@ def create_tables(ddb: Any) -> None:
             {"AttributeName": "sk", "KeyType": "RANGE"},
         ],
         AttributeDefinitions=[_s("job_id"), _s("sk")],
+        **pay,
+    )
+    ddb.create_table(
+        TableName=TABLES["BERTH_USAGE_TABLE"],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[_s("pk"), _s("sk")],
         **pay,
     )
     ddb.create_table(

@@ -33,6 +33,9 @@ MATRIX: list[tuple[str, str, dict[str, int]]] = [
     ("PUT", "/v1/offers", {"alice": 403, "bob": 403, "admin": 422, "mallory": 403, "": 401}),
     ("GET", "/v1/jobs/{job}/logs", {"alice": 200, "bob": 404, "admin": 200, "mallory": 403, "": 401}),
     ("GET", "/v1/jobs/{job}/metrics", {"alice": 200, "bob": 404, "admin": 200, "mallory": 403, "": 401}),
+    ("GET", "/v1/tenants/vision/usage", {"alice": 200, "bob": 403, "admin": 200, "mallory": 403, "": 401}),
+    ("GET", "/v1/tenants/ghosts/usage", {"alice": 403, "bob": 403, "admin": 404, "mallory": 403, "": 401}),
+    ("GET", "/v1/usage", {"alice": 200, "bob": 200, "admin": 200, "mallory": 403, "": 401}),
 ]
 CALLERS = ["alice", "bob", "admin", "mallory", ""]
 

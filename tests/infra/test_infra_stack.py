@@ -38,6 +38,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "IdempotencyTableName",
         "HostsTableName",
         "JobMetricsTableName",
+        "UsageTableName",
         "ApiFunctionName",
         "ArtifactsBucketName",
         "DataBucketName",
@@ -69,7 +70,7 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
 
 def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) -> None:
     tables = synthesized.resources("AWS::DynamoDB::Table")
-    assert len(tables) == 6
+    assert len(tables) == 7
     for table in tables.values():
         props = table["Properties"]
         assert props["BillingMode"] == "PAY_PER_REQUEST"
@@ -78,7 +79,13 @@ def test_every_table_is_on_demand_encrypted_with_pitr(synthesized: Synthesized) 
 
 
 def test_state_tables_are_retained(synthesized: Synthesized) -> None:
-    for output_id in ("JobsTableName", "JobEventsTableName", "TenantsTableName", "HostsTableName"):
+    for output_id in (
+        "JobsTableName",
+        "JobEventsTableName",
+        "TenantsTableName",
+        "HostsTableName",
+        "UsageTableName",
+    ):
         table = _table_by_output(synthesized, output_id)
         assert table["DeletionPolicy"] == "Retain"
         assert table["UpdateReplacePolicy"] == "Retain"
@@ -116,6 +123,11 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
     assert _key_schema(hosts) == [("host_id", "HASH")]
     assert _attr_types(hosts) == {"host_id": "S"}
     assert "GlobalSecondaryIndexes" not in hosts
+
+    usage = _table_by_output(synthesized, "UsageTableName")["Properties"]
+    assert _key_schema(usage) == [("pk", "HASH"), ("sk", "RANGE")]
+    assert _attr_types(usage) == {"pk": "S", "sk": "S"}
+    assert "GlobalSecondaryIndexes" not in usage
 
     idem = _table_by_output(synthesized, "IdempotencyTableName")["Properties"]
     assert _key_schema(idem) == [("id", "HASH")]
@@ -166,6 +178,7 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_TENANTS_TABLE": outputs["TenantsTableName"]["Value"],
         "BERTH_IDEMPOTENCY_TABLE": outputs["IdempotencyTableName"]["Value"],
         "BERTH_HOSTS_TABLE": outputs["HostsTableName"]["Value"],
+        "BERTH_USAGE_TABLE": outputs["UsageTableName"]["Value"],
         "BERTH_ARTIFACTS_BUCKET": outputs["ArtifactsBucketName"]["Value"],
         "BERTH_DATA_BUCKET": outputs["DataBucketName"]["Value"],
         "POWERTOOLS_SERVICE_NAME": "berth-api",
@@ -230,6 +243,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
         ("HostsTableName", None): {"dynamodb:Scan"},
+        # GET /v1/tenants/{tenant}/usage
+        ("UsageTableName", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         ("TenantsTableName", None): {"dynamodb:GetItem"},
         ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {
@@ -261,6 +276,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
         # release_holds: hosts.release reads the hold, then removes it conditionally
         ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # classify and finalize write the ended attempt's final usage record
+        ("UsageTableName", None): {"dynamodb:PutItem"},
         # await_placement answers a placed/ended job's token; dispatch_onprem fails a stale one
         (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
         # dispatch_onprem: SqsWorkQueues.send ensures the host's queue (created with a tag) first
@@ -280,6 +297,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("TenantsTableName", None): {"dynamodb:GetItem"},
         # list_hosts, get, hold/release/mark_lost
         ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # accrual writes running attempts' usage records; the budget reads tenants' months
+        ("UsageTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         # answers placement tokens; fails the dispatch token of a lost host's attempt
         (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure", "states:StartExecution"},
         # wake_at (a delayed pass), and the SQS event source mapping's own actions
@@ -552,7 +571,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     assert set(_method_paths(synthesized)) == public | agent
     assert not public & agent
     assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
-    assert len(public) == 20
+    assert len(public) == 22
     assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
     assert agent == {
         ("/v1/agent/register", "POST"),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
 from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
@@ -255,6 +256,30 @@ class FakeDocuments:
             )
             found.append(doc)
             return doc
+
+
+class FakeUsage:
+    """The usage ledger: the DynamoDB one's write rules on a dict."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str, str, int], AttemptUsage] = {}
+        self.lock = threading.RLock()
+
+    def record(self, usage: AttemptUsage) -> bool:
+        key = (usage.tenant, usage.month, usage.job_id, usage.attempt)
+        with self.lock:
+            old = self.records.get(key)
+            if old is not None:
+                if usage.final and old.final and old.seconds > usage.seconds:
+                    return False
+                if not usage.final and (old.final or old.seconds >= usage.seconds):
+                    return False
+            self.records[key] = usage
+            return True
+
+    def month(self, tenant: str, month: str) -> list[AttemptUsage]:
+        with self.lock:
+            return [u for (t, m, _, _), u in sorted(self.records.items()) if t == tenant and m == month]
 
 
 class FakeTenants:

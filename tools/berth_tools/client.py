@@ -207,6 +207,11 @@ class BerthClient:
         query = {"attempt": attempt, "limit": limit}
         return self.call("GET", f"/v1/jobs/{_seg(job_id)}/metrics", query=query)
 
+    def usage(self, tenant: str | None = None, month: str | None = None) -> Any:
+        """A tenant's usage in a month (None: the caller's own tenant; the current month)."""
+        path = "/v1/usage" if tenant is None else f"/v1/tenants/{_seg(tenant)}/usage"
+        return self.call("GET", path, query={"month": month})
+
 
 def _seg(value: str) -> str:
     """One URL path segment, percent-encoded (an id can never add path segments)."""

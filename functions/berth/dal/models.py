@@ -175,6 +175,27 @@ class SubmitClaimRow(Model):
     expiration = NumberAttribute()  # the table's TTL attribute (epoch seconds), as Powertools uses
 
 
+class UsageRow(Model):
+    """The usage ledger: one item per job attempt, ``pk`` = ``<tenant>#<YYYY-MM>``, ``sk`` =
+    ``<job_id>#<attempt:04d>`` (a month of a tenant is one Query)."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    sk = UnicodeAttribute(range_key=True)
+    tenant = UnicodeAttribute()
+    month = UnicodeAttribute()
+    job_id = UnicodeAttribute()
+    attempt = NumberAttribute()
+    site = UnicodeAttribute()
+    location = UnicodeAttribute()
+    gpus = NumberAttribute()
+    seconds = NumberAttribute()
+    hourly_usd = NumberAttribute()
+    final = BooleanAttribute(default=False)
+
+
 def _bind(base: type[Model], table_name: str, **attrs: object) -> type[Model]:
     meta = type("Meta", (), {"table_name": table_name})
     return type(f"{base.__name__}_{table_name}", (base,), {"Meta": meta, **attrs})
@@ -247,3 +268,8 @@ class JobMetricRow(Model):
 @cache
 def metric_model(table_name: str) -> type[JobMetricRow]:
     return _bind(JobMetricRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def usage_model(table_name: str) -> type[UsageRow]:
+    return _bind(UsageRow, table_name)  # type: ignore[return-value]

@@ -34,6 +34,8 @@ class OnPremPlacement(_Record):
     pool: str = Field(min_length=1)
     gpu_type: str = Field(min_length=1)
     hosts: tuple[HostGpus, ...] = Field(min_length=1)
+    hourly_usd: float = Field(default=0.0, ge=0.0)
+    """The internal rate of its GPUs per hour, fixed when placed (``berth.domain.cost``)."""
 
 
 class CloudPlacement(_Record):
@@ -46,6 +48,7 @@ class CloudPlacement(_Record):
     gpu_type: str = Field(min_length=1)
     spot: bool = False
     hourly_usd: float = Field(default=0.0, ge=0.0)
+    """What the job pays per hour: its instances' whole price, or its GPU share of a shared one."""
 
 
 JobPlacement = Annotated[OnPremPlacement | CloudPlacement, Field(discriminator="site")]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
@@ -252,4 +253,16 @@ class LogReader(Protocol):
         ``next_token`` (from an earlier page of this very stream) left off. A stream or group that
         does not exist (yet) is an empty page with no token; a token of another stream, or one this
         API did not issue, InvalidRequest; the service failing, StoreUnavailable."""
+
+
+class UsageLedger(Protocol):
+    """Usage per tenant and month, one record per job attempt (``berth.domain.cost``)."""
+
+    def record(self, usage: AttemptUsage) -> bool:
+        """Store the attempt's usage unless a record of at least as much run time is stored (so a
+        retried or late write never counts twice nor goes back); True when stored."""
+        ...
+
+    def month(self, tenant: str, month: str) -> list[AttemptUsage]:
+        """Every attempt of the tenant recorded for ``month`` (``YYYY-MM``)."""
         ...

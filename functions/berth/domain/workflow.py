@@ -40,6 +40,8 @@ class Failure(StrEnum):
     NONZERO_EXIT = "NonZeroExit"
     OOM = "OutOfMemory"
     CANCELED = "Canceled"
+    COST_LIMIT = "CostLimit"
+    """The job's ``max_cost_usd`` would be exceeded: the scheduler stopped it (never retried)."""
 
     @property
     def error_name(self) -> str:
@@ -69,6 +71,7 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
     Failure.NONZERO_EXIT: FailureClass.PERMANENT,
     Failure.OOM: FailureClass.PERMANENT,
     Failure.CANCELED: FailureClass.CANCELED,
+    Failure.COST_LIMIT: FailureClass.PERMANENT,
 }
 
 #: Transient failures that are not the job's fault and do not use up one of its attempts.
@@ -206,6 +209,12 @@ class RunState(_Model):
     excluded_hosts: tuple[str, ...] = ()
     excluded_regions: tuple[str, ...] = ()
     last_failure: str | None = None
+    stop_failure: Failure | None = None
+    """The failure a ``stop`` stands for (None: a preemption or repatriation, ``Preempted``)."""
+    cost_done_usd: float = 0.0
+    """The cost of the job's attempts that ended (``berth.domain.cost``)."""
+    cost_at: datetime | None = None
+    """When the running attempt's cost was last stored on the job."""
 
 
 # -- the dispatch protocol's messages (docs/agent-protocol.md) -------------------------------------

@@ -55,6 +55,7 @@ from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
 from berth.logic.tenants import TenantService
+from berth.logic.usage import MONTH_RE, UsageService
 from berth.logic.workflow import WorkflowHooks
 
 logger = Logger()
@@ -575,6 +576,52 @@ def get_grants(tenant: Tenant) -> Response[Any]:
 )
 def put_grants(tenant: Tenant, grants: Annotated[DataGrants, Body(embed=False)]) -> Response[Any]:
     return _json(200, _storage().put_grants(_caller(), tenant, grants).model_dump(mode="json"))
+
+
+# -- usage ----------------------------------------------------------------------------------------
+@per_environment
+def _usage() -> UsageService:
+    return UsageService(DynamoTenantRepository(settings().tenants_table), runtime.usage_ledger(), _now)
+
+
+Month = Annotated[
+    str | None,
+    Query(pattern=MONTH_RE.pattern, description="YYYY-MM (UTC); default: the current month"),
+]
+
+
+@app.get(
+    "/v1/tenants/<tenant>/usage",
+    summary="A tenant's GPU-hours and cost in a month, per site, and its cloud budget left "
+    "(admins: any tenant; members: their own)",
+    responses={
+        200: {
+            "description": "The month's usage",
+            "content": {"application/json": {"model": schemas.UsageOut}},
+        },
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["tenants"],
+)
+def get_usage(tenant: Tenant, month: Month = None) -> Response[Any]:
+    return _json(200, _usage().month(_caller(), tenant, month))
+
+
+@app.get(
+    "/v1/usage",
+    summary="The caller's own tenant's GPU-hours and cost in a month (as /v1/tenants/{tenant}/usage)",
+    responses={
+        200: {
+            "description": "The month's usage",
+            "content": {"application/json": {"model": schemas.UsageOut}},
+        },
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["tenants"],
+)
+def get_own_usage(month: Month = None) -> Response[Any]:
+    caller = _caller()
+    return _json(200, _usage().month(caller, caller.tenant, month))
 
 
 # -- errors ---------------------------------------------------------------------------------------

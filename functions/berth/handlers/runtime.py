@@ -14,6 +14,7 @@ from berth.dal.jobs import DynamoJobRepository
 from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.tenants import DynamoTenantRepository
+from berth.dal.usage import DynamoUsageLedger
 from berth.dal.workflow import (
     EventBridgePublisher,
     SfnExecutions,
@@ -56,6 +57,12 @@ def tenant_repository() -> DynamoTenantRepository:
 
 
 @per_environment
+def usage_ledger() -> DynamoUsageLedger | None:
+    table = settings().usage_table
+    return DynamoUsageLedger(table) if table else None
+
+
+@per_environment
 def workflow_settings() -> WorkflowSettings:
     cfg = settings()
     return WorkflowSettings(
@@ -77,6 +84,7 @@ def snapshot_source() -> SnapshotSource:
         documents=DynamoDocumentRepository(cfg.tenants_table),
         clock=now,
         cloud_enabled=cfg.cloud_enabled,
+        usage=usage_ledger(),
     )
 
 
@@ -116,6 +124,7 @@ def workflow_service() -> WorkflowService:
         trigger=pass_trigger(),
         clock=now,
         settings=workflow_settings(),
+        usage=usage_ledger(),
     )
 
 
@@ -132,6 +141,7 @@ def scheduler_service() -> SchedulerService:
         settings=workflow_settings(),
         executions=executions(),
         execution_repair_s=settings().execution_repair_s,
+        usage=usage_ledger(),
     )
 
 

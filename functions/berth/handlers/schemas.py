@@ -105,6 +105,26 @@ class CapacityOut(BaseModel):
     policy_version: int
 
 
+class SiteUsageOut(BaseModel):
+    site: Site
+    gpu_hours: float
+    cost_usd: float
+
+
+class UsageOut(BaseModel):
+    tenant: str
+    month: str = Field(description="YYYY-MM (UTC); attempts count in the month they started")
+    sites: list[SiteUsageOut] = Field(description="GPU-hours and cost per site (on-prem, cloud)")
+    attempts: int = Field(description="Job attempts recorded in the month (running ones so far)")
+    total_gpu_hours: float
+    total_cost_usd: float
+    cloud_cost_usd: float = Field(description="What the monthly cloud budget counts")
+    monthly_budget_usd: float | None = Field(default=None, description="The tenant's monthly cloud budget")
+    budget_left_usd: float | None = Field(
+        default=None, description="Budget not yet spent; at 0 the tenant's jobs no longer burst to the cloud"
+    )
+
+
 class ErrorBody(BaseModel):
     code: str
     message: str

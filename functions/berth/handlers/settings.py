@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     #: until it deploys a cloud dispatcher (AWS Batch): then nothing is placed in, or accepted for, the
     #: cloud, and feasibility, explain and capacity say so.
     cloud_enabled: bool = True
+    #: The usage ledger (one item per job attempt: GPU-hours and cost per tenant, site and month);
+    #: empty: no usage is recorded and ``GET /v1/tenants/{tenant}/usage`` answers 404.
+    usage_table: str = ""
     #: The role attempts' scoped credentials are vended from (the agent API's ``/credentials``);
     #: empty: no credentials are vended.
     job_role_arn: str = ""

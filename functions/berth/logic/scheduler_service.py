@@ -17,11 +17,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from berth.domain.errors import Conflict, NotFound
+from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit, onprem_hourly_usd
+from berth.domain.errors import Conflict, NotFound, StoreUnavailable
 from berth.domain.fleet import attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import HostGpus, OnPremPlacement
-from berth.domain.ports import Executions, HostRepository, JobRepository, PassTrigger, TaskTokens
+from berth.domain.ports import (
+    Executions,
+    HostRepository,
+    JobRepository,
+    PassTrigger,
+    TaskTokens,
+    UsageLedger,
+)
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.snapshot import SnapshotSource
@@ -32,6 +40,9 @@ from berth.scheduler.decisions import Assignment, CloudAssignment, OnPremAssignm
 S = JobStatus
 #: The longest a pass asks to be woken later for (an SQS delay is at most 15 minutes).
 MAX_WAKE_S = 900
+#: A job due to reach its ``max_cost_usd`` within this many seconds gets a pass asked for at that
+#: time (later ones are caught by the timer's passes).
+COST_WAKE_WITHIN_S = 120
 
 
 @dataclass
@@ -50,6 +61,10 @@ class PassReport:
     orphans_released: int = 0
     executions_restarted: int = 0
     placements_reanswered: int = 0
+    costs_accrued: int = 0
+    """Running jobs whose cost so far was written."""
+    cost_limited: int = 0
+    """Running jobs stopped because they would exceed their ``max_cost_usd``."""
     wake_in_s: float | None = None
     load_s: float = 0.0
     decide_s: float = 0.0
@@ -74,6 +89,8 @@ class SchedulerService:
     execution_repair_s: int = 30
     #: Test hook: called after each applied placement (a crash injected here leaves a half-applied pass).
     after_apply: Callable[[Job], None] | None = None
+    #: Where running attempts' usage so far is recorded (None: only the jobs' cost is written).
+    usage: UsageLedger | None = None
 
     def run_pass(self) -> PassReport:
         report = PassReport()
@@ -90,11 +107,12 @@ class SchedulerService:
         decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
         t2 = time.perf_counter()
         by_id = {j.id: j for j in inputs.pending_jobs}
+        rates = inputs.fleet.policy.accounting
         for assignment in decisions.placements:
             job = by_id.get(assignment.job_id)
             if job is None:
                 continue
-            if self.apply_placement(job, assignment, now):
+            if self.apply_placement(job, assignment, now, rates):
                 report.placed += 1
             else:
                 report.skipped += 1
@@ -110,10 +128,15 @@ class SchedulerService:
             if victim is not None:
                 self.stop_attempt(victim, f"repatriated on-prem (saves ${repatriation.saving_usd:.2f})")
         report.reasons_written = self.write_reasons(by_id, decisions)
+        report.costs_accrued, report.cost_limited, cost_wake = self.accrue_costs(
+            inputs.running_jobs, rates, now
+        )
         if decisions.wake_at is not None:
             wait = max(1.0, decisions.wake_at - now.timestamp())
             report.wake_in_s = wait
             self.trigger.request("wake_at", delay_s=int(min(MAX_WAKE_S, wait)))
+        if cost_wake is not None and (report.wake_in_s is None or cost_wake < report.wake_in_s):
+            self.trigger.request("cost limit", delay_s=max(1, int(cost_wake)))
         t3 = time.perf_counter()
         report.load_s, report.decide_s, report.apply_s = t1 - t0, t2 - t1, t3 - t2
         return report
@@ -187,9 +210,12 @@ class SchedulerService:
         return answered
 
     # -- applying --------------------------------------------------------------------------------
-    def apply_placement(self, job: Job, assignment: Assignment, now: datetime) -> bool:
+    def apply_placement(
+        self, job: Job, assignment: Assignment, now: datetime, rates: CostRates | None = None
+    ) -> bool:
+        rates = rates or CostRates()
         if isinstance(assignment, CloudAssignment):
-            return self._place(job, assignment, now, held=())
+            return self._place(job, assignment, now, held=(), rates=rates)
         attempt = job.attempts + 1
         key = attempt_key(job.id, attempt)
         held: list[HostGpus] = []
@@ -205,15 +231,20 @@ class SchedulerService:
                 self._unhold(job.id, held, key)
                 return False
             held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=picked))
-        return self._place(job, assignment, now, held=tuple(held))
+        return self._place(job, assignment, now, held=tuple(held), rates=rates)
 
     def _unhold(self, job_id: str, held: list[HostGpus], key: str) -> None:
         for h in held:
             self.hosts.release(h.host_id, key)
 
-    def _place(self, job: Job, assignment: Assignment, now: datetime, held: tuple[HostGpus, ...]) -> bool:
+    def _place(
+        self, job: Job, assignment: Assignment, now: datetime, held: tuple[HostGpus, ...], rates: CostRates
+    ) -> bool:
         if isinstance(assignment, OnPremAssignment):
-            placement: Any = assignment.record().model_copy(update={"hosts": held})
+            gpus = sum(h.gpus for h in held)
+            placement: Any = assignment.record().model_copy(
+                update={"hosts": held, "hourly_usd": onprem_hourly_usd(rates, gpus)}
+            )
             where = f"on-prem pool {assignment.pool}: " + ", ".join(f"{h.host_id} ({h.gpus})" for h in held)
         else:
             placement = assignment.record()
@@ -230,6 +261,8 @@ class SchedulerService:
                 "succeeded": (),
                 "started_at": None,
                 "stop": None,
+                "stop_failure": None,
+                "cost_at": None,
             }
         )
         nxt, event = job.transition(
@@ -253,15 +286,61 @@ class SchedulerService:
             self.tokens.succeed(token, placement_output(nxt))
         return True
 
-    def stop_attempt(self, job: Job, reason: str) -> bool:
-        """Ask the running attempt's hosts to stop (a ``stop`` directive); the workflow requeues it."""
+    def stop_attempt(self, job: Job, reason: str, failure: Failure | None = None) -> bool:
+        """Ask the running attempt's hosts to stop (a ``stop`` directive); the workflow requeues it,
+        or, when ``failure`` says what the stop stands for, classifies it as that."""
         if job.status is not S.RUNNING or job.run.stop:
             return False
+        run = job.run.model_copy(update={"stop": reason, "stop_failure": failure})
         try:
-            self.jobs.update(job.updated(job.updated_at, run=job.run.model_copy(update={"stop": reason})))
+            self.jobs.update(job.updated(job.updated_at, run=run))
         except Conflict:
             return False
         return True
+
+    # -- cost --------------------------------------------------------------------------------------
+    def accrue_costs(
+        self, running: list[Job], rates: CostRates, now: datetime
+    ) -> tuple[int, int, float | None]:
+        """Write running jobs' cost so far (bounded: ``CostRates.accrual_step_usd`` and
+        ``accrual_interval_s``) with their usage record, and stop those about to exceed their
+        ``max_cost_usd`` (they end FAILED with ``CostLimit``). Returns (written, stopped, seconds
+        until the next job must be stopped when that is soon)."""
+        written = stopped = 0
+        wake: float | None = None
+        margin = self.cost_stop_margin_s
+        for job in running:
+            if job.status is not S.RUNNING:
+                continue
+            limit = cost_limit(job, now, margin)
+            if limit is not None and limit.stop_in_s <= 0:
+                if not job.run.stop:
+                    stopped += int(self.stop_attempt(job, limit.reason, Failure.COST_LIMIT))
+                continue  # its final cost is written when the attempt ends
+            if limit is not None and limit.stop_in_s < COST_WAKE_WITHIN_S:
+                wake = limit.stop_in_s if wake is None else min(wake, limit.stop_in_s)
+            cost = accrual_due(job, now, rates)
+            if cost is None:
+                continue
+            run = job.run.model_copy(update={"cost_at": now})
+            try:
+                self.jobs.update(job.updated(job.updated_at, cost_usd=cost, run=run))
+            except Conflict:
+                continue
+            written += 1
+            usage = attempt_usage(job, now)
+            if self.usage is not None and usage is not None:
+                try:
+                    self.usage.record(usage)
+                except StoreUnavailable:
+                    continue  # the next accrual, or the attempt's final record, writes it
+        return written, stopped, wake
+
+    @property
+    def cost_stop_margin_s(self) -> float:
+        """How long a stop takes to end an attempt: the directive waits for the host's next
+        heartbeat (a third of ``heartbeat_s``), then the host stops it and reports."""
+        return self.settings.heartbeat_s / 3 + 5.0
 
     def write_reasons(self, pending: dict[str, Job], decisions: Any) -> int:
         """Store each pending job's reason (no event: the status did not change) when the rules that

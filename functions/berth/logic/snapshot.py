@@ -10,16 +10,23 @@ are the stored ones (kind ``offers``; the pricing catalog until an admin stores 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.domain.cost import cloud_spend, month_of
 from berth.domain.fleet import HostRecord, StoredDocument
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement, OnPremPlacement, Site
-from berth.domain.ports import DocumentRepository, HostRepository, JobRepository, TenantRepository
+from berth.domain.ports import (
+    DocumentRepository,
+    HostRepository,
+    JobRepository,
+    TenantRepository,
+    UsageLedger,
+)
 from berth.domain.status import JobStatus
 from berth.domain.storage import Dataset, dataset_names
 from berth.domain.tenancy import Quota
@@ -103,8 +110,9 @@ def default_document(kind: str) -> StoredDocument:
     return StoredDocument(kind=kind, version=0, document=default_offers_document())
 
 
-def tenant_state(name: str, quota: Quota | None) -> TenantState:
-    """A tenant's quota as the scheduler's tenant state (models not listed: no limit)."""
+def tenant_state(name: str, quota: Quota | None, cloud_spend_month_usd: float = 0.0) -> TenantState:
+    """A tenant's quota as the scheduler's tenant state (models not listed: no limit), with what its
+    cloud use cost this month (the monthly budget's rule reads it)."""
     q = quota or Quota()
     return TenantState(
         name=name,
@@ -112,6 +120,7 @@ def tenant_state(name: str, quota: Quota | None) -> TenantState:
         guaranteed_gpus={m: g.guaranteed for m, g in q.gpus.items()},
         borrow_limit_gpus={m: g.borrow_limit for m, g in q.gpus.items()},
         monthly_budget_usd=q.monthly_cloud_budget_usd,
+        cloud_spend_month_usd=cloud_spend_month_usd,
     )
 
 
@@ -135,7 +144,9 @@ def scheduler_host(record: HostRecord, now: datetime) -> Host:
 
 
 def pending_job(job: Job) -> PendingJob:
-    return pending_from_spec(
+    """A queued job as the scheduler sees it; its ``max_cost_usd`` is what is left of it after the
+    attempts it already paid for."""
+    pending = pending_from_spec(
         job.id,
         job.tenant,
         job.spec,
@@ -143,6 +154,9 @@ def pending_job(job: Job) -> PendingJob:
         avoid_hosts=job.run.excluded_hosts,
         avoid_regions=job.run.excluded_regions,
     )
+    if pending.max_cost_usd is not None and job.cost_usd > 0:
+        pending = replace(pending, max_cost_usd=max(0.0, pending.max_cost_usd - job.cost_usd))
+    return pending
 
 
 def running_job(job: Job) -> RunningJob | None:
@@ -209,6 +223,14 @@ class SnapshotSource:
     cloud_enabled: bool = True
     """False until a cloud dispatcher is deployed (the cloud-bursting issue): no offers are read, so
     nothing is ever placed in the cloud and feasibility, explain and capacity say so."""
+    usage: UsageLedger | None = None
+    """The usage ledger: each tenant's cloud spend this month (None: counted as nothing)."""
+
+    def cloud_spend(self, tenant: str) -> float:
+        """What the tenant's cloud attempts cost this month (UTC), running ones so far included."""
+        if self.usage is None:
+            return 0.0
+        return cloud_spend(self.usage.month(tenant, month_of(self.clock())))
 
     def document(self, kind: str) -> StoredDocument:
         return self.documents.current(kind) or default_document(kind)
@@ -250,6 +272,12 @@ class SnapshotSource:
         inputs = self.pass_inputs()
         return inputs.snapshot, inputs.fleet, inputs.pending_jobs
 
+    def tenant_state(self, tenant: str) -> TenantState:
+        """The tenant as the scheduler sees it; the ledger is read only when it has a cloud budget."""
+        quota = self.tenants.quota(tenant)
+        budgeted = quota is not None and quota.monthly_cloud_budget_usd is not None
+        return tenant_state(tenant, quota, self.cloud_spend(tenant) if budgeted else 0.0)
+
     def pass_inputs(self) -> PassInputs:
         """Everything a scheduling pass reads, with the job records behind the snapshot."""
         pending_jobs = [j for s in PENDING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
@@ -263,7 +291,7 @@ class SnapshotSource:
             running=running,
             hosts=fleet.hosts,
             offers=fleet.offers,
-            tenants={t: tenant_state(t, self.tenants.quota(t)) for t in sorted(tenants)},
+            tenants={t: self.tenant_state(t) for t in sorted(tenants)},
             circuits=fleet.circuits,
         )
         return PassInputs(snapshot, fleet, pending_jobs, running_jobs)

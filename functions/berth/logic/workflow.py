@@ -14,11 +14,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from berth.domain.cost import attempt_usage
 from berth.domain.errors import Conflict, NotFound, StoreUnavailable
 from berth.domain.fleet import attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import OnPremPlacement
-from berth.domain.ports import Executions, HostRepository, JobRepository, PassTrigger, TaskTokens, WorkQueues
+from berth.domain.ports import (
+    Executions,
+    HostRepository,
+    JobRepository,
+    PassTrigger,
+    TaskTokens,
+    UsageLedger,
+    WorkQueues,
+)
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
     EXCLUDES_LOCATION,
@@ -111,6 +120,8 @@ class WorkflowService:
     clock: Clock
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
     rng: random.Random = field(default_factory=random.Random)
+    #: Where each ended attempt's usage is recorded (None: not recorded; the job's cost still is).
+    usage: UsageLedger | None = None
 
     def _job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -190,11 +201,13 @@ class WorkflowService:
             ran = None if job.run.started_at is None else (now - job.run.started_at).total_seconds()
             failure = failure_from_error(error, ran, job.spec.timeout_minutes * 60)
             canceling = job.status is S.CANCELING
-            if job.run.stop and failure in (Failure.CANCELED, Failure.NONZERO_EXIT, Failure.AGENT_ERROR):
-                failure = Failure.PREEMPTED
+            if job.run.stop and failure in _STOPPED:
+                # The scheduler stopped it: what the stop stands for (a preemption unless it says).
+                failure = job.run.stop_failure or Failure.PREEMPTED
             elif failure is Failure.CANCELED and not canceling:
                 failure = Failure.AGENT_ERROR
-            detail = (job.run.stop or _short(cause)) if failure is Failure.PREEMPTED else _short(cause)
+            stopped = failure in (Failure.PREEMPTED, Failure.COST_LIMIT)
+            detail = (job.run.stop or _short(cause)) if stopped else _short(cause)
             decision = retry_decision(
                 failure,
                 detail,
@@ -204,11 +217,15 @@ class WorkflowService:
                 self.settings.backoff,
                 self.rng,
             )
+            cost = self._end_attempt(job, now)
             run = job.run.model_copy(
                 update={
                     "dispatch_token": None,
                     "placement_token": None,
                     "stop": None,
+                    "stop_failure": None,
+                    "cost_done_usd": cost,
+                    "cost_at": None,
                     "last_failure": decision.reason,
                     "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
                     "excluded_hosts": _excluded(job, failure),
@@ -217,7 +234,7 @@ class WorkflowService:
             target = {Action.RETRY: S.RETRYING, Action.FAIL: S.FAILED, Action.CANCEL: S.CANCELED}[
                 decision.action
             ]
-            nxt, event = job.transition(target, decision.reason, now, run=run)
+            nxt, event = job.transition(target, decision.reason, now, run=run, cost_usd=cost)
             try:
                 self.jobs.save(nxt, event)
             except Conflict:
@@ -262,8 +279,11 @@ class WorkflowService:
                     self.jobs.save(job, event)
                 except Conflict:
                     continue
-            run = job.run.model_copy(update={"dispatch_token": None})
-            nxt, event = job.transition(S.COMPLETED, f"completed (attempt {attempt})", now, run=run)
+            cost = self._end_attempt(job, now)
+            run = job.run.model_copy(update={"dispatch_token": None, "cost_done_usd": cost, "cost_at": None})
+            nxt, event = job.transition(
+                S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost
+            )
             try:
                 self.jobs.save(nxt, event)
             except Conflict:
@@ -273,8 +293,23 @@ class WorkflowService:
             return {"status": str(nxt.status)}
         raise Conflict(f"job {job_id!r} kept changing while finalizing")
 
+    def _end_attempt(self, job: Job, now: datetime) -> float:
+        """The job's cost with its current attempt ended ``now``. The attempt's final usage record is
+        written first: a crash before the job's write leaves the ledger right, and the retried task
+        rewrites the record (a final record never counts twice)."""
+        usage = attempt_usage(job, now, final=True)
+        if usage is None:
+            return job.run.cost_done_usd
+        if self.usage is not None:
+            self.usage.record(usage)
+        return job.run.cost_done_usd + usage.cost_usd
+
     def new_fencing_token(self) -> str:
         return secrets.token_urlsafe(18)
+
+
+#: How an attempt the scheduler stopped reports its end (the agent's cancel, the process's exit).
+_STOPPED = frozenset({Failure.CANCELED, Failure.NONZERO_EXIT, Failure.AGENT_ERROR, Failure.PREEMPTED})
 
 
 def _short(text: str | None, limit: int = 300) -> str:

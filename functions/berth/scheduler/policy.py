@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.domain.cost import CostRates
+
 
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -184,6 +186,8 @@ class SchedulingPolicy(_Rule):
     circuit: CircuitRule = Field(default_factory=CircuitRule)
     fair_share: FairShareRule = Field(default_factory=FairShareRule)
     runtime: RuntimeRule = Field(default_factory=RuntimeRule)
+    accounting: CostRates = Field(default_factory=CostRates)
+    """The on-prem internal rate and how often running jobs' cost is written (``berth.domain.cost``)."""
 
     def accepted_gpus(self, gpu_type: str) -> tuple[str, ...]:
         """The job's own model first, then its equivalents in order of preference."""

@@ -13,9 +13,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from berth.domain.ports import DocumentRepository, HostRepository, JobRepository, TenantRepository
+from berth.domain.ports import (
+    DocumentRepository,
+    HostRepository,
+    JobRepository,
+    TenantRepository,
+    UsageLedger,
+)
 from tests.functional.conftest import TABLES
-from tests.unit.fakes import FakeDocuments, FakeHosts, fake_store
+from tests.unit.fakes import FakeDocuments, FakeHosts, FakeUsage, fake_store
 
 
 @dataclass(frozen=True)
@@ -24,19 +30,21 @@ class Store:
     tenants: TenantRepository
     hosts: HostRepository
     documents: DocumentRepository
+    usage: UsageLedger
 
 
 @pytest.fixture(params=["fake", "dynamodb"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     if request.param == "fake":
         jobs, tenants = fake_store()
-        yield Store(jobs, tenants, FakeHosts(), FakeDocuments())
+        yield Store(jobs, tenants, FakeHosts(), FakeDocuments(), FakeUsage())
         return
     request.getfixturevalue("aws")
     from berth.dal.documents import DynamoDocumentRepository
     from berth.dal.hosts import DynamoHostRepository
     from berth.dal.jobs import DynamoJobRepository
     from berth.dal.tenants import DynamoTenantRepository
+    from berth.dal.usage import DynamoUsageLedger
 
     yield Store(
         DynamoJobRepository(
@@ -45,4 +53,5 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
         DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]),
         DynamoDocumentRepository(TABLES["BERTH_TENANTS_TABLE"]),
+        DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"]),
     )

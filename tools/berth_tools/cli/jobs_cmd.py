@@ -150,7 +150,7 @@ def ls(
     result = {"jobs": jobs, "next_token": None if all_pages else page.get("next_token")}
 
     def table(data: dict[str, Any]) -> None:
-        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE", "CREATED", "REASON")
+        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE", "COST USD", "CREATED", "REASON")
         for j in data["jobs"]:
             res = j["spec"].get("resources", {})
             t.add_row(
@@ -159,6 +159,7 @@ def ls(
                 _status(j["status"]),
                 f"{res.get('gpus', 1)}x{res.get('gpu_type', '?')}",
                 _where(j),
+                f"{j.get('cost_usd', 0.0):.2f}",
                 j["created_at"],
                 j["reason"],
             )
@@ -218,6 +219,39 @@ def quota(
     render(output, data, lambda d: console.print_json(json.dumps(d)))
 
 
+def _usage_table(d: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{d['tenant']}[/] in {d['month']}: ${d['total_cost_usd']:.2f}, "
+        f"{d['total_gpu_hours']:.2f} GPU-hours, {d['attempts']} attempts"
+    )
+    t = Table("SITE", "GPU-HOURS", "COST USD")
+    for s in d["sites"]:
+        t.add_row(s["site"], f"{s['gpu_hours']:.2f}", f"{s['cost_usd']:.2f}")
+    console.print(t)
+    budget = d.get("monthly_budget_usd")
+    if budget is None:
+        console.print(f"cloud: ${d['cloud_cost_usd']:.2f} (no monthly cloud budget)")
+    else:
+        left = d["budget_left_usd"]
+        note = " [red](spent: no more bursting this month)[/]" if left <= 0 else ""
+        console.print(f"cloud: ${d['cloud_cost_usd']:.2f} of ${budget:.2f} budget, ${left:.2f} left{note}")
+
+
+def usage(
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Tenant (admins: any; default: your own)")
+    ] = None,
+    month: Annotated[str | None, typer.Option("--month", help="YYYY-MM (UTC); default: this month")] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """A tenant's GPU-hours and cost in a month, per site, and its cloud budget left."""
+    with api_errors(output):
+        data = client_for(api_url, profile).usage(tenant, month)
+    render(output, data, _usage_table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("status")(status)
@@ -225,6 +259,7 @@ def register(app: typer.Typer) -> None:
     app.command("cancel")(cancel)
     app.command("events")(events)
     app.command("quota")(quota)
+    app.command("usage")(usage)
 
 
 __all__ = ["emit_json", "register"]
