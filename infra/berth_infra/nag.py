@@ -210,10 +210,12 @@ def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
         )
     )
     for region in cloud.regions:
+        definitions = acct.format(service="batch", region=region.region, rest="job-definition/berth-*")
+        jobs = acct.format(service="batch", region=region.region, rest="job/*")
         acks.append(
             NagAck(
                 role,
-                f"AwsSolutions-IAM5[Resource::{acct.format(service='batch', region=region.region, rest='job-definition/berth-*')}]",
+                f"AwsSolutions-IAM5[Resource::{definitions}]",
                 "Berth registers one job definition per image (berth-img-<digest>...), named at run time; "
                 "the prefix keeps the role off any other definition in the account.",
             )
@@ -221,7 +223,7 @@ def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
         acks.append(
             NagAck(
                 role,
-                f"AwsSolutions-IAM5[Resource::{acct.format(service='batch', region=region.region, rest='job/*')}]",
+                f"AwsSolutions-IAM5[Resource::{jobs}]",
                 "Batch job ids are assigned by Batch at submit; TerminateJob is further limited to jobs "
                 "tagged with the session's tenant, TagResource to tag-on-create.",
             )
