@@ -140,9 +140,7 @@ class BatchRegionStack(Stack):
                 priority=1,
                 state="ENABLED",
                 compute_environment_order=[
-                    batch.CfnJobQueue.ComputeEnvironmentOrderProperty(
-                        compute_environment=ce.attr_compute_environment_arn, order=1
-                    )
+                    batch.CfnJobQueue.ComputeEnvironmentOrderProperty(compute_environment=ce.ref, order=1)
                 ],
                 job_state_time_limit_actions=[
                     batch.CfnJobQueue.JobStateTimeLimitActionProperty(
@@ -191,18 +189,19 @@ class BatchRegionStack(Stack):
         )
 
         outputs = {
-            "OnDemandQueueArn": (self.job_queues[False].attr_job_queue_arn, "On-demand GPU job queue"),
-            "SpotQueueArn": (self.job_queues[True].attr_job_queue_arn, "Spot GPU job queue"),
+            "OnDemandQueueArn": (self.job_queues[False].ref, "On-demand GPU job queue"),
+            "SpotQueueArn": (self.job_queues[True].ref, "Spot GPU job queue"),
             "OnDemandComputeEnvironmentArn": (
-                self.compute_environments[False].attr_compute_environment_arn,
+                self.compute_environments[False].ref,
                 "On-demand GPU compute environment",
             ),
             "SpotComputeEnvironmentArn": (
-                self.compute_environments[True].attr_compute_environment_arn,
+                self.compute_environments[True].ref,
                 "Spot GPU compute environment",
             ),
             "ForwardRoleArn": (self.forward_role.role_arn, "Forwards job state changes to the home bus"),
         }
+        # (Ref on a compute environment or job queue is its ARN.)
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
 
