@@ -516,3 +516,65 @@ def test_grant_assume_lets_a_role_assume_the_submit_role() -> None:
         if r["Type"] == "AWS::IAM::Role"
     }
     assert "Berth-job-vision" in names
+
+
+def test_configured_regions_and_tenants_shape_the_app() -> None:
+    from berth_infra.app import batch_region_stacks, build_app, cdk_json_context
+
+    context = {
+        **cdk_json_context(),
+        "berth:cloudRegions": '[{"region": "eu-west-1", "instance_types": ["g6.xlarge", "g6e.48xlarge"]}]',
+        "berth:tenants": "alpha,beta",
+        "berth:homeRegion": "eu-central-1",
+    }
+    app, stack = build_app(context=context)
+    (regional,) = batch_region_stacks(app)
+    assert regional.stack_name == "Berth-batch-eu-west-1" and regional.region == "eu-west-1"
+    assert regional.cloud_region.instance_types == ("g6.xlarge", "g6e.48xlarge")
+    assert "eu-central-1:" in regional.home_bus_arn and regional.home_bus_arn.endswith(
+        ":event-bus/berth-Berth"
+    )
+    assert set(stack.cloud.job_roles) == {"alpha", "beta"}
+
+
+def test_an_existing_vpc_replaces_the_stacks_own() -> None:
+    from aws_cdk import App
+    from aws_cdk.assertions import Template
+
+    from berth_infra.app import cdk_json_context
+    from berth_infra.batch import BatchRegionStack
+
+    app = App(
+        context={
+            **cdk_json_context(),
+            "berth:vpcId:eu-west-1": "vpc-0123456789abcdef0",
+            "berth:subnetIds:eu-west-1": "subnet-0aaaaaaaaaaaaaaaa,subnet-0bbbbbbbbbbbbbbbb",
+        }
+    )
+    stack = BatchRegionStack(
+        app,
+        "Berth-batch-eu-west-1",
+        cloud_region=parse_cloud_regions([{"region": "eu-west-1", "instance_types": ["g6.xlarge"]}])[0],
+        home_region="us-east-1",
+        home_bus_name="berth-Berth",
+    )
+    template = Template.from_stack(stack).to_json()
+    types = {r["Type"] for r in template["Resources"].values()}
+    assert "AWS::EC2::VPC" not in types and "AWS::EC2::NatGateway" not in types
+    (sg,) = _resources(template, "AWS::EC2::SecurityGroup").values()
+    assert sg["Properties"]["VpcId"] == "vpc-0123456789abcdef0"
+    for env in _resources(template, "AWS::Batch::ComputeEnvironment").values():
+        assert env["Properties"]["ComputeResources"]["Subnets"] == [
+            "subnet-0aaaaaaaaaaaaaaaa",
+            "subnet-0bbbbbbbbbbbbbbbb",
+        ]
+
+
+@pytest.mark.parametrize("value", ["Vision", "a,a", "", "x" * 41, '["ok", "no/slash"]'])
+def test_bad_tenant_names_are_refused(value: str) -> None:
+    from aws_cdk import App
+
+    from berth_infra.cloud_config import tenants
+
+    with pytest.raises(CloudConfigError):
+        tenants(App(context={"berth:tenants": value}))
