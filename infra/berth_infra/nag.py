@@ -14,6 +14,7 @@ from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
 
 if TYPE_CHECKING:
+    from berth_infra.batch import BatchRegionStack
     from berth_infra.stack import BerthStack
 
 
@@ -106,6 +107,7 @@ def berth_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "with the project's Python version.",
         ),
         *_workflow_acknowledgments(stack),
+        *_cloud_acknowledgments(stack),
     ]
 
 
@@ -161,6 +163,96 @@ def _workflow_acknowledgments(stack: BerthStack) -> list[NagAck]:
 
 def acknowledge_findings(stack: BerthStack) -> list[NagAck]:
     acks = berth_acknowledgments(stack)
+    for ack in acks:
+        Validations.of(ack.scope).acknowledge(Acknowledgment(id=ack.rule_id, reason=ack.reason))
+    return acks
+
+
+def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
+    """The cloud path's roles (cloud_roles.py): per-tenant prefixes, and Batch's own ARN shapes."""
+    cloud = stack.cloud
+    logical = Stack.of(stack).get_logical_id
+    artifacts = logical(stack.storage.artifacts.node.default_child)  # type: ignore[arg-type]
+    data = logical(stack.storage.data.node.default_child)  # type: ignore[arg-type]
+    acct = "arn:<AWS::Partition>:{service}:{region}:<AWS::AccountId>:{rest}"
+    acks: list[NagAck] = []
+    for tenant, role in cloud.job_roles.items():
+        for resource, what in (
+            (
+                f"<{artifacts}.Arn>/bundles/{tenant}/*",
+                f"the code bundles of tenant {tenant} (bundles/{tenant}/)",
+            ),
+            (f"<{data}.Arn>/{tenant}/*", f"the data prefix of tenant {tenant} ({tenant}/)"),
+            (f"<{data}.Arn>/{tenant}/jobs/*", f"the job output prefix of tenant {tenant} ({tenant}/jobs/)"),
+            (
+                acct.format(
+                    service="secretsmanager", region="<AWS::Region>", rest=f"secret:berth/{tenant}/*"
+                ),
+                f"the secrets of tenant {tenant} (berth/{tenant}/)",
+            ),
+        ):
+            acks.append(
+                NagAck(
+                    role,
+                    f"AwsSolutions-IAM5[Resource::{resource}]",
+                    f"A Batch job role is one tenant's: the wildcard covers only {what}, a prefix that ends "
+                    "with '/'; object keys under it are not known when the stack deploys.",
+                )
+            )
+    role = cloud.submit_role
+    acks.append(
+        NagAck(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "batch:DescribeJobs, DescribeJobDefinitions and DescribeJobQueues do not support resource-level "
+            "permissions (they only read; the dispatcher re-reads its jobs after every event).",
+        )
+    )
+    acks.append(
+        NagAck(
+            role,
+            f"AwsSolutions-IAM5[Resource::{acct.format(service='iam', region='', rest='role/Berth-job-*')}]",
+            "PassRole on Berth's per-tenant job roles only (Berth-job-<tenant>), and only when the role's "
+            "berth:tenant tag equals the session's tenant and it is passed to Batch or ECS tasks.",
+        )
+    )
+    for region in cloud.regions:
+        definitions = acct.format(service="batch", region=region.region, rest="job-definition/berth-*")
+        jobs = acct.format(service="batch", region=region.region, rest="job/*")
+        acks.append(
+            NagAck(
+                role,
+                f"AwsSolutions-IAM5[Resource::{definitions}]",
+                "Berth registers one job definition per image (berth-img-<digest>...), named at run time; "
+                "the prefix keeps the role off any other definition in the account.",
+            )
+        )
+        acks.append(
+            NagAck(
+                role,
+                f"AwsSolutions-IAM5[Resource::{jobs}]",
+                "Batch job ids are assigned by Batch at submit; TerminateJob is further limited to jobs "
+                "tagged with the session's tenant, TagResource to tag-on-create.",
+            )
+        )
+    return acks
+
+
+def batch_acknowledgments(stack: BatchRegionStack) -> list[NagAck]:
+    return [
+        NagAck(
+            stack.instance_role,
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+            "AmazonEC2ContainerServiceforEC2Role]",
+            "The ECS agent's instance role, the policy AWS Batch documents for EC2 compute environments "
+            "and keeps current with the agent; jobs cannot use it (IMDSv2, hop limit 1) and run as their "
+            "tenant's job role.",
+        )
+    ]
+
+
+def acknowledge_batch_findings(stack: BatchRegionStack) -> list[NagAck]:
+    acks = batch_acknowledgments(stack)
     for ack in acks:
         Validations.of(ack.scope).acknowledge(Acknowledgment(id=ack.rule_id, reason=ack.reason))
     return acks

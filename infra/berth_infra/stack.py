@@ -18,6 +18,8 @@ from berth_infra.api import (
     BerthApi,
     base_environment,
 )
+from berth_infra.cloud_config import cloud_regions, tenants
+from berth_infra.cloud_roles import CloudRoles
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
@@ -127,6 +129,19 @@ class BerthStack(Stack):
             )
         )
 
+        # The cloud path's roles (Batch job role per tenant, the dispatcher's submit role), the tenants'
+        # job log groups and the bus rule for forwarded Batch events (docs/cloud.md).
+        self.cloud = CloudRoles(
+            self,
+            "Cloud",
+            storage=self.storage,
+            bus=self.workflow.bus,
+            regions=cloud_regions(self),
+            tenants=tenants(self),
+        )
+        # EventBridge applies one bus-policy change at a time.
+        self.cloud.bus_policy.add_resource_dependency(self.workflow.node.find_child("BusPolicy"))  # type: ignore[arg-type]
+
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),
             "ApiId": (self.api.rest_api.rest_api_id, "REST API id"),
@@ -158,6 +173,11 @@ class BerthStack(Stack):
                 self.storage.job_role.role_arn,
                 "Role per-attempt job credentials are vended from",
             ),
+            "BatchSubmitRoleArn": (
+                self.cloud.submit_role.role_arn,
+                "The cloud dispatcher assumes it with session tag berth:tenant=<job's tenant>",
+            ),
+            "CloudRegions": (self.cloud.regions_json, "Batch regions, instance types and queue names (JSON)"),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,8 @@ os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 from aws_cdk.assertions import Template
 
-from berth_infra.app import build_app, cdk_json_context
+from berth_infra.app import batch_region_stacks, build_app, cdk_json_context
+from berth_infra.batch import BatchRegionStack
 from berth_infra.stack import BerthStack
 
 
@@ -26,6 +27,8 @@ class Synthesized:
     template: Template
     template_path: Path
     outdir: Path
+    #: region -> the Berth-batch-<region> stack and its template (path: outdir/<stack>.template.json)
+    batch: dict[str, tuple[BatchRegionStack, Template]] = field(default_factory=dict)
 
     @property
     def json(self) -> dict[str, Any]:
@@ -44,7 +47,15 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synthesize
     # Raises if the cdk-nag plugin (a policy validation plugin) reports any unacknowledged finding.
     assembly = app.synth()
     template_path = Path(assembly.get_stack_by_name("Berth").template_full_path)
-    yield Synthesized(stack, Template.from_stack(stack), template_path, outdir)
+    # From the assembly just written: Template.from_stack would synthesise the app (and cdk-nag) again.
+    batch = {
+        b.cloud_region.region: (
+            b,
+            Template.from_json(load_json(Path(assembly.get_stack_by_name(b.stack_name).template_full_path))),
+        )
+        for b in batch_region_stacks(app)
+    }
+    yield Synthesized(stack, Template.from_stack(stack), template_path, outdir, batch)
 
 
 def load_json(path: Path) -> Any:

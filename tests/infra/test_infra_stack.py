@@ -48,6 +48,8 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "EventBusName",
         "JobEventsQueueUrl",
         "HostPolicyArn",
+        "BatchSubmitRoleArn",
+        "CloudRegions",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]
@@ -387,6 +389,35 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
             "xray:GetSamplingTargets",
         )
     },
+    # The cloud path (cloud_roles.py): each tenant's Batch job role, on that tenant's prefixes only.
+    **{
+        (action, resource.format(t=tenant)): "a Batch job role is one tenant's: keys under its prefix"
+        for tenant in ("vision", "nlp", "platform")
+        for action, resource in (
+            ("s3:GetObject", "ArtifactsBucketName/bundles/{t}/*"),
+            ("s3:GetObject", "DataBucketName/{t}/*"),
+            ("s3:PutObject", "DataBucketName/{t}/jobs/*"),
+            ("secretsmanager:GetSecretValue", "secret:berth/{t}/*"),
+        )
+    },
+    # BatchSubmitRole, in each region of the shipped price file.
+    **{
+        (action, f"arn::batch:{region}::{resource}"): "Batch names jobs and Berth's definitions at run time"
+        for region in ("us-east-1", "us-east-2", "us-west-2")
+        for action, resource in (
+            ("batch:SubmitJob", "job-definition/berth-*"),
+            ("batch:RegisterJobDefinition", "job-definition/berth-*"),
+            ("batch:TagResource", "job-definition/berth-*"),
+            ("batch:TagResource", "job/*"),
+            ("batch:TerminateJob", "job/*"),
+        )
+    },
+    **{
+        (action, "*"): "Batch's Describe* calls have no resource-level permissions"
+        for action in ("batch:DescribeJobs", "batch:DescribeJobDefinitions", "batch:DescribeJobQueues")
+    },
+    ("iam:PassRole", "iam:role/Berth-job-*"): "only a Berth-job-<tenant> role whose berth:tenant tag is the "
+    "session's, passed to Batch or ECS tasks",
 }
 
 

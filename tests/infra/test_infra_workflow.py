@@ -247,7 +247,12 @@ def test_notifier_reads_the_job_events_stream(synthesized: Synthesized) -> None:
 def test_bus_policy_lets_only_the_notifier_put_berth_events(synthesized: Synthesized) -> None:
     bus = _output_ref(synthesized, "EventBusName")
     assert synthesized.json["Resources"][bus]["Properties"]["Name"] == "berth-Berth"
-    (policy,) = synthesized.resources("AWS::Events::EventBusPolicy").values()
+    # (The other statement, OnlyForwardersPutBatchEvents, is tests/infra/test_infra_cloud.py's.)
+    (policy,) = [
+        p
+        for p in synthesized.resources("AWS::Events::EventBusPolicy").values()
+        if p["Properties"]["StatementId"] == "OnlyBerthPublishes"
+    ]
     props = policy["Properties"]
     assert props["EventBusName"] == {"Ref": bus}
     statement = props["Statement"]

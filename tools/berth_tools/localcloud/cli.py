@@ -102,7 +102,7 @@ def up(
         template = root / TEMPLATE_RELATIVE
         if template_is_stale(template, root):
             synthesise(root)
-    from berth_tools.localcloud.cloud import LocalCloud, LocalCloudError, load_template
+    from berth_tools.localcloud.cloud import LocalCloud, LocalCloudError, load_batch_templates, load_template
 
     stop = threading.Event()
 
@@ -113,6 +113,8 @@ def up(
     console = sys.stderr
     cloud = LocalCloud(
         template=load_template(template),
+        # The cloud regions' Batch stacks synthesised next to it (cdk.out/Berth-batch-<region>...).
+        batch_templates=load_batch_templates(template),
         state_dir=state_dir,
         api_port=port,
         moto_port=moto_port,

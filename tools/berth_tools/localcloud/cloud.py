@@ -32,6 +32,8 @@ from berth_tools.localcloud.sigv4 import signed_headers
 from berth_tools.localcloud.state_dir import Profile, StateDir
 
 DEFAULT_REGION = "us-east-1"
+#: The CDK app's per-region Batch stacks (infra/berth_infra/batch.py): ``Berth-batch-<region>``.
+BATCH_STACK_PREFIX = "Berth-batch-"
 #: Where the readiness probe sends its signed request (any answer but 403 means routing, SigV4 and the
 #: Lambda path work; a 5xx is reported as a warning: the handler itself is broken).
 READINESS_PATH = "/v1/jobs"
@@ -87,6 +89,10 @@ class LocalCloud:
     """Scheduled rules fire this often (None: at their own rate)."""
     scheduled_rules: bool = True
     """False: scheduled rules never fire (a benchmark that runs the passes itself)."""
+    batch_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Region -> the ``Berth-batch-<region>`` template (Batch queues and event forwarding), each
+    deployed into moto in its region (``load_batch_templates``)."""
+    batch_stacks: dict[str, DeployedStack] = field(default_factory=dict)
     pollers: list[Any] = field(default_factory=list)
     scripted_agents: list[ScriptedAgent] = field(default_factory=list)
     moto: MotoServer | None = None
@@ -138,6 +144,9 @@ class LocalCloud:
         )
         cloudformation_deploy.verify_stack(session, self.moto.endpoint_url, self.template, self.stack)
         t = self._step("deploy", t)
+        self._deploy_batch_stacks()
+        if self.batch_templates:
+            t = self._step("deploy_batch", t)
         self._say(
             f"deployed stack {self.stack_name}: {len(self.stack.resources)} resources, "
             f"fixes: {', '.join(self.stack.applied_fixes) or 'none'}"
@@ -181,6 +190,9 @@ class LocalCloud:
         self._step("agents", t)
         if self._state is not None:
             self._state.write_json("outputs.json", self.stack.outputs)
+            self._state.write_json(
+                "batch-stacks.json", {region: st.outputs for region, st in self.batch_stacks.items()}
+            )
             self._state.write_json(
                 "agents.json",
                 [
@@ -260,10 +272,12 @@ class LocalCloud:
             raise LocalCloudError(f"stack output {key} is missing")
         return self.stack.outputs[key]
 
-    def session(self) -> boto3.session.Session:
+    def session(self, region: str | None = None) -> boto3.session.Session:
         """A boto3 session for the local cloud's own calls to moto (static credentials, never a profile)."""
         return boto3.session.Session(
-            aws_access_key_id="localcloud", aws_secret_access_key="localcloud", region_name=self.region
+            aws_access_key_id="localcloud",
+            aws_secret_access_key="localcloud",
+            region_name=region or self.region,
         )
 
     def request(
@@ -359,6 +373,23 @@ class LocalCloud:
                 timer = event_sources.ScheduleTimer(send, float(every or 60), lid)
                 timer.start()
                 self.pollers.append(timer)
+
+    def _deploy_batch_stacks(self) -> None:
+        """Each cloud region's Batch stack, into moto in that region (queues must come up VALID)."""
+        assert self.moto is not None
+        for region, template in sorted(self.batch_templates.items()):
+            session = self.session(region)
+            stack_name = f"{BATCH_STACK_PREFIX}{region}"
+            deployed = cloudformation_deploy.deploy_stack(
+                session, self.moto.endpoint_url, template, stack_name
+            )
+            cloudformation_deploy.verify_stack(session, self.moto.endpoint_url, template, deployed)
+            self.batch_stacks[region] = deployed
+        if self.batch_stacks:
+            self._say(
+                "deployed Batch stacks: "
+                + ", ".join(f"{r} ({len(s.resources)} resources)" for r, s in self.batch_stacks.items())
+            )
 
     def host_identity(self, host_id: str) -> HostIdentity:
         """Create an on-prem host's IAM identity (user tagged berth:host, registered as a host)."""
@@ -506,6 +537,15 @@ def load_template(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise LocalCloudError(f"{path} does not exist: run `make synth` (npx cdk synth) first")
     return cloudformation_deploy.load_template(path)
+
+
+def load_batch_templates(main_template: Path) -> dict[str, dict[str, Any]]:
+    """The ``Berth-batch-<region>.template.json`` files next to the main template, by region."""
+    templates: dict[str, dict[str, Any]] = {}
+    for path in sorted(main_template.parent.glob(f"{BATCH_STACK_PREFIX}*.template.json")):
+        region = path.name[len(BATCH_STACK_PREFIX) : -len(".template.json")]
+        templates[region] = cloudformation_deploy.load_template(path)
+    return templates
 
 
 def stderr_console() -> TextIO:

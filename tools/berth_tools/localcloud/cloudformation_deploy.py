@@ -78,6 +78,11 @@ FIXES: dict[str, str] = {
         "Function environment values named in the local cloud's timing overrides (heartbeat, lease, "
         "backoff, ...) are replaced so tests and demos take seconds, not minutes."
     ),
+    "batch-service-linked-role": (
+        "A Batch compute environment without ServiceRole uses Batch's service-linked role "
+        "(AWSServiceRoleForBatch, created on first use); moto's CloudFormation requires the property and "
+        "an existing role, so the service-linked role is created (CreateServiceLinkedRole) and named."
+    ),
     "unsupported-resources": (
         "Resource types moto's CloudFormation does not implement (e.g. AWS::ApiGateway::Account, which "
         "only sets the account-wide CloudWatch role) are skipped by moto with a warning; they are listed "
@@ -306,6 +311,33 @@ def prepare_account(session: boto3.session.Session, endpoint_url: str, template:
     return sorted(set(applied))
 
 
+BATCH_SERVICE = "batch.amazonaws.com"
+
+
+def _batch_service_linked_role(
+    session: boto3.session.Session, endpoint_url: str, template: dict[str, Any]
+) -> bool:
+    """Fix `batch-service-linked-role`: name Batch's service-linked role on CEs that rely on it."""
+    environments = [
+        res.setdefault("Properties", {})
+        for res in template.get("Resources", {}).values()
+        if res.get("Type") == "AWS::Batch::ComputeEnvironment"
+        and "ServiceRole" not in res.get("Properties", {})
+    ]
+    if not environments:
+        return False
+    iam = session.client("iam", endpoint_url=endpoint_url)
+    roles = iam.list_roles(PathPrefix=f"/aws-service-role/{BATCH_SERVICE}/")["Roles"]
+    arn = (
+        roles[0]["Arn"]
+        if roles
+        else iam.create_service_linked_role(AWSServiceName=BATCH_SERVICE)["Role"]["Arn"]
+    )
+    for props in environments:
+        props["ServiceRole"] = arn
+    return True
+
+
 class _UnsupportedTypeFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("No Moto CloudFormation support")
@@ -329,6 +361,8 @@ def deploy_stack(
     started = time.monotonic()
     prepared = prepare_template(template, environment)
     applied = prepare_account(session, endpoint_url, prepared.template) + prepared.applied_fixes
+    if _batch_service_linked_role(session, endpoint_url, prepared.template):
+        applied.append("batch-service-linked-role")
     cfn = session.client("cloudformation", endpoint_url=endpoint_url)
     # moto warns once per reference to an unsupported type; they are reported in `skipped_types` instead.
     warnings.filterwarnings(
@@ -519,5 +553,39 @@ def verify_stack(
             problems.append(f"REST API {logical_id} has {have_methods} of {want_methods} methods")
         if not apigw.get_stages(restApiId=api_id).get("item"):
             problems.append(f"REST API {logical_id} has no stage")
+    problems += _verify_batch(session, endpoint_url, by_type, physical)
     if problems:
         raise DeployError("deployed stack does not match the template: " + "; ".join(problems))
+
+
+def _verify_batch(
+    session: boto3.session.Session,
+    endpoint_url: str,
+    by_type: dict[str, list[tuple[str, dict[str, Any]]]],
+    physical: Any,
+) -> list[str]:
+    """Each declared compute environment and job queue exists by its name, ENABLED and VALID."""
+    problems: list[str] = []
+    declared = by_type.get("AWS::Batch::ComputeEnvironment", []) + by_type.get("AWS::Batch::JobQueue", [])
+    if not declared:
+        return problems
+    client = session.client("batch", endpoint_url=endpoint_url)
+    found = {
+        **{
+            c["computeEnvironmentArn"]: (c["computeEnvironmentName"], c.get("state"), c.get("status"))
+            for c in client.describe_compute_environments()["computeEnvironments"]
+        },
+        **{
+            q["jobQueueArn"]: (q["jobQueueName"], q.get("state"), q.get("status"))
+            for q in client.describe_job_queues()["jobQueues"]
+        },
+    }
+    for logical_id, props in declared:
+        arn = physical(logical_id)
+        name = props.get("ComputeEnvironmentName") or props.get("JobQueueName")
+        got = found.get(arn or "")
+        if got is None:
+            problems.append(f"Batch resource {logical_id} was not created")
+        elif (name and got[0] != name) or got[1:] != ("ENABLED", "VALID"):
+            problems.append(f"Batch resource {logical_id} is {got}, expected {name} ENABLED VALID")
+    return problems

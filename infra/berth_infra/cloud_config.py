@@ -1,0 +1,145 @@
+"""The cloud (AWS Batch) configuration of the CDK app: regions, instance types, tenants, home region.
+
+Context keys (cdk.json or ``-c``):
+
+- ``berth:cloudRegions``: a list (or its JSON text) of ``{region, instance_types: [...], max_vcpus}``.
+  Default: every region of the shipped price file (``functions/berth/pricing/aws-gpu-instances.csv``)
+  with its instance types of the families in ``DEFAULT_FAMILIES``.
+- ``berth:tenants``: the tenants that get a Batch job role (``Berth-job-<tenant>``); default the
+  tenants the local cloud seeds.
+- ``berth:homeRegion``: the region of the ``Berth`` stack (its event bus); default ``berth:region``,
+  else ``us-east-1``.
+
+Names are deterministic (docs/cloud.md), so no stack refers to another one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from constructs import Construct
+
+from berth.pricing.catalog import load_offers
+
+#: GPU instance families Berth runs in the cloud (single- and multi-GPU sizes; the scheduler packs
+#: several jobs onto one multi-GPU instance).
+DEFAULT_FAMILIES = ("g5", "g6", "g6e", "p4d", "p5")
+#: vCPU ceiling of each compute environment (8 x p5.48xlarge = 1536; 4 x p4d.24xlarge = 384).
+DEFAULT_MAX_VCPUS = 768
+#: The tenants ``berth local up`` seeds (tools/berth_tools/localcloud/seed.py DEFAULT_USERS).
+DEFAULT_TENANTS = ("vision", "nlp", "platform")
+DEFAULT_HOME_REGION = "us-east-1"
+#: Batch job roles are named ``Berth-job-<tenant>`` and tagged ``berth:tenant=<tenant>``.
+JOB_ROLE_PREFIX = "Berth-job-"
+TENANT_TAG = "berth:tenant"
+#: The job tag the dispatcher puts on every Batch job (and the env var the launcher reads).
+JOB_TENANT_TAG = "BERTH_TENANT"
+#: Where job output goes (CloudWatch Logs, home region): ``/berth/jobs/<tenant>``.
+JOB_LOG_GROUP_PREFIX = "/berth/jobs"
+#: The regional rule that forwards Batch job state changes to the home bus, and its role's name.
+FORWARD_RULE_NAME = "berth-batch-state-changes"
+FORWARD_ROLE_PREFIX = "Berth-batch-events-"
+
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+
+
+class CloudConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CloudRegion:
+    region: str
+    instance_types: tuple[str, ...]
+    max_vcpus: int = DEFAULT_MAX_VCPUS
+
+    def name(self, spot: bool) -> str:
+        """Compute environment and job queue name (= scheduler ``CloudOffer.queue_name(spot)``)."""
+        return f"berth-{self.region}-{'spot' if spot else 'ondemand'}"
+
+    @property
+    def stack_name(self) -> str:
+        return f"Berth-batch-{self.region}"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "region": self.region,
+            "instance_types": list(self.instance_types),
+            "max_vcpus": self.max_vcpus,
+            "queues": {"ondemand": self.name(False), "spot": self.name(True)},
+        }
+
+
+def default_cloud_regions(families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[CloudRegion]:
+    """Every region of the shipped price file with its instance types of ``families``."""
+    by_region: dict[str, list[str]] = {}
+    for offer in load_offers():
+        if offer.instance_type.split(".", 1)[0] in families:
+            types = by_region.setdefault(offer.region, [])
+            if offer.instance_type not in types:
+                types.append(offer.instance_type)
+    return [CloudRegion(region, tuple(sorted(types))) for region, types in sorted(by_region.items())]
+
+
+def parse_cloud_regions(value: object) -> list[CloudRegion]:
+    """``berth:cloudRegions`` as given (a list, or its JSON text from ``-c``), validated."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise CloudConfigError(f"berth:cloudRegions is not JSON: {exc}") from exc
+    if not isinstance(value, list) or not value:
+        raise CloudConfigError("berth:cloudRegions must be a non-empty list of {region, instance_types}")
+    regions: list[CloudRegion] = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise CloudConfigError(f"berth:cloudRegions entry {item!r} is not an object")
+        region = item.get("region")
+        types = item.get("instance_types")
+        max_vcpus = item.get("max_vcpus", DEFAULT_MAX_VCPUS)
+        if not isinstance(region, str) or not _REGION.match(region):
+            raise CloudConfigError(f"berth:cloudRegions: bad region {region!r}")
+        if (
+            not isinstance(types, list)
+            or not types
+            or not all(isinstance(t, str) and _INSTANCE_TYPE.match(t) for t in types)
+        ):
+            raise CloudConfigError(f"berth:cloudRegions: {region} needs a list of instance types")
+        if not isinstance(max_vcpus, int) or isinstance(max_vcpus, bool) or max_vcpus <= 0:
+            raise CloudConfigError(f"berth:cloudRegions: {region} max_vcpus must be a positive integer")
+        regions.append(CloudRegion(region, tuple(types), max_vcpus))
+    names = [r.region for r in regions]
+    if len(set(names)) != len(names):
+        raise CloudConfigError("berth:cloudRegions names a region twice")
+    return regions
+
+
+def cloud_regions(scope: Construct) -> list[CloudRegion]:
+    value = scope.node.try_get_context("berth:cloudRegions")
+    return default_cloud_regions() if value is None else parse_cloud_regions(value)
+
+
+def tenants(scope: Construct) -> list[str]:
+    value = scope.node.try_get_context("berth:tenants")
+    if value is None:
+        return list(DEFAULT_TENANTS)
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+    if not isinstance(value, list) or not value:
+        raise CloudConfigError("berth:tenants must be a non-empty list of tenant names")
+    names = [str(t).strip() for t in value]
+    for name in names:
+        if not _TENANT.match(name):
+            raise CloudConfigError(f"berth:tenants: bad tenant name {name!r}")
+    if len(set(names)) != len(names):
+        raise CloudConfigError("berth:tenants names a tenant twice")
+    return names
+
+
+def home_region(scope: Construct) -> str:
+    value = scope.node.try_get_context("berth:homeRegion") or scope.node.try_get_context("berth:region")
+    return str(value) if value else DEFAULT_HOME_REGION
