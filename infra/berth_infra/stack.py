@@ -18,6 +18,7 @@ from berth_infra.api import (
     BerthApi,
     base_environment,
 )
+from berth_infra.cloud_dispatch import DEFAULT_RUNNABLE_TIMEOUT_S, DEFAULT_SUBMIT_RATE, CloudDispatchConfig
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
@@ -74,6 +75,13 @@ class BerthStack(Stack):
             },
             cloud_enabled=context_flag(self, "berth:cloudEnabled"),
             job_role=self.storage.job_role,
+            # The cloud dispatcher: -c berth:batchSubmitRoleArn (BatchSubmitRole), berth:batchSubmitRate,
+            # berth:runnableTimeoutSeconds.
+            cloud=CloudDispatchConfig(
+                submit_role_arn=str(context("berth:batchSubmitRoleArn") or ""),
+                submit_rate=int(context("berth:batchSubmitRate") or DEFAULT_SUBMIT_RATE),
+                runnable_timeout_s=int(context("berth:runnableTimeoutSeconds") or DEFAULT_RUNNABLE_TIMEOUT_S),
+            ),
         )
         workflow_env = {
             k: v

@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from berth.domain.fleet import HostRecord, StoredDocument
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement, OnPremPlacement, Site
-from berth.domain.ports import DocumentRepository, HostRepository, JobRepository, TenantRepository
+from berth.domain.ports import (
+    CircuitRepository,
+    DocumentRepository,
+    HostRepository,
+    JobRepository,
+    TenantRepository,
+)
 from berth.domain.status import JobStatus
 from berth.domain.storage import Dataset, dataset_names
 from berth.domain.tenancy import Quota
@@ -193,7 +199,8 @@ class Fleet:
     offers: tuple[CloudOffer, ...]
     offers_version: int
     circuits: tuple[CircuitRecord, ...] = ()
-    """Cloud capacity failures per (region, instance type); recorded by the cloud branch (not yet)."""
+    """Cloud capacity and API failures per (region, instance type or '*'), recorded by the cloud branch
+    (``CircuitRepository``); the core's ``CircuitBoard`` decides what they mean."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,21 @@ class SnapshotSource:
     cloud_enabled: bool = True
     """False until a cloud dispatcher is deployed (the cloud-bursting issue): no offers are read, so
     nothing is ever placed in the cloud and feasibility, explain and capacity say so."""
+    circuits: CircuitRepository | None = None
+    """The cloud's health signal (None: no cloud branch deployed, every circuit closed)."""
+
+    def circuit_records(self) -> tuple[CircuitRecord, ...]:
+        if self.circuits is None or not self.cloud_enabled:
+            return ()
+        return tuple(
+            CircuitRecord(
+                region=e.region,
+                instance_type=e.instance_type,
+                failures=e.failures,
+                last_success_at=e.last_success_at,
+            )
+            for e in self.circuits.list()
+        )
 
     def document(self, kind: str) -> StoredDocument:
         return self.documents.current(kind) or default_document(kind)
@@ -242,6 +264,7 @@ class SnapshotSource:
             records=records,
             offers=offers,
             offers_version=ov,
+            circuits=self.circuit_records(),
         )
 
     def snapshot(self) -> tuple[Snapshot, Fleet, list[Job]]:
