@@ -164,6 +164,14 @@ class BerthStack(Stack):
                 self.storage.job_role.role_arn,
                 "Role per-attempt job credentials are vended from",
             ),
+            "BatchSubmitQueueUrl": (
+                self.workflow.cloud.submit_queue.queue_url,
+                "Batch submit requests (FIFO; the cloud dispatcher's input)",
+            ),
+            "BatchEventsQueueUrl": (
+                self.workflow.cloud.events_queue.queue_url,
+                "Batch Job State Change events from the home bus",
+            ),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
