@@ -334,7 +334,7 @@ def test_submit_queue_is_fifo_throttled_and_never_drops(synthesized: Synthesized
     ]
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     # Every workflow function knows the queue (dispatch, the sweep's resubmits).
-    wf_id, wf = _function(synthesized, "berth.handlers.workflow.lambda_handler")
+    _wf_id, wf = _function(synthesized, "berth.handlers.workflow.lambda_handler")
     assert wf["Properties"]["Environment"]["Variables"]["BERTH_BATCH_SUBMIT_QUEUE_URL"] == {"Ref": queue_id}
 
 
