@@ -35,7 +35,7 @@ def handle(record: SQSRecord) -> None:
         "batch event",
         extra={
             "batch_job_id": batch_job_id,
-            "name": name,
+            "batch_job_name": name,
             "status": detail.get("status"),
             "outcome": outcome,
         },
