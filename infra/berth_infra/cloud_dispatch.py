@@ -51,9 +51,13 @@ class CloudDispatch(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.config = config
+        stack = Stack.of(self).stack_name
+        # Named: a FIFO queue's name must end in .fifo (CloudFormation adds it to a generated name; the
+        # local cloud's CloudFormation does not).
         self.submit_dlq = sqs.Queue(
             self,
             "BatchSubmitDlq",
+            queue_name=f"berth-batch-submit-dlq-{stack}.fifo",
             fifo=True,
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
@@ -62,6 +66,7 @@ class CloudDispatch(Construct):
         self.submit_queue = sqs.Queue(
             self,
             "BatchSubmitQueue",
+            queue_name=f"berth-batch-submit-{stack}.fifo",
             fifo=True,
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
