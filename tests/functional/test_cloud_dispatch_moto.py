@@ -5,6 +5,7 @@ job definition per image; the SQS handler; AWS errors translated."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -297,3 +298,23 @@ def test_the_rate_limiter_keeps_to_its_rate() -> None:
     # 200 calls at 40/s with a burst of 1: the first is free, the rest spaced 25 ms apart.
     assert now[0] == pytest.approx(199 / 40.0)
     assert BatchStatus.RUNNABLE.is_queued and not BatchStatus.RUNNING.is_queued
+
+
+def test_submits_and_terminations_act_in_a_tenant_tagged_session(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from berth.dal.batch import BotoBatchGateway, RateLimiter
+
+    service, _, _ = cloud
+    role = boto3.client("iam").create_role(RoleName="Berth-BatchSubmitRole", AssumeRolePolicyDocument="{}")
+    gateway = BotoBatchGateway(role["Role"]["Arn"], RateLimiter(1000.0))
+    tenant_service = dataclasses.replace(service, batch=gateway)
+    job = _placed(service)
+    tenant_service.dispatch(job.id, 1, "tok")
+    assert tenant_service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
+    session, _expires = gateway._sessions["vision"]
+    identity = session.client("sts", region_name=REGION).get_caller_identity()
+    assert ":assumed-role/Berth-BatchSubmitRole/berth-submit-vision" in identity["Arn"]
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.batch_job_id
+    gateway.terminate(REGION, stored.run.batch_job_id, "Berth: canceled", "vision")

@@ -404,7 +404,7 @@ class FakeBatch:
         self._check(region)
         return [self.jobs[i] for i in batch_job_ids if i in self.jobs]
 
-    def terminate(self, region: str, batch_job_id: str, reason: str) -> None:
+    def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
         from berth.domain.cloud import BatchStatus
 
         self._check(region)

@@ -247,9 +247,10 @@ class BotoBatchGateway:
             resp = self._own(region).describe_jobs(jobs=batch_job_ids[:100])
         return [_batch_job(i) for i in resp.get("jobs", [])]
 
-    def terminate(self, region: str, batch_job_id: str, reason: str) -> None:
+    def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
+        client = self._for_tenant(region, tenant)
         with _translated("TerminateJob", region):
-            self._own(region).terminate_job(jobId=batch_job_id, reason=reason[:256])
+            client.terminate_job(jobId=batch_job_id, reason=reason[:256])
 
 
 class SqsSubmitQueue:

@@ -260,7 +260,8 @@ class BatchGateway(Protocol):
         """What Batch says about these jobs now (unknown ids are simply absent)."""
         ...
 
-    def terminate(self, region: str, batch_job_id: str, reason: str) -> None: ...
+    def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
+        """Stop the Batch job (acting for its tenant: only that tenant's jobs may be terminated)."""
 
 
 class SubmitQueue(Protocol):

@@ -185,7 +185,7 @@ class CloudDispatchService:
             for bj in self.batch.describe(region, [batch_job_id]):
                 if not bj.status.is_terminal:
                     self.batch.terminate(
-                        region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current"
+                        region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current", job.tenant
                     )
         except CloudError:
             return  # the sweep of a later event tries again; an orphan costs money, not correctness

@@ -109,7 +109,7 @@ class CloudSweep:
         if job.status is S.CANCELING or job.run.stop:
             if bj is not None and not bj.status.is_terminal:
                 why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.stop}"
-                self._terminate(placement.region, bj.batch_job_id, why, report)
+                self._terminate(job, bj.batch_job_id, why, report)
             elif bj is not None:
                 report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded"))
             return
@@ -137,14 +137,15 @@ class CloudSweep:
             if token and svc.tokens.fail(token, Failure.CAPACITY.error_name, cause):
                 svc.circuits.record_failure(placement.region, placement.instance_type, now.timestamp())
                 report.capacity_timeouts += 1
-            self._terminate(placement.region, bj.batch_job_id, "no capacity", report)
+            self._terminate(job, bj.batch_job_id, "no capacity", report)
             return
         if bj.status.is_terminal or (bj.status.value == "RUNNING" and job.status is S.STARTING):
             report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded", "running"))
 
-    def _terminate(self, region: str, batch_job_id: str, why: str, report: SweepReport) -> None:
+    def _terminate(self, job: Job, batch_job_id: str, why: str, report: SweepReport) -> None:
+        region = job.placement.region if isinstance(job.placement, CloudPlacement) else ""
         try:
-            self.service.batch.terminate(region, batch_job_id, TERMINATED_BY_BERTH + why)
+            self.service.batch.terminate(region, batch_job_id, TERMINATED_BY_BERTH + why, job.tenant)
         except CloudError:
             return  # the next pass tries again
         report.terminated += 1
