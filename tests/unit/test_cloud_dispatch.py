@@ -201,7 +201,10 @@ def test_throttling_keeps_the_request_and_nothing_changes() -> None:
     with pytest.raises(CloudThrottled):
         w.cloud.submit(request)
     assert w.job(job.id).run.batch_job_id is None and not w.failures_of(token)
-    assert w.circuits.list() == []  # throttling is not an outage
+    # Throttled beyond the backoff is part of the region's signal (one failure, not an open circuit).
+    assert [(e.region, e.instance_type, len(e.failures)) for e in w.circuits.list()] == [
+        (_placement(job).region, "*", 1)
+    ]
     assert w.cloud.submit(request) == "submitted"
 
 

@@ -116,6 +116,9 @@ class CloudDispatchService:
                     else self.batch.submit(submission(job, placement, self.settings))
                 )
             except CloudThrottled:
+                # Still throttled after the adapter's backoff: part of the region's live signal, and
+                # the request stays on the queue (redelivered later, never dropped).
+                self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
                 raise
             except (CloudUnavailable, CloudRejected) as exc:
                 self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
