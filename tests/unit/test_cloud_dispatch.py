@@ -478,6 +478,20 @@ def test_cancel_terminates_the_batch_job_and_ends_canceled() -> None:
     assert w.job(job.id).status is S.CANCELED
 
 
+def test_a_cancel_whose_submit_request_was_lost_still_ends() -> None:
+    w = CloudWorld()
+    job = w.place()
+    token = w.dispatch(job)
+    w.submits.take()  # lost
+    fresh = w.job(job.id)
+    w.jobs.save(*fresh.transition(S.CANCELING, "canceling", w.clock()))
+    w.scheduler.run_pass()
+    assert not w.failures_of(token)
+    w.clock.now += timedelta(seconds=w.cloud.settings.submit_grace_s + 1)
+    w.scheduler.run_pass()
+    assert w.failures_of(token) == [Failure.CANCELED.error_name] and w.batch.submitted == []
+
+
 def test_a_missed_event_is_reconciled_by_the_sweep() -> None:
     w = CloudWorld()
     _job, token, bid = _submitted(w)

@@ -107,7 +107,11 @@ class CloudSweep:
         batch_id = job.run.batch_job_id
         bj = described.get(batch_id) if batch_id else None
         if job.status is S.CANCELING or job.run.stop:
-            if bj is not None and not bj.status.is_terminal:
+            if batch_id is None and token and job.status is S.CANCELING:
+                # Canceled before its submit (whose request may be lost): nothing runs, end it.
+                if (now - job.updated_at).total_seconds() >= svc.settings.submit_grace_s:
+                    svc.tokens.fail(token, Failure.CANCELED.error_name, "canceled before it was submitted")
+            elif bj is not None and not bj.status.is_terminal:
                 why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.stop}"
                 self._terminate(job, bj.batch_job_id, why, report)
             elif bj is not None:
