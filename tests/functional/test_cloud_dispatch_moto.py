@@ -318,3 +318,20 @@ def test_submits_and_terminations_act_in_a_tenant_tagged_session(
     stored = service.jobs.get(job.id)
     assert stored is not None and stored.run.batch_job_id
     gateway.terminate(REGION, stored.run.batch_job_id, "Berth: canceled", "vision")
+
+
+def test_submits_keep_under_the_configured_rate(cloud: tuple[CloudDispatchService, Tokens, str]) -> None:
+    """60 attempts through the real adapters at a 40/s limit: never faster, each submitted once."""
+    from berth.dal.batch import BotoBatchGateway, RateLimiter
+
+    service, _, _ = cloud
+    limited = dataclasses.replace(service, batch=BotoBatchGateway("", RateLimiter(40.0, burst=1)))
+    jobs = [_placed(service) for _ in range(60)]
+    for j in jobs:
+        limited.dispatch(j.id, 1, f"tok-{j.id}")
+    t0 = time.perf_counter()
+    outcomes = [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs]
+    elapsed = time.perf_counter() - t0
+    assert outcomes == ["submitted"] * 60
+    assert 60 / elapsed <= 40.0 and elapsed >= 59 / 40.0
+    assert [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs[:5]] == ["exists"] * 5

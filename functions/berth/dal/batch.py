@@ -5,7 +5,7 @@ Submits act for the job's tenant: the adapter assumes ``BatchSubmitRole`` with t
 Without a role ARN (unit tests, a local cloud without the Batch stacks) it uses its own credentials.
 Lookups and terminations need no PassRole and use the function's own role.
 
-Rate: every Batch call of a gateway first takes a token from its ``RateLimiter`` (the submit
+Rate: every SubmitJob call of a gateway first takes a token from its ``RateLimiter`` (the submit
 function runs at most ``BERTH_BATCH_SUBMIT_CONCURRENCY`` at once, each at its share of
 ``BERTH_BATCH_SUBMIT_RATE``, under Batch's 50 SubmitJob/s per account). Throttling answers are
 retried by botocore's standard retry mode (exponential backoff with jitter); still throttled
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 import boto3
@@ -131,12 +132,18 @@ class BotoBatchGateway:
         self.limiter = limiter or RateLimiter(40.0)
         self.log_group_prefix = log_group_prefix
         self._sessions: dict[str, tuple[boto3.session.Session, datetime]] = {}
+        #: Clients are built once (building one costs ~0.2 s) and shared (they are thread-safe).
+        self._clients: dict[tuple[str, str], Any] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     # -- clients -------------------------------------------------------------------------------
     def _own(self, region: str) -> Any:
-        return aws.client("batch", region_name=region, config=RETRY_CONFIG)
+        key = ("", region)
+        client = self._clients.get(key)
+        if client is None:
+            client = self._clients[key] = aws.client("batch", region_name=region, config=RETRY_CONFIG)
+        return client
 
     def _for_tenant(self, region: str, tenant: str) -> Any:
         """A Batch client acting in a session tagged with the tenant (PassRole of its role only)."""
@@ -158,7 +165,14 @@ class BotoBatchGateway:
                     aws_session_token=creds["SessionToken"],
                 )
                 cached = self._sessions[tenant] = (session, creds["Expiration"])
-        return cached[0].client("batch", region_name=region, config=RETRY_CONFIG)
+                for key in [k for k in self._clients if k[0] == tenant]:
+                    del self._clients[key]
+            client = self._clients.get((tenant, region))
+            if client is None:
+                client = self._clients[(tenant, region)] = cached[0].client(
+                    "batch", region_name=region, config=RETRY_CONFIG
+                )
+        return client
 
     # -- BatchGateway --------------------------------------------------------------------------
     def submit(self, request: BatchSubmission) -> str:
@@ -193,7 +207,6 @@ class BotoBatchGateway:
         known = self._definitions.get(key)
         if known:
             return known
-        self.limiter.acquire()
         with _translated("DescribeJobDefinitions", request.region):
             found = client.describe_job_definitions(jobDefinitionName=request.definition, status="ACTIVE")
         active = sorted(found.get("jobDefinitions", []), key=lambda d: int(d.get("revision", 0)))
@@ -216,7 +229,6 @@ class BotoBatchGateway:
             }
             if request.job_role:
                 props["jobRoleArn"] = request.job_role
-            self.limiter.acquire()
             with _translated("RegisterJobDefinition", request.region):
                 arn = str(
                     client.register_job_definition(
@@ -232,7 +244,6 @@ class BotoBatchGateway:
         return arn
 
     def find(self, region: str, queue: str, name: str) -> list[BatchJob]:
-        self.limiter.acquire()
         with _translated("ListJobs", region):
             resp = self._own(region).list_jobs(
                 jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}]
@@ -260,9 +271,13 @@ class SqsSubmitQueue:
     def __init__(self, queue_url: str) -> None:
         self.queue_url = queue_url
 
+    @cached_property
+    def _sqs(self) -> Any:
+        return aws.client("sqs")
+
     def send(self, request: SubmitRequest) -> None:
         try:
-            aws.client("sqs").send_message(
+            self._sqs.send_message(
                 QueueUrl=self.queue_url,
                 MessageBody=request.model_dump_json(),
                 MessageGroupId=request.job_id,
