@@ -109,6 +109,7 @@ class CloudDispatch(Construct):
             "BERTH_BATCH_SUBMIT_CONCURRENCY": str(self.config.submit_concurrency),
             "BERTH_RUNNABLE_TIMEOUT_S": str(self.config.runnable_timeout_s),
             "BERTH_ACCOUNT_ID": stack.account,
+            "BERTH_PARTITION": stack.partition,
         }
         if self.config.submit_role_arn:
             env["BERTH_BATCH_SUBMIT_ROLE_ARN"] = self.config.submit_role_arn

@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     batch_submit_grace_s: int = 120
     #: The account whose per-tenant job roles (``Berth-job-<tenant>``) Batch jobs run as.
     account_id: str = ""
+    partition: str = "aws"
     #: Where launchers inside Batch jobs reach AWS (the local cloud's endpoint; empty on AWS).
     batch_endpoint_url: str = ""
 

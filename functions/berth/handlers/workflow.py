@@ -9,6 +9,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.domain.workflow import Failure
 from berth.handlers.runtime import cloud_dispatch_service, workflow_service
 
 logger = Logger()
@@ -45,7 +46,9 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         cloud = cloud_dispatch_service()
         if cloud is None:
             # No cloud dispatcher in this deployment: the attempt fails and is re-placed elsewhere.
-            service.tokens.fail(task.task_token, "Berth.CloudApiError", "no cloud dispatcher is deployed")
+            service.tokens.fail(
+                task.task_token, Failure.CLOUD_API.error_name, "no cloud dispatcher is deployed"
+            )
             return {}
         cloud.dispatch(task.job_id, task.attempt, task.task_token)
         return {}
