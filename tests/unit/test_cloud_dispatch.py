@@ -478,6 +478,26 @@ def test_cancel_terminates_the_batch_job_and_ends_canceled() -> None:
     assert w.job(job.id).status is S.CANCELED
 
 
+def test_a_cancel_racing_a_submit_terminates_what_was_submitted() -> None:
+    w = CloudWorld()
+    job = w.place()
+    token = w.dispatch(job)
+    original = w.jobs.update
+
+    def cancel_meanwhile(j: Job) -> None:
+        # SubmitJob went through; the job was canceled before the Batch job id was written.
+        w.jobs.update = original  # type: ignore[method-assign]
+        fresh = w.job(job.id)
+        w.jobs.save(*fresh.transition(S.CANCELING, "canceling", w.clock()))
+        original(j)
+
+    w.jobs.update = cancel_meanwhile  # type: ignore[method-assign]
+    assert w.deliver() == ["canceled"]
+    (bid,) = w.batch.jobs
+    assert w.batch.terminated == [(bid, "Berth: canceled")]
+    assert w.failures_of(token) == [Failure.CANCELED.error_name]
+
+
 def test_a_cancel_whose_submit_request_was_lost_still_ends() -> None:
     w = CloudWorld()
     job = w.place()

@@ -104,8 +104,7 @@ class CloudDispatchService:
                 return "exists"
             token = job.run.dispatch_token
             if job.status is S.CANCELING:
-                if token:
-                    self.tokens.fail(token, Failure.CANCELED.error_name, "canceled before it was submitted")
+                self.cancel_unrecorded(job)
                 return "canceled"
             name = batch_job_name(job.id, job.attempts)
             try:
@@ -135,6 +134,27 @@ class CloudDispatchService:
                 continue  # re-read: the next round finds the Batch job by name
             return "submitted"
         raise Conflict(f"job {request.job_id!r} kept changing while submitting")
+
+    def cancel_unrecorded(self, job: Job) -> None:
+        """End a canceled attempt that has no Batch job on record: a job of its name that a crashed
+        submit left behind is terminated, then its token fails ``Canceled``."""
+        placement = cloud_attempt(job)
+        if placement is None:
+            return
+        name = batch_job_name(job.id, job.attempts)
+        try:
+            for bj in self.batch.find(placement.region, placement.queue, name):
+                if not bj.status.is_terminal:
+                    reason = TERMINATED_BY_BERTH + "canceled"
+                    self.batch.terminate(placement.region, bj.batch_job_id, reason, job.tenant)
+        except CloudThrottled:
+            raise
+        except CloudError:
+            return  # the next pass's sweep tries again
+        if job.run.dispatch_token:
+            self.tokens.fail(
+                job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before it was submitted"
+            )
 
     # -- Batch Job State Change events -----------------------------------------------------------
     def on_event(self, batch_job_id: str, name: str) -> str:

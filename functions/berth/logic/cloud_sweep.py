@@ -108,9 +108,12 @@ class CloudSweep:
         bj = described.get(batch_id) if batch_id else None
         if job.status is S.CANCELING or job.run.stop:
             if batch_id is None and token and job.status is S.CANCELING:
-                # Canceled before its submit (whose request may be lost): nothing runs, end it.
+                # Canceled before its submit was recorded (its request may be lost): end it.
                 if (now - job.updated_at).total_seconds() >= svc.settings.submit_grace_s:
-                    svc.tokens.fail(token, Failure.CANCELED.error_name, "canceled before it was submitted")
+                    try:
+                        svc.cancel_unrecorded(job)
+                    except CloudError:
+                        return
             elif bj is not None and not bj.status.is_terminal:
                 why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.stop}"
                 self._terminate(job, bj.batch_job_id, why, report)
