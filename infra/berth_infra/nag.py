@@ -121,7 +121,14 @@ def _workflow_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "AwsSolutions-L1",
             "Python 3.11 like every Berth function: the version the project's code and tests target.",
         )
-        for fn in (wf.workflow_fn, wf.scheduler_fn, wf.agent_fn, wf.notifier_fn)
+        for fn in (
+            wf.workflow_fn,
+            wf.scheduler_fn,
+            wf.agent_fn,
+            wf.notifier_fn,
+            wf.batch_submit_fn,
+            wf.batch_events_fn,
+        )
     ]
     acks += [
         NagAck(
@@ -157,6 +164,16 @@ def _workflow_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "An example target of job events for users to read (JobEventsQueueUrl); messages expire "
             "after 4 days and nothing is lost by not having a dead-letter queue.",
         ),
+    ]
+    acks += [
+        NagAck(
+            fn.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "batch:ListJobs and batch:DescribeJobs (read-only lookups of Berth's Batch jobs in every "
+            "cloud region) have no resource-level permissions; submits, terminations and PassRole run only "
+            "in BatchSubmitRole sessions tagged with the job's tenant.",
+        )
+        for fn in (wf.scheduler_fn, wf.batch_submit_fn, wf.batch_events_fn)
     ]
     return acks
 

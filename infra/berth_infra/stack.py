@@ -19,6 +19,7 @@ from berth_infra.api import (
     base_environment,
 )
 from berth_infra.cloud_config import cloud_regions, tenants
+from berth_infra.cloud_dispatch import DEFAULT_RUNNABLE_TIMEOUT_S, DEFAULT_SUBMIT_RATE, CloudDispatchConfig
 from berth_infra.cloud_roles import CloudRoles
 from berth_infra.data import DataTables
 from berth_infra.nag import acknowledge_findings
@@ -76,6 +77,13 @@ class BerthStack(Stack):
             },
             cloud_enabled=context_flag(self, "berth:cloudEnabled"),
             job_role=self.storage.job_role,
+            # The cloud dispatcher: -c berth:batchSubmitRoleArn (BatchSubmitRole), berth:batchSubmitRate,
+            # berth:runnableTimeoutSeconds.
+            cloud=CloudDispatchConfig(
+                submit_role_arn=str(context("berth:batchSubmitRoleArn") or ""),
+                submit_rate=int(context("berth:batchSubmitRate") or DEFAULT_SUBMIT_RATE),
+                runnable_timeout_s=int(context("berth:runnableTimeoutSeconds") or DEFAULT_RUNNABLE_TIMEOUT_S),
+            ),
         )
         workflow_env = {
             k: v
@@ -141,6 +149,13 @@ class BerthStack(Stack):
         )
         # EventBridge applies one bus-policy change at a time.
         self.cloud.bus_policy.add_resource_dependency(self.workflow.node.find_child("BusPolicy"))  # type: ignore[arg-type]
+        # The functions that call Batch act through BatchSubmitRole, tagged with the job's tenant
+        # (unless -c berth:batchSubmitRoleArn names another role, granted in the workflow construct).
+        if not self.workflow.cloud.config.submit_role_arn:
+            wf = self.workflow
+            for fn in (wf.batch_submit_fn, wf.batch_events_fn, wf.scheduler_fn):
+                fn.function.add_environment("BERTH_BATCH_SUBMIT_ROLE_ARN", self.cloud.submit_role.role_arn)
+                self.cloud.grant_assume(fn.role)
 
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),
@@ -178,6 +193,14 @@ class BerthStack(Stack):
                 "The cloud dispatcher assumes it with session tag berth:tenant=<job's tenant>",
             ),
             "CloudRegions": (self.cloud.regions_json, "Batch regions, instance types and queue names (JSON)"),
+            "BatchSubmitQueueUrl": (
+                self.workflow.cloud.submit_queue.queue_url,
+                "Batch submit requests (FIFO; the cloud dispatcher's input)",
+            ),
+            "BatchEventsQueueUrl": (
+                self.workflow.cloud.events_queue.queue_url,
+                "Batch Job State Change events from the home bus",
+            ),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

@@ -18,6 +18,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from berth_infra.bundling import LAMBDA_ARCHITECTURE, LAMBDA_RUNTIME, function_code
+from berth_infra.cloud_dispatch import SUBMIT_TIMEOUT_S, CloudDispatch, CloudDispatchConfig
 from berth_infra.data import DataTables
 
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
@@ -111,6 +112,7 @@ class JobWorkflow(Construct):
         timings: dict[str, int] | None = None,
         cloud_enabled: bool = False,
         job_role: iam.IRole | None = None,
+        cloud: CloudDispatchConfig | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -170,13 +172,17 @@ class JobWorkflow(Construct):
             f"arn:{stack.partition}:states:{stack.region}:{stack.account}:stateMachine:{self.state_machine_name}"
         )
 
+        # -- the cloud branch's queues and the home bus's Batch events rule (cloud_dispatch.py) -------
+        self.cloud = CloudDispatch(self, "CloudDispatch", bus=self.bus, config=cloud or CloudDispatchConfig())
+
         env = {
             **base_environment,
+            **self.cloud.environment(),
             **{k: str(v) for k, v in (timings or DEFAULT_TIMINGS).items()},
             "BERTH_SCHEDULER_QUEUE_URL": self.trigger_queue.queue_url,
             "BERTH_HOST_QUEUE_PREFIX": HOST_QUEUE_PREFIX,
             "BERTH_EVENT_BUS_NAME": self.bus.event_bus_name,
-            # No cloud dispatcher (AWS Batch) is deployed yet: cloud offers stay out of the fleet.
+            # Off by default (-c berth:cloudEnabled=true): then cloud offers stay out of the fleet.
             "BERTH_CLOUD_ENABLED": "true" if cloud_enabled else "false",
         }
         self.environment = env
@@ -231,6 +237,27 @@ class JobWorkflow(Construct):
             reserved_concurrency=5,
         )
 
+        self.batch_submit_fn = ControlFunction(
+            self,
+            "BatchSubmitFunction",
+            handler="berth.handlers.batch_submit.lambda_handler",
+            description="Berth cloud dispatcher: submits attempts to AWS Batch (throttled, idempotent)",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-batch-submit"},
+            bundle=bundle,
+            timeout_s=SUBMIT_TIMEOUT_S,
+            reserved_concurrency=self.cloud.config.submit_concurrency,
+        )
+        self.batch_events_fn = ControlFunction(
+            self,
+            "BatchEventsFunction",
+            handler="berth.handlers.batch_events.lambda_handler",
+            description="Berth cloud watcher: Batch job state changes reconciled with DescribeJobs",
+            environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-batch-events"},
+            bundle=bundle,
+            timeout_s=60,
+            reserved_concurrency=5,
+        )
+
         # -- the state machine -----------------------------------------------------------------------
         self.state_machine = self._state_machine()
         # Every function answers task tokens (placement and dispatch waits); only the agent API
@@ -278,7 +305,12 @@ class JobWorkflow(Construct):
         self.workflow_fn.allow("Usage", ["dynamodb:PutItem"], [arns["usage"]])
         self.scheduler_fn.allow("Usage", ["dynamodb:PutItem", "dynamodb:Query"], [arns["usage"]])
 
+        self._cloud_permissions(arns, sm_arn)
+
         # -- event sources ------------------------------------------------------------------------
+        submit_source, events_source = self.cloud.event_sources()
+        self.batch_submit_fn.function.add_event_source(submit_source)
+        self.batch_events_fn.function.add_event_source(events_source)
         self.scheduler_fn.function.add_event_source(
             sources.SqsEventSource(
                 self.trigger_queue,
@@ -339,6 +371,31 @@ class JobWorkflow(Construct):
             ],
         )
 
+    def _cloud_permissions(self, arns: dict[str, str], sm_arn: str) -> None:
+        """The cloud branch's grants: the submit queue, the circuits item, Batch lookups, and the submit
+        role (SubmitJob, RegisterJobDefinition, TerminateJob and PassRole happen only in its sessions,
+        tagged with the job's tenant; docs/security.md)."""
+        submit_queue = self.cloud.submit_queue.queue_arn
+        circuits = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["CIRCUITS"]}}
+        self.workflow_fn.allow("BatchSubmitQueue", ["sqs:SendMessage"], [submit_queue])
+        self.scheduler_fn.allow("BatchSubmitQueue", ["sqs:SendMessage"], [submit_queue])
+        for fn in (self.batch_submit_fn, self.batch_events_fn):
+            fn.allow("Jobs", ["dynamodb:GetItem", "dynamodb:PutItem"], [arns["jobs"]])
+            fn.allow("CircuitsRead", ["dynamodb:GetItem"], [arns["tenants"]])
+        self.batch_events_fn.allow("JobEvents", ["dynamodb:PutItem"], [arns["job_events"]])
+        for fn in (self.batch_submit_fn, self.batch_events_fn, self.scheduler_fn):
+            fn.allow("Circuits", ["dynamodb:PutItem"], [arns["tenants"]], circuits)
+        self.batch_submit_fn.allow("Tokens", ["states:SendTaskFailure"], [sm_arn])
+        self.batch_events_fn.allow("Tokens", ["states:SendTaskSuccess", "states:SendTaskFailure"], [sm_arn])
+        # ListJobs and DescribeJobs have no resource-level permissions.
+        self.batch_submit_fn.allow("BatchLookup", ["batch:ListJobs"], ["*"])
+        self.batch_events_fn.allow("BatchLookup", ["batch:DescribeJobs"], ["*"])
+        self.scheduler_fn.allow("BatchLookup", ["batch:DescribeJobs"], ["*"])
+        role = self.cloud.config.submit_role_arn
+        if role:
+            for fn in (self.batch_submit_fn, self.batch_events_fn, self.scheduler_fn):
+                fn.allow("AssumeBatchSubmitRole", ["sts:AssumeRole", "sts:TagSession"], [role])
+
     def _state_machine(self) -> sfn.StateMachine:
         fn = self.workflow_fn.function
 
@@ -381,15 +438,17 @@ class JobWorkflow(Construct):
             task_timeout=sfn.Timeout.at("$.placed.timeout_s"),
             comment="Work messages to the placed hosts; their agents report through the agent API",
         )
-        dispatch_cloud = sfn.Pass(
-            self,
+        dispatch_cloud = task(
             "DispatchCloud",
-            comment="Extension point for the cloud branch (AWS Batch): until it is deployed no job is "
-            "placed in the cloud (BERTH_CLOUD_ENABLED=false), and one that is fails as a cloud API error",
-            result=sfn.Result.from_object(
-                {"Error": "Berth.CloudApiError", "Cause": "no cloud dispatcher is deployed in this stack"}
-            ),
-            result_path="$.failure",
+            "dispatch_cloud",
+            attempt,
+            wait=True,
+            result_path="$.result",
+            # No heartbeat: Batch has no channel for one. The scheduler's sweep watches every cloud
+            # attempt through DescribeJobs each pass (capacity waits, lost jobs, missed events); the
+            # timeout is the job's limit plus the wait for an instance (a last resort).
+            task_timeout=sfn.Timeout.at("$.placed.timeout_s"),
+            comment="Submit request to the Batch submit queue; Batch events (and the sweep) answer it",
         )
         finalize = task(
             "Finalize",
@@ -436,8 +495,9 @@ class JobWorkflow(Construct):
             )
         dispatch_onprem.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
         dispatch_onprem.next(finalize)
+        dispatch_cloud.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
+        dispatch_cloud.next(finalize)
         finalize.next(done)
-        dispatch_cloud.next(classify)
         classify.next(
             sfn.Choice(self, "RetryOrEnd")
             .when(sfn.Condition.string_equals("$.decision.action", "retry"), backoff)

@@ -50,6 +50,8 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "HostPolicyArn",
         "BatchSubmitRoleArn",
         "CloudRegions",
+        "BatchSubmitQueueUrl",
+        "BatchEventsQueueUrl",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]
@@ -163,7 +165,7 @@ AGENT_HANDLER = "berth.handlers.agent_api.lambda_handler"
 
 
 def test_api_function(synthesized: Synthesized) -> None:
-    assert len(synthesized.resources("AWS::Lambda::Function")) == 5
+    assert len(synthesized.resources("AWS::Lambda::Function")) == 7
     fn_id, fn = _function_by_handler(synthesized, API_HANDLER)
     assert synthesized.json["Outputs"]["ApiFunctionName"]["Value"] == {"Ref": fn_id}
     props = fn["Properties"]
@@ -286,6 +288,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         (HOST_QUEUES, None): {"sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"},
         # a pass after await_placement, classify and finalize
         ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
+        # dispatch_cloud: the attempt's submit request
+        ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
     },
     # SchedulerService (logic/scheduler_service.py) and SnapshotSource (logic/snapshot.py).
     "berth.handlers.scheduler.lambda_handler": {
@@ -306,6 +310,48 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # wake_at (a delayed pass), and the SQS event source mapping's own actions
         ("SchedulerQueueUrl", None): {
             "sqs:SendMessage",
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        },
+        # CloudSweep (logic/cloud_sweep.py): a lost submit request sent again, Batch jobs looked up,
+        # circuit failures recorded (the CIRCUITS item only)
+        ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
+        ("*", None): {"batch:DescribeJobs"},
+        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+    },
+    # CloudDispatchService.submit (logic/cloud_dispatch.py), fed by the FIFO submit queue; SubmitJob,
+    # RegisterJobDefinition and PassRole only in BatchSubmitRole sessions (-c berth:batchSubmitRoleArn)
+    "berth.handlers.batch_submit.lambda_handler": {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        # fails the dispatch token of an attempt whose region refused the submit, or was canceled
+        (STATE_MACHINE, None): {"states:SendTaskFailure"},
+        # find: a submit that may have happened before a redelivery
+        ("*", None): {"batch:ListJobs"},
+        ("BatchSubmitQueueUrl", None): {
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        },
+    },
+    # CloudDispatchService.on_event, fed by the home bus's aws.batch rule
+    "berth.handlers.batch_events.lambda_handler": {
+        ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
+        # jobs.save STARTING -> RUNNING (job + event), jobs.update (the Batch job id adopted)
+        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem"},
+        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
+        ("*", None): {"batch:DescribeJobs"},
+        ("BatchEventsQueueUrl", None): {
             "sqs:ReceiveMessage",
             "sqs:DeleteMessage",
             "sqs:ChangeMessageVisibility",
@@ -372,6 +418,8 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     ("logs:GetLogEvents", "log-group:/berth/jobs/*"): "every tenant's job log group (created per "
     "tenant): the API reads only the caller's job's stream, after the tenant check",
     ("dynamodb:ListStreams", "*"): "the stream event source's ListStreams has no resource-level permissions",
+    ("batch:DescribeJobs", "*"): "Batch lookups have no resource-level permissions (read only)",
+    ("batch:ListJobs", "*"): "Batch lookups have no resource-level permissions (read only)",
     ("lambda:InvokeFunction", f"{WORKFLOW_FUNCTION}:*"): "CDK's LambdaInvoke grant: the workflow "
     "function's versions and aliases, the one function the state machine calls",
     **{
@@ -576,7 +624,7 @@ def test_lambda_roles_have_no_managed_policies(synthesized: Synthesized) -> None
         role_id = fn["Properties"]["Role"]["Fn::GetAtt"][0]
         roles.add(role_id)
         assert "ManagedPolicyArns" not in synthesized.json["Resources"][role_id]["Properties"]
-    assert len(roles) == 5  # a role per function
+    assert len(roles) == 7  # a role per function
 
 
 def _method_paths(s: Synthesized) -> dict[tuple[str, str], dict[str, Any]]:

@@ -160,8 +160,16 @@ def test_retry_loop_backs_off_requeues_and_waits_for_placement_again(synthesized
     assert requeued["Type"] == "Choice"
     assert {c["Next"] for c in requeued["Choices"]} == {"WaitForPlacement"}
 
-    # The cloud branch (an extension point) fails into the same classification.
-    assert states["DispatchCloud"]["Next"] == "ClassifyFailure"
+    # The cloud branch: a wait for the Batch outcome, finishing and failing like the on-prem one.
+    cloud = states["DispatchCloud"]
+    assert cloud["Resource"].endswith(":states:::lambda:invoke.waitForTaskToken")
+    assert cloud["Parameters"]["Payload"]["action"] == "dispatch_cloud"
+    assert cloud["Parameters"]["Payload"]["task_token.$"] == "$$.Task.Token"
+    assert cloud["TimeoutSecondsPath"] == "$.placed.timeout_s"
+    assert "HeartbeatSecondsPath" not in cloud  # Batch has no heartbeat; the sweep watches instead
+    assert cloud["Next"] == "Finalize"
+    (catch,) = cloud["Catch"]
+    assert catch == {"ErrorEquals": ["States.ALL"], "ResultPath": "$.failure", "Next": "ClassifyFailure"}
 
 
 # -- the scheduler and its trigger queue ---------------------------------------------------------------
@@ -274,6 +282,7 @@ def test_example_rule_routes_job_state_changes_to_the_output_queue(synthesized: 
         (rule_id, rule)
         for rule_id, rule in synthesized.resources("AWS::Events::Rule").items()
         if "EventPattern" in rule["Properties"]
+        and rule["Properties"]["EventPattern"]["source"] != ["aws.batch"]
     ]
     assert not others
     props = rule["Properties"]
@@ -289,6 +298,49 @@ def test_example_rule_routes_job_state_changes_to_the_output_queue(synthesized: 
     (allow,) = [st for st in policy["PolicyDocument"]["Statement"] if st["Effect"] == "Allow"]
     assert allow["Principal"] == {"Service": "events.amazonaws.com"}
     assert allow["Condition"] == {"ArnEquals": {"aws:SourceArn": {"Fn::GetAtt": [rule_id, "Arn"]}}}
+
+
+def test_batch_events_reach_their_queue_and_function(synthesized: Synthesized) -> None:
+    bus = _output_ref(synthesized, "EventBusName")
+    queue = _output_ref(synthesized, "BatchEventsQueueUrl")
+    (rule,) = [
+        r["Properties"]
+        for r in synthesized.resources("AWS::Events::Rule").values()
+        if r["Properties"].get("EventPattern", {}).get("source") == ["aws.batch"]
+    ]
+    assert rule["EventBusName"] == {"Ref": bus}
+    assert rule["EventPattern"] == {"source": ["aws.batch"], "detail-type": ["Batch Job State Change"]}
+    (target,) = rule["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [queue, "Arn"]}
+    fn_id, _ = _function(synthesized, "berth.handlers.batch_events.lambda_handler")
+    (mapping,) = [
+        m["Properties"]
+        for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": fn_id}
+    ]
+    assert mapping["EventSourceArn"] == {"Fn::GetAtt": [queue, "Arn"]}
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert "RedrivePolicy" in synthesized.json["Resources"][queue]["Properties"]
+
+
+def test_submit_queue_is_fifo_throttled_and_never_drops(synthesized: Synthesized) -> None:
+    queue_id = _output_ref(synthesized, "BatchSubmitQueueUrl")
+    queue = synthesized.json["Resources"][queue_id]["Properties"]
+    assert queue["FifoQueue"] is True
+    assert queue["RedrivePolicy"]["maxReceiveCount"] == 100
+    fn_id, fn = _function(synthesized, "berth.handlers.batch_submit.lambda_handler")
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert env["BERTH_BATCH_SUBMIT_RATE"] == "40"
+    assert env["BERTH_BATCH_SUBMIT_CONCURRENCY"] == str(fn["Properties"]["ReservedConcurrentExecutions"])
+    (mapping,) = [
+        m["Properties"]
+        for m in synthesized.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": fn_id}
+    ]
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    # Every workflow function knows the queue (dispatch, the sweep's resubmits).
+    _wf_id, wf = _function(synthesized, "berth.handlers.workflow.lambda_handler")
+    assert wf["Properties"]["Environment"]["Variables"]["BERTH_BATCH_SUBMIT_QUEUE_URL"] == {"Ref": queue_id}
 
 
 # -- on-prem hosts --------------------------------------------------------------------------------------

@@ -421,3 +421,115 @@ def _parse_fake_token(token: str) -> tuple[str, str, int | None, int]:
         return g, s, int(since) if since else None, int(pos)
     except ValueError as exc:
         raise InvalidRequest("next_token is not valid") from exc
+
+
+class FakeCircuits:
+    """The circuits store: the same pure update (``record_circuit_event``) as the DynamoDB one."""
+
+    def __init__(self) -> None:
+        self.circuits: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+
+    def _record(self, region: str, instance_type: str, at: float, failed: bool) -> None:
+        from berth.domain.cloud import record_circuit_event
+
+        new = record_circuit_event(self.circuits, region, instance_type, at, failed)
+        if new is not None:
+            self.circuits = new
+            self.writes += 1
+
+    def record_failure(self, region: str, instance_type: str, at: float) -> None:
+        self._record(region, instance_type, at, True)
+
+    def record_success(self, region: str, instance_type: str, at: float) -> None:
+        self._record(region, instance_type, at, False)
+
+    def list(self) -> list[Any]:
+        from berth.domain.ports import CircuitEntry
+
+        return [
+            CircuitEntry(
+                region=v["region"],
+                instance_type=v["instance_type"],
+                failures=tuple(v["failures"]),
+                last_success_at=v["last_success_at"],
+            )
+            for _, v in sorted(self.circuits.items())
+        ]
+
+
+class FakeBatch:
+    """AWS Batch as the gateway sees it: jobs by id, names, statuses; faults on demand."""
+
+    def __init__(self) -> None:
+        from berth.domain.cloud import BatchJob, BatchSubmission
+
+        self.jobs: dict[str, BatchJob] = {}
+        self.queues: dict[str, str] = {}  # job id -> queue
+        self.submitted: list[BatchSubmission] = []
+        self.terminated: list[tuple[str, str]] = []
+        self.throttle_next = 0
+        self.down: set[str] = set()
+        self.lookups = 0
+
+    def _check(self, region: str) -> None:
+        from berth.domain.cloud import CloudThrottled, CloudUnavailable
+
+        if region in self.down:
+            raise CloudUnavailable(f"Batch in {region}: ServiceUnavailable", region)
+        if self.throttle_next > 0:
+            self.throttle_next -= 1
+            raise CloudThrottled(f"Batch in {region}: TooManyRequestsException", region)
+
+    def submit(self, request: Any) -> str:
+        from berth.domain.cloud import BatchJob, BatchStatus
+
+        self._check(request.region)
+        job_id = f"batch-{len(self.submitted) + 1}"
+        self.submitted.append(request)
+        self.jobs[job_id] = BatchJob(job_id, request.name, BatchStatus.SUBMITTED)
+        self.queues[job_id] = request.queue
+        return job_id
+
+    def find(self, region: str, queue: str, name: str) -> list[Any]:
+        self._check(region)
+        self.lookups += 1
+        return [j for i, j in self.jobs.items() if j.name == name and self.queues.get(i) == queue]
+
+    def describe(self, region: str, batch_job_ids: list[str]) -> list[Any]:
+        self._check(region)
+        return [self.jobs[i] for i in batch_job_ids if i in self.jobs]
+
+    def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
+        from berth.domain.cloud import BatchStatus
+
+        self._check(region)
+        self.terminated.append((batch_job_id, reason))
+        job = self.jobs.get(batch_job_id)
+        if job is not None and not job.status.is_terminal:
+            self.set(batch_job_id, BatchStatus.FAILED, reason=reason)
+
+    def set(self, batch_job_id: str, status: Any, reason: str = "", exit_code: int | None = None) -> None:
+        import dataclasses
+
+        self.jobs[batch_job_id] = dataclasses.replace(
+            self.jobs[batch_job_id], status=status, status_reason=reason, exit_code=exit_code
+        )
+
+
+class FakeSubmitQueue:
+    """A FIFO queue with SQS's deduplication: a request with a dedup id already sent is dropped."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.seen: set[str] = set()
+
+    def send(self, request: Any) -> None:
+        if request.dedup_id in self.seen:
+            return
+        self.seen.add(request.dedup_id)
+        self.messages.append(request)
+
+    def take(self) -> list[Any]:
+        out, self.messages = self.messages, []
+        return out

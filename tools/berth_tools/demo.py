@@ -213,6 +213,46 @@ def run(s: Scenario) -> None:
             f"{' → '.join(moves)}; the same 4 changes arrived on the JobEventsQueueUrl queue"
         )
 
+    def logs_follow() -> str:
+        spec = _runnable("resnet-vision.yaml", 10, name="live-logs")
+        spec["resources"] = {**spec["resources"], "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["data"] = []
+        job = alice.submit(spec)
+        wait_for(job["id"], is_("RUNNING"), 60)
+        env = {**os.environ, **s.env, "AWS_PROFILE": "alice"}
+        cmd = ["logs", "-f", "--poll", "0.5", job["id"]]
+        console.print(f"  [dim]$ AWS_PROFILE=alice berth {shlex.join(cmd)}[/]")
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "berth_tools.cli.main", *cmd],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert follower.stdout is not None
+        lines: list[str] = []
+        status_at_first_line = None
+        for line in follower.stdout:
+            if status_at_first_line is None:
+                status_at_first_line = alice.get(job["id"])["status"]
+            lines.append(line.rstrip("\n"))
+            console.print(f"  [dim]│ {escape(lines[-1])}[/]")
+        code = follower.wait(timeout=60)
+        assert code == 0, follower.stderr.read() if follower.stderr else code
+        assert status_at_first_line == "RUNNING", status_at_first_line
+        epochs = [int(x.split()[1].split("/")[0]) for x in lines if x.startswith("epoch ")]
+        assert epochs == list(range(1, 11)), lines
+        assert alice.get(job["id"])["status"] == "COMPLETED"
+        code, usage, err = s.cli("alice", "metrics", job["id"])
+        assert code == 0, err
+        summary = usage["summary"]
+        assert usage["samples"] and summary["rss_max_mib"], usage
+        return (
+            f"berth logs -f printed {len(lines)} lines as {job['id']} ran (the first while it was RUNNING) "
+            f"and exited when it COMPLETED; berth metrics: {len(usage['samples'])} samples, "
+            f"peak RSS {summary['rss_max_mib']:.0f} MiB"
+        )
+
     def bob_completes() -> str:
         done = s.client("bob").get(ids["bob"])
         deadline = time.monotonic() + 60
@@ -414,6 +454,7 @@ def run(s: Scenario) -> None:
             runs_to_completion,
         ),
         ("bob's job reads an on-prem dataset and completes", bob_completes),
+        ("berth logs -f follows a running job live; berth metrics shows its usage", logs_follow),
         ("an agent is killed mid-job: the job is retried on another host and completes", agent_killed),
         ("a running job is canceled: the host stops it", cancel_running),
         ("with the V100 hosts full, berth explain says why a job waits", waits_and_explains),

@@ -153,6 +153,18 @@ class RateRow(Model):
     expires_at = NumberAttribute(null=True)  # the table's TTL attribute (epoch seconds)
 
 
+class CircuitsRow(Model):
+    """``CIRCUITS`` in the Tenants table: the cloud's recent failures and successes per (region,
+    instance type or '*'), one small item read whole by every pass, written under its version."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    version = NumberAttribute()
+    circuits = JSONAttribute()
+
+
 class KeyRow(Model):
     """``KEY#<name>`` in the Tenants table: a signing key the API generated for itself."""
 
@@ -273,3 +285,8 @@ def metric_model(table_name: str) -> type[JobMetricRow]:
 @cache
 def usage_model(table_name: str) -> type[UsageRow]:
     return _bind(UsageRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def circuits_model(table_name: str) -> type[CircuitsRow]:
+    return _bind(CircuitsRow, table_name)  # type: ignore[return-value]

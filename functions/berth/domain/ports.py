@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
@@ -266,3 +267,51 @@ class UsageLedger(Protocol):
     def month(self, tenant: str, month: str) -> list[AttemptUsage]:
         """Every attempt of the tenant recorded for ``month`` (``YYYY-MM``)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitEntry:
+    """Recent failures and the last success of one (region, instance type or '*')."""
+
+    region: str
+    instance_type: str
+    failures: tuple[float, ...] = ()
+    last_success_at: float | None = None
+
+
+class CircuitRepository(Protocol):
+    """The cloud's live health signal (capacity, API errors, spot interruptions), per (region,
+    instance type or ``'*'`` for the region's API), read by every pass into the core's circuits."""
+
+    def record_failure(self, region: str, instance_type: str, at: float) -> None:
+        """Add a failure (epoch seconds); old failures are pruned (only recent ones decide)."""
+
+    def record_success(self, region: str, instance_type: str, at: float) -> None: ...
+
+    def list(self) -> list[CircuitEntry]: ...
+
+
+class BatchGateway(Protocol):
+    """AWS Batch in one region at a time, acting for one tenant. Raises ``CloudThrottled``,
+    ``CloudUnavailable`` or ``CloudRejected`` (``berth.domain.cloud``)."""
+
+    def submit(self, request: BatchSubmission) -> str:
+        """Submit the job (registering the image's job definition the first time); its Batch id."""
+        ...
+
+    def find(self, region: str, queue: str, name: str) -> list[BatchJob]:
+        """Batch jobs of this name in this queue, in any status (a submit that may have happened)."""
+        ...
+
+    def describe(self, region: str, batch_job_ids: list[str]) -> list[BatchJob]:
+        """What Batch says about these jobs now (unknown ids are simply absent)."""
+        ...
+
+    def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
+        """Stop the Batch job (acting for its tenant: only that tenant's jobs may be terminated)."""
+
+
+class SubmitQueue(Protocol):
+    """The queue of Batch submit requests (throttled by its consumer, never dropped)."""
+
+    def send(self, request: SubmitRequest) -> None: ...

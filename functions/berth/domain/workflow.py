@@ -78,13 +78,23 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
 NOT_COUNTED = frozenset({Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED})
 #: Failures that exclude the failed host (or region) from the next placement.
 EXCLUDES_LOCATION = frozenset(
-    {Failure.HOST_LOST, Failure.HEARTBEAT_TIMEOUT, Failure.STAGING, Failure.AGENT_ERROR, Failure.CAPACITY}
+    {
+        Failure.HOST_LOST,
+        Failure.HEARTBEAT_TIMEOUT,
+        Failure.STAGING,
+        Failure.AGENT_ERROR,
+        Failure.CAPACITY,
+        Failure.CLOUD_API,
+    }
 )
 #: Step Functions' own timeout errors; moto reports a heartbeat timeout as ``States.Timeout`` too.
 STATES_TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
 #: How long past ``timeout_minutes`` the dispatch state waits before it declares the job timed out
 #: (the agent enforces the limit itself and reports ``Timeout``; this catches a silent host).
 TIMEOUT_GRACE_S = 120
+#: A cloud attempt's dispatch state also allows for the wait for an instance and the image pull (the
+#: scheduler's sweep fails an attempt waiting longer than ``runnable_timeout_s`` well before this).
+CLOUD_START_GRACE_S = 1800
 
 
 def failure_from_error(error: str | None, ran_s: float | None, timeout_s: float) -> Failure:
@@ -215,6 +225,12 @@ class RunState(_Model):
     """The cost of the job's attempts that ended (``berth.domain.cost``)."""
     cost_at: datetime | None = None
     """When the running attempt's cost was last stored on the job."""
+    batch_job_id: str | None = None
+    """The current cloud attempt's AWS Batch job (set once, conditionally: a redelivered submit
+    request finds it and submits nothing)."""
+    submitted_at: datetime | None = None
+    """When the current cloud attempt's Batch job was submitted (its time waiting for an instance
+    counts from here)."""
 
 
 # -- the dispatch protocol's messages (docs/agent-protocol.md) -------------------------------------

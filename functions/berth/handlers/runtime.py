@@ -7,6 +7,8 @@ import os
 import secrets
 from datetime import UTC, datetime
 
+from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
+from berth.dal.circuits import DynamoCircuitRepository
 from berth.dal.credentials import StsCredentialVendor
 from berth.dal.documents import DynamoDocumentRepository
 from berth.dal.hosts import DynamoHostRepository
@@ -22,11 +24,14 @@ from berth.dal.workflow import (
     SqsPassTrigger,
     SqsWorkQueues,
 )
+from berth.domain.cloud import CloudSettings
 from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
 from berth.handlers.settings import per_environment, settings
 from berth.logic.agent import AgentService
+from berth.logic.cloud_dispatch import CloudDispatchService
+from berth.logic.cloud_sweep import CloudSweep
 from berth.logic.credentials import CredentialService
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
@@ -85,6 +90,7 @@ def snapshot_source() -> SnapshotSource:
         clock=now,
         cloud_enabled=cfg.cloud_enabled,
         usage=usage_ledger(),
+        circuits=DynamoCircuitRepository(cfg.tenants_table),
     )
 
 
@@ -130,6 +136,7 @@ def workflow_service() -> WorkflowService:
 
 @per_environment
 def scheduler_service() -> SchedulerService:
+    cloud = cloud_dispatch_service()
     return SchedulerService(
         source=snapshot_source(),
         jobs=job_repository(),
@@ -142,6 +149,7 @@ def scheduler_service() -> SchedulerService:
         executions=executions(),
         execution_repair_s=settings().execution_repair_s,
         usage=usage_ledger(),
+        cloud=None if cloud is None else CloudSweep(cloud),
     )
 
 
@@ -180,3 +188,30 @@ def agent_service() -> AgentService:
 def metric_store() -> DynamoMetricsRepository | None:
     table = settings().job_metrics_table
     return DynamoMetricsRepository(table) if table else None
+
+
+@per_environment
+def cloud_dispatch_service() -> CloudDispatchService | None:
+    """The cloud branch (AWS Batch); None where no submit queue is deployed."""
+    cfg = settings()
+    if not cfg.batch_submit_queue_url:
+        return None
+    share = cfg.batch_submit_rate / max(1, cfg.batch_submit_concurrency)
+    return CloudDispatchService(
+        jobs=job_repository(),
+        tokens=task_tokens(),
+        batch=BotoBatchGateway(cfg.batch_submit_role_arn, RateLimiter(share)),
+        submits=SqsSubmitQueue(cfg.batch_submit_queue_url),
+        circuits=DynamoCircuitRepository(cfg.tenants_table),
+        clock=now,
+        settings=CloudSettings(
+            base_image=cfg.batch_base_image,
+            artifacts_bucket=cfg.artifacts_bucket,
+            data_bucket=cfg.data_bucket,
+            runnable_timeout_s=cfg.runnable_timeout_s,
+            submit_grace_s=cfg.batch_submit_grace_s,
+            account=cfg.account_id,
+            partition=cfg.partition,
+            endpoint_url=cfg.batch_endpoint_url or None,
+        ),
+    )

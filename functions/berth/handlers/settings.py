@@ -69,6 +69,27 @@ class Settings(BaseSettings):
     #: Where agents ship job output: group ``<prefix>/<tenant>``, stream ``<job_id>/<attempt>``.
     job_log_group_prefix: str = "/berth/jobs"
 
+    # -- the cloud branch (AWS Batch; docs/workflow.md "The cloud branch") ---------------------------
+    #: The FIFO queue of Batch submit requests (empty: no cloud dispatcher in this deployment).
+    batch_submit_queue_url: str = ""
+    #: Assumed (with session tag berth:tenant) to submit; empty: the function's own credentials.
+    batch_submit_role_arn: str = ""
+    #: SubmitJob calls per second over all submit function instances (Batch allows 50 per account).
+    batch_submit_rate: float = 40.0
+    #: The submit function's reserved concurrency: each instance keeps to rate / concurrency.
+    batch_submit_concurrency: int = 2
+    #: The image code-bundle jobs run in, with ``python -m berth_agent.launch``.
+    batch_base_image: str = "public.ecr.aws/docker/library/python:3.11-slim"
+    #: A cloud attempt waiting for an instance longer than this fails as ``Capacity``.
+    runnable_timeout_s: int = 600
+    #: A dispatched cloud attempt still without a Batch job after this long is submitted again.
+    batch_submit_grace_s: int = 120
+    #: The account whose per-tenant job roles (``Berth-job-<tenant>``) Batch jobs run as.
+    account_id: str = ""
+    partition: str = "aws"
+    #: Where launchers inside Batch jobs reach AWS (the local cloud's endpoint; empty on AWS).
+    batch_endpoint_url: str = ""
+
 
 def environment_key() -> tuple[tuple[str, str], ...]:
     """The configuration this process sees now (``BERTH_*`` and the SDK's endpoint, region and

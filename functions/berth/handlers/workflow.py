@@ -9,7 +9,8 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
-from berth.handlers.runtime import workflow_service
+from berth.domain.workflow import Failure
+from berth.handlers.runtime import cloud_dispatch_service, workflow_service
 
 logger = Logger()
 
@@ -39,6 +40,17 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if task.action == "dispatch_onprem":
         assert task.task_token
         service.dispatch_onprem(task.job_id, task.attempt, task.task_token)
+        return {}
+    if task.action == "dispatch_cloud":
+        assert task.task_token
+        cloud = cloud_dispatch_service()
+        if cloud is None:
+            # No cloud dispatcher in this deployment: the attempt fails and is re-placed elsewhere.
+            service.tokens.fail(
+                task.task_token, Failure.CLOUD_API.error_name, "no cloud dispatcher is deployed"
+            )
+            return {}
+        cloud.dispatch(task.job_id, task.attempt, task.task_token)
         return {}
     if task.action == "classify_failure":
         result = service.classify_failure(task.job_id, task.attempt, task.error, task.cause)

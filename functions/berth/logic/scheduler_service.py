@@ -32,8 +32,10 @@ from berth.domain.ports import (
 )
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
+from berth.logic.cloud_sweep import CloudSweep, SweepReport
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowSettings, placement_output
+from berth.scheduler.circuit import CircuitBoard, CircuitState
 from berth.scheduler.core import schedule
 from berth.scheduler.decisions import Assignment, CloudAssignment, OnPremAssignment
 
@@ -66,12 +68,15 @@ class PassReport:
     cost_limited: int = 0
     """Running jobs stopped because they would exceed their ``max_cost_usd``."""
     wake_in_s: float | None = None
+    cloud: SweepReport | None = None
     load_s: float = 0.0
     decide_s: float = 0.0
     apply_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        out["cloud"] = None if self.cloud is None else dict(self.cloud.__dict__)
+        return out
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ class SchedulerService:
     executions: Executions | None = None
     """Restarts the execution of a queued job that has none waiting (a start lost after the submit)."""
     execution_repair_s: int = 30
+    cloud: CloudSweep | None = None
+    """Watches placed cloud attempts through Batch (None: no cloud dispatcher deployed)."""
     #: Test hook: called after each applied placement (a crash injected here leaves a half-applied pass).
     after_apply: Callable[[Job], None] | None = None
     #: Where running attempts' usage so far is recorded (None: only the jobs' cost is written).
@@ -103,6 +110,11 @@ class SchedulerService:
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
         report.executions_restarted = self.repair_executions(inputs.pending_jobs, now)
         report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
+        if self.cloud is not None:
+            board = CircuitBoard(inputs.fleet.circuits, now.timestamp(), inputs.fleet.policy.circuit)
+            report.cloud = self.cloud.run(
+                inputs.running_jobs, now, lambda r: board.state(r, "*") is CircuitState.OPEN
+            )
         t1 = time.perf_counter()
         decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
         t2 = time.perf_counter()
@@ -263,6 +275,8 @@ class SchedulerService:
                 "stop": None,
                 "stop_failure": None,
                 "cost_at": None,
+                "batch_job_id": None,
+                "submitted_at": None,
             }
         )
         nxt, event = job.transition(

@@ -21,6 +21,7 @@ from berth.domain.fleet import HostRecord, StoredDocument
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement, OnPremPlacement, Site
 from berth.domain.ports import (
+    CircuitRepository,
     DocumentRepository,
     HostRepository,
     JobRepository,
@@ -208,7 +209,8 @@ class Fleet:
     offers: tuple[CloudOffer, ...]
     offers_version: int
     circuits: tuple[CircuitRecord, ...] = ()
-    """Cloud capacity failures per (region, instance type); recorded by the cloud branch (not yet)."""
+    """Cloud capacity and API failures per (region, instance type or '*'), recorded by the cloud branch
+    (``CircuitRepository``); the core's ``CircuitBoard`` decides what they mean."""
 
 
 @dataclass(frozen=True)
@@ -225,12 +227,27 @@ class SnapshotSource:
     nothing is ever placed in the cloud and feasibility, explain and capacity say so."""
     usage: UsageLedger | None = None
     """The usage ledger: each tenant's cloud spend this month (None: counted as nothing)."""
+    circuits: CircuitRepository | None = None
+    """The cloud's health signal (None: no cloud branch deployed, every circuit closed)."""
 
     def cloud_spend(self, tenant: str) -> float:
         """What the tenant's cloud attempts cost this month (UTC), running ones so far included."""
         if self.usage is None:
             return 0.0
         return cloud_spend(self.usage.month(tenant, month_of(self.clock())))
+
+    def circuit_records(self) -> tuple[CircuitRecord, ...]:
+        if self.circuits is None or not self.cloud_enabled:
+            return ()
+        return tuple(
+            CircuitRecord(
+                region=e.region,
+                instance_type=e.instance_type,
+                failures=e.failures,
+                last_success_at=e.last_success_at,
+            )
+            for e in self.circuits.list()
+        )
 
     def document(self, kind: str) -> StoredDocument:
         return self.documents.current(kind) or default_document(kind)
@@ -265,6 +282,7 @@ class SnapshotSource:
             records=records,
             offers=offers,
             offers_version=ov,
+            circuits=self.circuit_records(),
         )
 
     def snapshot(self) -> tuple[Snapshot, Fleet, list[Job]]:

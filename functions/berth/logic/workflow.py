@@ -18,7 +18,7 @@ from berth.domain.cost import attempt_usage
 from berth.domain.errors import Conflict, NotFound, StoreUnavailable
 from berth.domain.fleet import attempt_key
 from berth.domain.job import Job
-from berth.domain.placement import OnPremPlacement
+from berth.domain.placement import CloudPlacement, OnPremPlacement
 from berth.domain.ports import (
     Executions,
     HostRepository,
@@ -30,6 +30,7 @@ from berth.domain.ports import (
 )
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
+    CLOUD_START_GRACE_S,
     EXCLUDES_LOCATION,
     TIMEOUT_GRACE_S,
     Action,
@@ -71,11 +72,12 @@ class WorkflowSettings:
 def placement_output(job: Job) -> dict[str, Any]:
     """What WaitForPlacement returns to the state machine."""
     if job.status in (S.STARTING, S.RUNNING) and job.placement is not None:
+        grace = TIMEOUT_GRACE_S + (CLOUD_START_GRACE_S if isinstance(job.placement, CloudPlacement) else 0)
         return {
             "outcome": "placed",
             "site": str(job.placement.site),
             "attempt": job.attempts,
-            "timeout_s": job.spec.timeout_minutes * 60 + TIMEOUT_GRACE_S,
+            "timeout_s": job.spec.timeout_minutes * 60 + grace,
         }
     return {"outcome": "canceled" if job.status in (S.CANCELING, S.CANCELED) else "ended", "site": "none"}
 
@@ -229,6 +231,7 @@ class WorkflowService:
                     "last_failure": decision.reason,
                     "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
                     "excluded_hosts": _excluded(job, failure),
+                    "excluded_regions": _excluded_regions(job, failure),
                 }
             )
             target = {Action.RETRY: S.RETRYING, Action.FAIL: S.FAILED, Action.CANCEL: S.CANCELED}[
@@ -322,6 +325,14 @@ def _excluded(job: Job, failure: Failure) -> tuple[str, ...]:
     last failure's, so a small fleet never shuts a job out for good)."""
     if failure in EXCLUDES_LOCATION and isinstance(job.placement, OnPremPlacement):
         return tuple(h.host_id for h in job.placement.hosts)
+    return ()
+
+
+def _excluded_regions(job: Job, failure: Failure) -> tuple[str, ...]:
+    """The failed cloud attempt's region, when the failure was the region's (capacity, API errors):
+    its re-placement goes to another region or on-prem. Only the last failure's, like hosts."""
+    if failure in EXCLUDES_LOCATION and isinstance(job.placement, CloudPlacement):
+        return (job.placement.region,)
     return ()
 
 

@@ -84,6 +84,8 @@ class AgentProcess:
             "host_cpu": 64,
             "host_memory_gib": 512,
             "drain_timeout_s": 5,
+            # usage samples every 2 s (10 s on a real host), so short local jobs have some
+            "metrics": {"sample_interval_s": 2.0, "send_interval_s": 5.0},
             "cancel_grace_s": 3,
             # Jobs run as the user running the local cloud (no per-job uid: the state dir is private).
             "limits": {"uid_range": None},

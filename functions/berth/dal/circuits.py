@@ -1,0 +1,63 @@
+"""DynamoDB circuit repository: the cloud's health signal as one ``CIRCUITS`` item in the Tenants
+table, read whole by each pass (one GetItem) and rewritten under its version (a lost race re-reads;
+writers are few: the submit and Batch-events functions and the pass)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from berth.dal.errors import translated
+from berth.dal.models import circuits_model
+from berth.domain.cloud import record_circuit_event
+from berth.domain.errors import Conflict, StoreUnavailable
+from berth.domain.ports import CircuitEntry
+
+PK = "CIRCUITS"
+RETRIES = 8
+
+
+class DynamoCircuitRepository:
+    def __init__(self, table_name: str) -> None:
+        self._Row = circuits_model(table_name)
+
+    def _read(self) -> tuple[int, dict[str, dict[str, Any]]]:
+        with translated("read circuits"):
+            try:
+                row = self._Row.get(PK, consistent_read=True)
+            except self._Row.DoesNotExist:
+                return 0, {}
+        return int(row.version), dict(row.circuits or {})
+
+    def _record(self, region: str, instance_type: str, at: float, failed: bool) -> None:
+        R = self._Row
+        for _ in range(RETRIES):
+            version, circuits = self._read()
+            new = record_circuit_event(circuits, region, instance_type, at, failed)
+            if new is None:
+                return
+            condition = R.pk.does_not_exist() if version == 0 else R.version == version
+            try:
+                with translated("write circuits"):
+                    R(PK, version=version + 1, circuits=new).save(condition=condition)
+                return
+            except Conflict:
+                continue
+        raise StoreUnavailable("the circuits kept changing; try again")
+
+    def record_failure(self, region: str, instance_type: str, at: float) -> None:
+        self._record(region, instance_type, at, True)
+
+    def record_success(self, region: str, instance_type: str, at: float) -> None:
+        self._record(region, instance_type, at, False)
+
+    def list(self) -> list[CircuitEntry]:
+        _, circuits = self._read()
+        return [
+            CircuitEntry(
+                region=str(v["region"]),
+                instance_type=str(v["instance_type"]),
+                failures=tuple(float(f) for f in v.get("failures", [])),
+                last_success_at=None if v.get("last_success_at") is None else float(v["last_success_at"]),
+            )
+            for _, v in sorted(circuits.items())
+        ]

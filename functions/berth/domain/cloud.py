@@ -1,0 +1,349 @@
+"""The cloud branch's pure parts (AWS Batch): names, the submission an attempt becomes, what a Batch
+job's outcome means in the failure taxonomy, and the circuit signals it raises. Pure.
+
+Names are fixed by ``docs/cloud.md`` (shared with the Batch stacks and the local Batch runner): a
+Batch job is named ``<job_id>-a<attempt>``, a job definition ``berth-img-<sha256(image)[:16]>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from berth.domain.errors import DomainError
+from berth.domain.job import Job
+from berth.domain.placement import CloudPlacement
+from berth.domain.storage import bundle_key, job_output_prefix, parse_digest
+from berth.domain.workflow import Failure
+
+#: A Batch job name: letters, digits, hyphens and underscores, at most 128.
+_JOB_NAME_RE = re.compile(r"^(?P<job>[A-Za-z0-9_-]+)-a(?P<attempt>[0-9]{1,4})$")
+#: ``Host EC2 (instance i-0abc) terminated.``: Batch's reason when the instance under a job went away.
+_HOST_TERMINATED_RE = re.compile(r"^Host EC2 \(instance [^)]*\) terminated", re.IGNORECASE)
+_CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "INSUFFICIENTINSTANCECAPACITY")
+#: The launcher's exit code when the command ran past ``timeout_s`` (as ``timeout(1)``).
+TIMEOUT_EXIT_CODE = 124
+#: Batch's own reason when ``attemptDurationSeconds`` ran out.
+_BATCH_TIMEOUT_REASON = "Job attempt duration exceeded timeout"
+REGION_WIDE = "*"
+#: The start of the reason Berth gives TerminateJob: such a job failed because Berth stopped it (a
+#: cancel, a preemption, an attempt given up), never because of the cloud.
+TERMINATED_BY_BERTH = "Berth: "
+LAUNCH_COMMAND = ("python", "-m", "berth_agent.launch")
+
+
+def batch_job_name(job_id: str, attempt: int) -> str:
+    return f"{job_id}-a{attempt}"
+
+
+def parse_batch_job_name(name: str) -> tuple[str, int] | None:
+    """``(job_id, attempt)`` of a Batch job Berth submitted, else None."""
+    m = _JOB_NAME_RE.fullmatch(name or "")
+    return None if m is None else (m["job"], int(m["attempt"]))
+
+
+def job_definition_name(image: str, tenant: str) -> str:
+    """One job definition per image (and tenant: Batch takes the job role from the definition, never
+    from SubmitJob), registered once and reused by every job of that image and tenant."""
+    return f"berth-img-{hashlib.sha256(image.encode()).hexdigest()[:16]}-{tenant}"
+
+
+def job_role_name(tenant: str) -> str:
+    """The per-tenant job role the Batch container runs as (created by the stack)."""
+    return f"Berth-job-{tenant}"
+
+
+def region_of_queue_arn(arn: str) -> str | None:
+    """``arn:aws:batch:<region>:<account>:job-queue/<name>`` -> region."""
+    parts = arn.split(":")
+    return parts[3] if len(parts) >= 6 and parts[2] == "batch" else None
+
+
+class BatchStatus(StrEnum):
+    SUBMITTED = "SUBMITTED"
+    PENDING = "PENDING"
+    RUNNABLE = "RUNNABLE"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (BatchStatus.SUCCEEDED, BatchStatus.FAILED)
+
+    @property
+    def is_queued(self) -> bool:
+        """Waiting for an instance (the time a capacity shortage shows up as)."""
+        return self in (BatchStatus.SUBMITTED, BatchStatus.PENDING, BatchStatus.RUNNABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJob:
+    """What DescribeJobs says about one Batch job (the only source the cloud branch trusts)."""
+
+    batch_job_id: str
+    name: str
+    status: BatchStatus
+    status_reason: str = ""
+    exit_code: int | None = None
+    container_reason: str = ""
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+
+
+# -- errors the Batch adapter raises (AWS errors translated) ----------------------------------------
+
+
+class CloudError(DomainError):
+    """A Batch or EC2 API call failed; ``region`` names where."""
+
+    code = "CloudError"
+
+    def __init__(self, message: str, region: str, details: Any = None) -> None:
+        super().__init__(message, details=details)
+        self.region = region
+
+
+class CloudThrottled(CloudError):
+    """Throttled beyond the adapter's own backoff: try again later (the message stays queued)."""
+
+    code = "CloudThrottled"
+
+
+class CloudUnavailable(CloudError):
+    """The region's API answered 5xx or could not be reached (an outage: feeds the region circuit)."""
+
+    code = "CloudUnavailable"
+
+
+class CloudRejected(CloudError):
+    """The API refused the request (4xx other than throttling): a queue missing, a bad definition."""
+
+    code = "CloudRejected"
+
+
+# -- the outcome of a Batch job in the failure taxonomy ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CloudOutcome:
+    """A finished Batch job's failure: the ``Failure`` kind, its detail, and the circuit it feeds
+    (``(region, instance type or '*')``; None: not the cloud's fault)."""
+
+    failure: Failure
+    detail: str
+    circuit: tuple[str, str] | None = None
+
+
+def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
+    """What a FAILED Batch job means (docs/cloud.md, failure mapping).
+
+    The instance going away under the job (spot reclaimed it) is a spot interruption: transient, not
+    counted, resumes from the last checkpoint. A capacity reason is ``Capacity``. A timeout (Batch's
+    own, or the launcher's exit 124) is the job's ``Timeout``. Any other exit code is the job's
+    ``NonZeroExit`` (its retry rules). No exit code and no known reason: the cloud's fault
+    (``CloudApiError``: transient).
+    """
+    reason = job.status_reason or ""
+    text = " ".join(x for x in (reason, job.container_reason) if x).strip()
+    where = f"{placement.region} {placement.instance_type}"
+    if reason.startswith(TERMINATED_BY_BERTH):
+        return CloudOutcome(Failure.CANCELED, f"{where}: {reason}")
+    if _HOST_TERMINATED_RE.match(reason) or ("spot" in reason.lower() and "interrupt" in reason.lower()):
+        return CloudOutcome(
+            Failure.SPOT_INTERRUPTION, f"{where}: {text}", (placement.region, placement.instance_type)
+        )
+    if any(m in text.upper().replace(" ", "_") for m in _CAPACITY_MARKERS):
+        return CloudOutcome(Failure.CAPACITY, f"{where}: {text}", (placement.region, placement.instance_type))
+    if job.exit_code == TIMEOUT_EXIT_CODE or reason.startswith(_BATCH_TIMEOUT_REASON):
+        return CloudOutcome(Failure.TIMEOUT, f"{where}: {text or 'timed out'}")
+    if job.exit_code is not None and job.exit_code != 0:
+        return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: exit code {job.exit_code}")
+    if reason.startswith("CannotPullContainerError") or "CannotPullContainer" in text:
+        return CloudOutcome(Failure.BAD_IMAGE, f"{where}: {text}")
+    return CloudOutcome(
+        Failure.CLOUD_API, f"{where}: {text or 'the Batch job failed'}", (placement.region, REGION_WIDE)
+    )
+
+
+# -- the submission ---------------------------------------------------------------------------------
+
+
+class SubmitRequest(BaseModel):
+    """A message on the submit queue: a pointer to an attempt, never a spec or a secret."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: Annotated[str, Field(min_length=1, max_length=64)]
+    attempt: Annotated[int, Field(ge=1, le=1000)]
+    action: str = "submit"
+
+    @property
+    def dedup_id(self) -> str:
+        return f"{self.action}-{batch_job_name(self.job_id, self.attempt)}"
+
+
+@dataclass(frozen=True, slots=True)
+class CloudSettings:
+    """What the cloud branch needs to know about the deployment."""
+
+    base_image: str = "public.ecr.aws/docker/library/python:3.11-slim"
+    """The image code-bundle jobs run in (with ``python -m berth_agent.launch``)."""
+    artifacts_bucket: str = ""
+    data_bucket: str = ""
+    runnable_timeout_s: int = 600
+    """A cloud attempt waiting this long for an instance (SUBMITTED..RUNNABLE) fails as ``Capacity``."""
+    submit_grace_s: int = 120
+    """A dispatched attempt with no Batch job after this long gets its submit request sent again."""
+    account: str = ""
+    partition: str = "aws"
+    endpoint_url: str | None = None
+    """The AWS endpoint the launcher talks to (the local cloud's); None on AWS."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSubmission:
+    """Everything SubmitJob needs, decided from the job record (never from an event)."""
+
+    region: str
+    queue: str
+    name: str
+    image: str
+    definition: str
+    command: tuple[str, ...]
+    environment: dict[str, str]
+    gpus: int
+    vcpus: int
+    memory_mib: int
+    timeout_s: int
+    tenant: str
+    job_role: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> BatchSubmission:
+    """The Batch job an attempt becomes: image jobs run their image with their command; code-bundle
+    jobs run the base image with the launcher, which fetches and verifies the bundle (BERTH_LAUNCH)."""
+    spec = job.spec
+    attempt = job.attempts
+    name = batch_job_name(job.id, attempt)
+    timeout_s = spec.timeout_minutes * 60
+    outputs = job_output_prefix(job.tenant, job.id)
+    berth_env = {
+        "BERTH_JOB_ID": job.id,
+        "BERTH_ATTEMPT": str(attempt),
+        "BERTH_TENANT": job.tenant,
+    }
+    code: dict[str, str] | None = None
+    if spec.code is not None:
+        digest = parse_digest(spec.code)
+        uri = f"s3://{settings.artifacts_bucket}/{bundle_key(job.tenant, digest)}" if digest else spec.code
+        code = {"uri": uri, "digest": digest or ""}
+    launch = {
+        "job_id": job.id,
+        "attempt": attempt,
+        "tenant": job.tenant,
+        "command": list(spec.command),
+        "env": dict(spec.env),
+        "code": code,
+        "data": [{"source": d.source, "mount": d.mount} for d in spec.data],
+        "outputs": {"bucket": settings.data_bucket, "prefix": outputs},
+        "checkpoint_prefix": outputs + "checkpoints/",
+        "timeout_s": timeout_s,
+        "aws_region": placement.region,
+        "endpoint_url": settings.endpoint_url,
+    }
+    image = spec.image or settings.base_image
+    command = tuple(spec.command) if spec.image else LAUNCH_COMMAND
+    env = {**spec.env, **berth_env, "BERTH_LAUNCH": json.dumps(launch, separators=(",", ":"))}
+    r = spec.resources
+    return BatchSubmission(
+        region=placement.region,
+        queue=placement.queue,
+        name=name,
+        image=image,
+        definition=job_definition_name(image, job.tenant),
+        command=command,
+        environment=env,
+        gpus=r.gpus // r.nodes,
+        vcpus=max(1, int(r.cpu)),
+        memory_mib=int(r.memory_gib * 1024),
+        # Batch enforces the job's limit itself; the launcher's own limit (124) is the same.
+        timeout_s=max(60, timeout_s),
+        tenant=job.tenant,
+        job_role=f"arn:{settings.partition}:iam::{settings.account}:role/{job_role_name(job.tenant)}"
+        if settings.account
+        else "",
+        tags={**berth_env, "berth:tenant": job.tenant},
+    )
+
+
+__all__ = [
+    "BatchJob",
+    "BatchStatus",
+    "BatchSubmission",
+    "CloudError",
+    "CloudOutcome",
+    "CloudRejected",
+    "CloudSettings",
+    "CloudThrottled",
+    "CloudUnavailable",
+    "SubmitRequest",
+    "batch_job_name",
+    "failed_outcome",
+    "job_definition_name",
+    "parse_batch_job_name",
+    "submission",
+]
+
+
+# -- circuit records: what is kept of the cloud's health signal ---------------------------------------
+
+#: Failures older than this are dropped (the policy's window is 10 minutes by default).
+CIRCUIT_KEEP_S = 3600.0
+#: At most this many recent failures per circuit.
+CIRCUIT_KEEP_FAILURES = 32
+
+
+def circuit_key(region: str, instance_type: str) -> str:
+    return f"{region}|{instance_type}"
+
+
+def record_circuit_event(
+    circuits: dict[str, dict[str, Any]], region: str, instance_type: str, at: float, failed: bool
+) -> dict[str, dict[str, Any]] | None:
+    """``circuits`` (as stored: key -> {region, instance_type, failures, last_success_at}) with one
+    failure or success added, old failures pruned; None when nothing changes (a success with no
+    failure since the last one: the common case, so successes cost no write). Pure: the adapters
+    store what this returns."""
+    out = {k: dict(v) for k, v in circuits.items()}
+    key = circuit_key(region, instance_type)
+    entry = out.get(key) or {
+        "region": region,
+        "instance_type": instance_type,
+        "failures": [],
+        "last_success_at": None,
+    }
+    failures = [float(f) for f in entry.get("failures", []) if at - float(f) <= CIRCUIT_KEEP_S]
+    last_success = entry.get("last_success_at")
+    if not failed and not any(last_success is None or f > float(last_success) for f in failures):
+        return None
+    if failed:
+        failures.append(at)
+    else:
+        last_success = max(at, float(last_success)) if last_success is not None else at
+    entry = {
+        **entry,
+        "failures": sorted(failures)[-CIRCUIT_KEEP_FAILURES:],
+        "last_success_at": last_success,
+    }
+    out[key] = entry
+    return out

@@ -1,0 +1,264 @@
+"""The cloud branch of the job workflow (AWS Batch): dispatch, submit, Batch outcomes, the sweep.
+
+``DispatchCloud`` parks the attempt's task token on the job and puts a submit request on the submit
+queue; its consumer submits the Batch job (throttled, idempotent: the Batch job id is kept on the
+job's run state with a conditional write, and a redelivered request looks the job up by name before
+submitting). Batch state changes (and the scheduler's sweep, which catches missed ones) are
+reconciled from DescribeJobs and the stored job, never from the event: RUNNING moves the job to
+RUNNING, SUCCEEDED answers the token (Finalize completes the job), FAILED fails it with the mapped
+``Berth.*`` error. Capacity and API errors, and spot interruptions, feed the circuits the core reads.
+Pure logic over ports (docs/workflow.md, "The cloud branch").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from berth.domain.cloud import (
+    REGION_WIDE,
+    TERMINATED_BY_BERTH,
+    BatchJob,
+    BatchStatus,
+    CloudError,
+    CloudRejected,
+    CloudSettings,
+    CloudThrottled,
+    CloudUnavailable,
+    SubmitRequest,
+    batch_job_name,
+    failed_outcome,
+    parse_batch_job_name,
+    submission,
+)
+from berth.domain.errors import Conflict
+from berth.domain.job import Job
+from berth.domain.placement import CloudPlacement
+from berth.domain.ports import BatchGateway, CircuitRepository, JobRepository, SubmitQueue, TaskTokens
+from berth.domain.status import JobStatus
+from berth.domain.workflow import Failure
+
+Clock = Callable[[], datetime]
+S = JobStatus
+RETRIES = 8
+ACTIVE = (S.STARTING, S.RUNNING, S.CANCELING)
+
+
+def cloud_attempt(job: Job) -> CloudPlacement | None:
+    """The job's cloud placement while its current attempt holds it, else None."""
+    if job.status in ACTIVE and isinstance(job.placement, CloudPlacement):
+        return job.placement
+    return None
+
+
+@dataclass(frozen=True)
+class CloudDispatchService:
+    jobs: JobRepository
+    tokens: TaskTokens
+    batch: BatchGateway
+    submits: SubmitQueue
+    circuits: CircuitRepository
+    clock: Clock
+    settings: CloudSettings = field(default_factory=CloudSettings)
+
+    def _now(self) -> float:
+        return self.clock().timestamp()
+
+    # -- DispatchCloud ---------------------------------------------------------------------------
+    def dispatch(self, job_id: str, attempt: int, token: str) -> None:
+        """Keep the attempt's dispatch token on the job, then ask for the Batch submit. A retried
+        task sends the request again: the submit is idempotent."""
+        for _ in range(RETRIES):
+            job = self.jobs.get(job_id)
+            if job is None or job.attempts != attempt or job.status.is_terminal:
+                self.tokens.fail(token, Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current")
+                return
+            if job.status is S.CANCELING and job.run.batch_job_id is None:
+                self.tokens.fail(token, Failure.CANCELED.error_name, "canceled before it was submitted")
+                return
+            if cloud_attempt(job) is None:
+                self.tokens.fail(token, Failure.INVALID_SPEC.error_name, "the job has no cloud placement")
+                return
+            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
+            try:
+                self.jobs.update(job.updated(job.updated_at, run=run))
+            except Conflict:
+                continue
+            self.submits.send(SubmitRequest(job_id=job_id, attempt=attempt))
+            return
+        raise Conflict(f"job {job_id!r} kept changing while dispatching")
+
+    # -- the submit queue's consumer -------------------------------------------------------------
+    def submit(self, request: SubmitRequest) -> str:
+        """Submit the attempt's Batch job once. Returns what happened: ``submitted``, ``exists``
+        (submitted before: a redelivery), ``stale`` (the attempt is over), ``canceled``, ``failed``
+        (the region's API refused or is down: the attempt fails as ``CloudApiError`` and is
+        re-placed elsewhere). Raises ``CloudThrottled``: the request stays on the queue."""
+        for _ in range(RETRIES):
+            job = self.jobs.get(request.job_id)
+            placement = None if job is None else cloud_attempt(job)
+            if job is None or placement is None or job.attempts != request.attempt:
+                return "stale"
+            if job.run.batch_job_id:
+                return "exists"
+            token = job.run.dispatch_token
+            if job.status is S.CANCELING:
+                self.cancel_unrecorded(job)
+                return "canceled"
+            name = batch_job_name(job.id, job.attempts)
+            try:
+                found = self.batch.find(placement.region, placement.queue, name)
+                batch_id = (
+                    found[0].batch_job_id
+                    if found
+                    else self.batch.submit(submission(job, placement, self.settings))
+                )
+            except CloudThrottled:
+                # Still throttled after the adapter's backoff: part of the region's live signal, and
+                # the request stays on the queue (redelivered later, never dropped).
+                self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
+                raise
+            except (CloudUnavailable, CloudRejected) as exc:
+                self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
+                if token:
+                    self.tokens.fail(
+                        token, Failure.CLOUD_API.error_name, f"{placement.region}: {exc.message}"
+                    )
+                return "failed"
+            self.circuits.record_success(placement.region, REGION_WIDE, self._now())
+            run = job.run.model_copy(update={"batch_job_id": batch_id, "submitted_at": self.clock()})
+            try:
+                self.jobs.update(job.updated(job.updated_at, run=run))
+            except Conflict:
+                continue  # re-read: the next round finds the Batch job by name
+            return "submitted"
+        raise Conflict(f"job {request.job_id!r} kept changing while submitting")
+
+    def cancel_unrecorded(self, job: Job) -> None:
+        """End a canceled attempt that has no Batch job on record: a job of its name that a crashed
+        submit left behind is terminated, then its token fails ``Canceled``."""
+        placement = cloud_attempt(job)
+        if placement is None:
+            return
+        name = batch_job_name(job.id, job.attempts)
+        try:
+            for bj in self.batch.find(placement.region, placement.queue, name):
+                if not bj.status.is_terminal:
+                    reason = TERMINATED_BY_BERTH + "canceled"
+                    self.batch.terminate(placement.region, bj.batch_job_id, reason, job.tenant)
+        except CloudThrottled:
+            raise
+        except CloudError:
+            return  # the next pass's sweep tries again
+        if job.run.dispatch_token:
+            self.tokens.fail(
+                job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before it was submitted"
+            )
+
+    # -- Batch Job State Change events -----------------------------------------------------------
+    def on_event(self, batch_job_id: str, name: str) -> str:
+        """Reconcile one Batch job that changed state. The event only names it: the job comes from
+        the store, the state from DescribeJobs in the job's region. Events of an older attempt (or
+        of a job Berth no longer runs) are ignored, and their Batch job terminated if still alive."""
+        parsed = parse_batch_job_name(name)
+        if parsed is None:
+            return "foreign"
+        job = self.jobs.get(parsed[0])
+        if job is None:
+            return "unknown"
+        placement = cloud_attempt(job)
+        stale = (
+            placement is None or job.attempts != parsed[1] or job.run.batch_job_id not in (None, batch_job_id)
+        )
+        if stale or placement is None:
+            self._terminate_orphan(job, batch_job_id)
+            return "stale"
+        described = self.batch.describe(placement.region, [batch_job_id])
+        if not described:
+            return "unknown"
+        if job.run.batch_job_id is None:
+            job = self._adopt(job, batch_job_id)
+            if job is None:
+                return "stale"
+        return self.reconcile(job, described[0])
+
+    def _adopt(self, job: Job, batch_job_id: str) -> Job | None:
+        """An event that beat the submit's own write: record the Batch job now (conditionally)."""
+        for _ in range(RETRIES):
+            run = job.run.model_copy(update={"batch_job_id": batch_job_id, "submitted_at": self.clock()})
+            nxt = job.updated(job.updated_at, run=run)
+            try:
+                self.jobs.update(nxt)
+                return nxt
+            except Conflict:
+                fresh = self.jobs.get(job.id)
+                if fresh is None or cloud_attempt(fresh) is None or fresh.attempts != job.attempts:
+                    return None
+                if fresh.run.batch_job_id is not None:
+                    return fresh if fresh.run.batch_job_id == batch_job_id else None
+                job = fresh
+        return None
+
+    def _terminate_orphan(self, job: Job, batch_job_id: str) -> None:
+        region = _region_of(job)
+        if region is None:
+            return
+        try:
+            for bj in self.batch.describe(region, [batch_job_id]):
+                if not bj.status.is_terminal:
+                    self.batch.terminate(
+                        region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current", job.tenant
+                    )
+        except CloudError:
+            return  # the sweep of a later event tries again; an orphan costs money, not correctness
+
+    def reconcile(self, job: Job, bj: BatchJob) -> str:
+        """Move the job (and answer its token) to match what Batch says about its current attempt."""
+        placement = cloud_attempt(job)
+        if placement is None:
+            return "stale"
+        token = job.run.dispatch_token
+        if bj.status is BatchStatus.RUNNING:
+            self.circuits.record_success(placement.region, placement.instance_type, self._now())
+            return self._started(job, bj)
+        if bj.status is BatchStatus.SUCCEEDED:
+            if token and self.tokens.succeed(token, {"result": "succeeded", "exit_code": 0}):
+                self.circuits.record_success(placement.region, placement.instance_type, self._now())
+                return "succeeded"
+            return "answered"
+        if bj.status is BatchStatus.FAILED:
+            outcome = failed_outcome(bj, placement)
+            if token and self.tokens.fail(token, outcome.failure.error_name, outcome.detail):
+                if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.stop:
+                    self.circuits.record_failure(*outcome.circuit, self._now())
+                return "failed"
+            return "answered"
+        return "waiting"
+
+    def _started(self, job: Job, bj: BatchJob) -> str:
+        for _ in range(RETRIES):
+            if job.status is not S.STARTING:
+                return "running"
+            now = self.clock()
+            run = job.run.model_copy(update={"started_at": job.run.started_at or bj.started_at or now})
+            assert isinstance(job.placement, CloudPlacement)
+            nxt, event = job.transition(
+                S.RUNNING, f"running in {job.placement.region} (Batch job {bj.batch_job_id})", now, run=run
+            )
+            try:
+                self.jobs.save(nxt, event)
+                return "running"
+            except Conflict:
+                fresh = self.jobs.get(job.id)
+                if fresh is None or fresh.attempts != job.attempts or cloud_attempt(fresh) is None:
+                    return "stale"
+                job = fresh
+        raise Conflict(f"job {job.id!r} kept changing while starting")
+
+
+def _region_of(job: Job) -> str | None:
+    return job.placement.region if isinstance(job.placement, CloudPlacement) else None
+
+
+__all__ = ["TERMINATED_BY_BERTH", "CloudDispatchService", "cloud_attempt"]

@@ -1,0 +1,106 @@
+"""The cloud branch through the real template on the local cloud: the state machine's DispatchCloud
+task, the FIFO submit queue and BatchSubmitFunction, moto's Batch (a compute environment and the
+``berth-<region>-ondemand`` queue created here; without docker moto marks jobs SUCCEEDED at once and
+emits no events, so the scheduler's sweep reconciles the outcome, as it does for a missed event),
+and a region whose Batch queue is missing (its submits fail, the job goes elsewhere and the circuit
+opens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from berth_tools.localcloud.cloud import LOCAL_TIMINGS, LocalCloud, load_template
+
+from .conftest import REAL_TEMPLATE
+from .test_real_template import _cold_start_handlers
+from .test_workflow import job, status_in, submit, transitions, wait_for
+
+pytestmark = pytest.mark.skipif(
+    not REAL_TEMPLATE.exists(), reason="cdk.out/Berth.template.json is absent: run `make synth` first"
+)
+
+
+WITH_QUEUES = {"us-east-1", "us-east-2"}
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
+    _cold_start_handlers()
+    with LocalCloud(
+        template=load_template(REAL_TEMPLATE),
+        state_dir=tmp_path_factory.mktemp("state"),
+        function_timings={
+            **LOCAL_TIMINGS,
+            "BERTH_CLOUD_ENABLED": "true",
+            "BERTH_BACKOFF_BASE_S": "1",
+            "BERTH_BACKOFF_CAP_S": "1",
+        },
+        timer_interval_s=1.0,
+        example_hosts=False,
+    ) as lc:
+        session = lc.session()
+        iam = session.client("iam", endpoint_url=lc.endpoint_url)
+        role = iam.create_role(RoleName="batch-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+        # Every region of the price file has Berth's on-demand queue but us-west-2 (its submits are
+        # refused, as in a region whose Batch stack is missing or whose API is down).
+        for region in sorted(WITH_QUEUES):
+            batch = session.client("batch", endpoint_url=lc.endpoint_url, region_name=region)
+            name = f"berth-{region}-ondemand"
+            ce = batch.create_compute_environment(
+                computeEnvironmentName=name, type="UNMANAGED", state="ENABLED", serviceRole=role
+            )
+            batch.create_job_queue(
+                jobQueueName=name,
+                state="ENABLED",
+                priority=1,
+                computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}],
+            )
+        yield lc
+    _cold_start_handlers()
+
+
+def _cloud_spec(**constraints: Any) -> dict[str, Any]:
+    return {
+        "name": "burst",
+        "image": "python:3.11",
+        "command": ["python", "-c", "print(1)"],
+        "resources": {"gpu_type": "A10G", "gpus": 1},
+        "constraints": {"placement": "cloud", "spot": "never", **constraints},
+    }
+
+
+def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> None:
+    job_id = submit(cloud, _cloud_spec(regions=["us-east-1"]))
+    done = wait_for(cloud, job_id, status_in("COMPLETED", "FAILED"), timeout=60)
+    assert done["status"] == "COMPLETED", done
+    assert done["site"] == "cloud" and done["placement"]["region"] == "us-east-1"
+    assert transitions(cloud, job_id) == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
+    batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
+    listed = batch.list_jobs(
+        jobQueue="berth-us-east-1-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
+    )["jobSummaryList"]
+    assert len(listed) == 1  # submitted exactly once
+
+
+def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalCloud) -> None:
+    # us-west-2 is the only region allowed at first: every submit there is refused.
+    ids = [submit(cloud, _cloud_spec(regions=["us-west-2"])) for _ in range(3)]
+    for job_id in ids:
+        wait_for(
+            cloud, job_id, lambda j: "CloudApiError" in (j.get("reason") or "") or j["status"] == "FAILED", 60
+        )
+    status, capacity = cloud.request("GET", "/v1/capacity", "alice")
+    assert status == 200 and isinstance(capacity, dict)
+    rows = {r["region"]: r for r in capacity["cloud"]["regions"]}
+    assert rows["us-west-2"]["circuit"] == "open", rows["us-west-2"]
+    assert rows["us-east-1"]["circuit"] == "closed"
+    # A job free to go anywhere avoids the open region.
+    other = submit(cloud, _cloud_spec())
+    done = wait_for(cloud, other, status_in("COMPLETED", "FAILED"), timeout=60)
+    assert done["status"] == "COMPLETED" and done["placement"]["region"] != "us-west-2", done
+    for job_id in ids:
+        cloud.request("POST", f"/v1/jobs/{job_id}/cancel", "alice")
+    assert job(cloud, ids[0])["attempts"] >= 1

@@ -1,0 +1,337 @@
+"""The cloud branch's adapters on moto: AWS Batch (a compute environment and the queue created
+directly; ``batch.use_docker: false`` marks jobs SUCCEEDED at once), the FIFO submit queue, the jobs
+table and the circuits item. Submit -> Batch job -> events -> the token answered; redelivery; one
+job definition per image; the SQS handler; AWS errors translated."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from berth.domain.cloud import (
+    BatchStatus,
+    CloudRejected,
+    CloudSettings,
+    CloudThrottled,
+    CloudUnavailable,
+    SubmitRequest,
+    job_definition_name,
+)
+from berth.domain.job import Job, new_job, new_job_id
+from berth.domain.job_spec import JobSpec
+from berth.domain.placement import CloudPlacement
+from berth.domain.status import JobStatus
+from berth.logic.cloud_dispatch import CloudDispatchService
+from tests.functional.conftest import EVENTS, TABLES, create_tables
+
+REGION = "us-east-1"
+QUEUE = f"berth-{REGION}-ondemand"
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+class Tokens:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def succeed(self, token: str, output: dict[str, Any]) -> bool:
+        self.calls.append(("succeed", token, output))
+        return True
+
+    def fail(self, token: str, error: str, cause: str) -> bool:
+        self.calls.append(("fail", token, error))
+        return True
+
+    def heartbeat(self, token: str) -> bool:
+        return True
+
+
+@pytest.fixture
+def cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[CloudDispatchService, Tokens, str]]:
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "POWERTOOLS_SERVICE_NAME": "berth-batch-submit",
+        "POWERTOOLS_TRACE_DISABLED": "1",
+        "POWERTOOLS_METRICS_NAMESPACE": "Berth",
+        **TABLES,
+    }.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws(config={"batch": {"use_docker": False}}):
+        from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
+        from berth.dal.circuits import DynamoCircuitRepository
+        from berth.dal.jobs import DynamoJobRepository
+
+        create_tables(boto3.client("dynamodb", region_name=REGION))
+        role = boto3.client("iam").create_role(RoleName="batch-service", AssumeRolePolicyDocument="{}")
+        batch = boto3.client("batch", region_name=REGION)
+        ce = batch.create_compute_environment(
+            computeEnvironmentName=QUEUE, type="UNMANAGED", state="ENABLED", serviceRole=role["Role"]["Arn"]
+        )
+        batch.create_job_queue(
+            jobQueueName=QUEUE,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}],
+        )
+        url = boto3.client("sqs", region_name=REGION).create_queue(
+            QueueName="berth-submit.fifo", Attributes={"FifoQueue": "true"}
+        )["QueueUrl"]
+        tokens = Tokens()
+        service = CloudDispatchService(
+            jobs=DynamoJobRepository(
+                TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
+            ),
+            tokens=tokens,
+            batch=BotoBatchGateway("", RateLimiter(1000.0)),
+            submits=SqsSubmitQueue(url),
+            circuits=DynamoCircuitRepository(TABLES["BERTH_TENANTS_TABLE"]),
+            clock=lambda: NOW,
+            settings=CloudSettings(artifacts_bucket="art", data_bucket="data", account="123456789012"),
+        )
+        yield service, tokens, url
+
+
+def _placed(service: CloudDispatchService, image: str = "busybox") -> Job:
+    spec = JobSpec.model_validate(
+        {"name": "t", "image": image, "command": ["true"], "resources": {"gpu_type": "A10G", "gpus": 1}}
+    )
+    job, event = new_job(new_job_id(NOW), "vision", "alice", spec, NOW)
+    service.jobs.create(job, event, max_active=100)
+    placement = CloudPlacement(region=REGION, queue=QUEUE, instance_type="g5.xlarge", gpu_type="A10G")
+    placed, event = job.transition(
+        JobStatus.STARTING,
+        "placed",
+        NOW,
+        site=placement.site,
+        placement=placement,
+        attempts=1,
+        run=job.run.model_copy(update={"fencing_token": "f"}),
+    )
+    service.jobs.save(placed, event)
+    return placed
+
+
+def _receive(url: str) -> list[dict[str, Any]]:
+    sqs = boto3.client("sqs", region_name=REGION)
+    return sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"]).get(
+        "Messages", []
+    )
+
+
+def _wait_for(batch: Any, job_id: str, status: str) -> dict[str, Any]:
+    for _ in range(50):
+        (found,) = batch.describe_jobs(jobs=[job_id])["jobs"]
+        if found["status"] == status:
+            return dict(found)
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never reached {status}")
+
+
+def test_dispatch_submit_event_answers_the_token(cloud: tuple[CloudDispatchService, Tokens, str]) -> None:
+    service, tokens, url = cloud
+    job = _placed(service)
+    service.dispatch(job.id, 1, "tok")
+    (message,) = _receive(url)
+    assert message["Attributes"]["MessageGroupId"] == job.id
+    request = SubmitRequest.model_validate_json(message["Body"])
+    assert service.submit(request) == "submitted"
+    # Redelivered (the delete was lost): found, not submitted again.
+    assert service.submit(request) == "exists"
+    batch = boto3.client("batch", region_name=REGION)
+    listed = batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [f"{job.id}-a1"]}])
+    (summary,) = listed["jobSummaryList"]
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.batch_job_id == summary["jobId"]
+    described = _wait_for(batch, summary["jobId"], "SUCCEEDED")
+    env = {e["name"]: e["value"] for e in described["container"]["environment"]}
+    assert env["BERTH_JOB_ID"] == job.id and env["BERTH_ATTEMPT"] == "1" and "BERTH_LAUNCH" in env
+    assert described["tags"]["BERTH_TENANT"] == "vision"
+    assert described["timeout"] == {"attemptDurationSeconds": job.spec.timeout_minutes * 60}
+    # The state-change event names the job; the service re-reads both sides.
+    assert service.on_event(summary["jobId"], f"{job.id}-a1") == "succeeded"
+    assert ("succeed", "tok", {"result": "succeeded", "exit_code": 0}) in tokens.calls
+
+
+def test_one_job_definition_per_image(cloud: tuple[CloudDispatchService, Tokens, str]) -> None:
+    service, _, _ = cloud
+    for image in ("busybox", "busybox", "python:3.11"):
+        job = _placed(service, image)
+        service.dispatch(job.id, 1, f"tok-{job.id}")
+        assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
+    batch = boto3.client("batch", region_name=REGION)
+    for image, count in (("busybox", 1), ("python:3.11", 1)):
+        name = job_definition_name(image, "vision")
+        found = batch.describe_job_definitions(jobDefinitionName=name, status="ACTIVE")["jobDefinitions"]
+        assert len(found) == count
+        assert found[0]["containerProperties"]["image"] == image
+        assert found[0]["containerProperties"]["jobRoleArn"].endswith(":role/Berth-job-vision")
+
+
+def test_a_missing_queue_fails_the_attempt_and_feeds_the_region_circuit(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    service, tokens, _ = cloud
+    job = _placed(service)
+    stored = service.jobs.get(job.id)
+    assert stored is not None
+    placement = CloudPlacement(
+        region=REGION, queue="berth-nowhere", instance_type="g5.xlarge", gpu_type="A10G"
+    )
+    service.jobs.update(stored.updated(stored.updated_at, placement=placement))
+    service.dispatch(job.id, 1, "tok")
+    assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "failed"
+    assert ("fail", "tok", "Berth.CloudApiError") in tokens.calls
+    (entry,) = service.circuits.list()
+    assert (entry.region, entry.instance_type, len(entry.failures)) == (REGION, "*", 1)
+
+
+def test_the_submit_handler_processes_sqs_records(
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from berth.handlers import batch_submit
+
+    service, _, url = cloud
+    job = _placed(service)
+    service.dispatch(job.id, 1, "tok")
+    (message,) = _receive(url)
+    monkeypatch.setattr(batch_submit, "cloud_dispatch_service", lambda: service)
+    (record,) = json.loads((EVENTS / "sqs_batch_submit_request.json").read_text())["Records"]
+    record.update(body=message["Body"], attributes={**record["attributes"], **message["Attributes"]})
+    bad = {**record, "messageId": "bad", "body": "{not json"}
+
+    class Ctx:
+        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
+        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
+
+    out = batch_submit.lambda_handler({"Records": [record, bad]}, Ctx())  # type: ignore[arg-type]
+    assert out == {"batchItemFailures": []}  # a malformed request can never succeed: logged, dropped
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.batch_job_id
+
+
+def test_the_events_handler_reads_the_forwarded_event(
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from berth.handlers import batch_events
+
+    service, tokens, _ = cloud
+    job = _placed(service)
+    service.dispatch(job.id, 1, "tok")
+    service.submit(SubmitRequest(job_id=job.id, attempt=1))
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.batch_job_id
+    _wait_for(boto3.client("batch", region_name=REGION), stored.run.batch_job_id, "SUCCEEDED")
+    monkeypatch.setattr(batch_events, "cloud_dispatch_service", lambda: service)
+    sample = json.loads((EVENTS / "eventbridge_batch_job_state_change.json").read_text())
+    sample["detail"].update(jobId=stored.run.batch_job_id, jobName=f"{job.id}-a1", status="SUCCEEDED")
+    record = {
+        "messageId": "m1",
+        "receiptHandle": "r",
+        "body": json.dumps(sample),
+        "attributes": {},
+        "messageAttributes": {},
+        "md5OfBody": "",
+        "eventSource": "aws:sqs",
+        "eventSourceARN": f"arn:aws:sqs:{REGION}:123456789012:berth-batch-events",
+        "awsRegion": REGION,
+    }
+
+    class Ctx:
+        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
+        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
+
+    assert batch_events.lambda_handler({"Records": [record]}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
+    assert ("succeed", "tok", {"result": "succeeded", "exit_code": 0}) in tokens.calls
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "SubmitJob"
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "expected"),
+    [
+        ("TooManyRequestsException", 429, CloudThrottled),
+        ("ThrottlingException", 400, CloudThrottled),
+        ("ServerException", 500, CloudUnavailable),
+        ("ServiceUnavailable", 503, CloudUnavailable),
+        ("ClientException", 400, CloudRejected),
+    ],
+)
+def test_aws_errors_are_translated(code: str, status: int, expected: type[Exception]) -> None:
+    from berth.dal.batch import _translated
+
+    with pytest.raises(expected) as raised, _translated("SubmitJob", REGION):
+        raise _client_error(code, status)
+    assert raised.value.region == REGION  # type: ignore[attr-defined]
+
+
+def test_the_rate_limiter_keeps_to_its_rate() -> None:
+    from berth.dal.batch import RateLimiter
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    limiter = RateLimiter(40.0, burst=1, clock=lambda: now[0], sleep=sleep)
+    for _ in range(200):
+        limiter.acquire()
+    # 200 calls at 40/s with a burst of 1: the first is free, the rest spaced 25 ms apart.
+    assert now[0] == pytest.approx(199 / 40.0)
+    assert BatchStatus.RUNNABLE.is_queued and not BatchStatus.RUNNING.is_queued
+
+
+def test_submits_and_terminations_act_in_a_tenant_tagged_session(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from berth.dal.batch import BotoBatchGateway, RateLimiter
+
+    service, _, _ = cloud
+    role = boto3.client("iam").create_role(RoleName="Berth-BatchSubmitRole", AssumeRolePolicyDocument="{}")
+    gateway = BotoBatchGateway(role["Role"]["Arn"], RateLimiter(1000.0))
+    tenant_service = dataclasses.replace(service, batch=gateway)
+    job = _placed(service)
+    tenant_service.dispatch(job.id, 1, "tok")
+    assert tenant_service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
+    session, _expires = gateway._sessions["vision"]
+    identity = session.client("sts", region_name=REGION).get_caller_identity()
+    assert ":assumed-role/Berth-BatchSubmitRole/berth-submit-vision" in identity["Arn"]
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.batch_job_id
+    gateway.terminate(REGION, stored.run.batch_job_id, "Berth: canceled", "vision")
+
+
+def test_submits_keep_under_the_configured_rate(cloud: tuple[CloudDispatchService, Tokens, str]) -> None:
+    """60 attempts through the real adapters at a 40/s limit: never faster, each submitted once."""
+    from berth.dal.batch import BotoBatchGateway, RateLimiter
+
+    service, _, _ = cloud
+    limited = dataclasses.replace(service, batch=BotoBatchGateway("", RateLimiter(40.0, burst=1)))
+    jobs = [_placed(service) for _ in range(60)]
+    for j in jobs:
+        limited.dispatch(j.id, 1, f"tok-{j.id}")
+    t0 = time.perf_counter()
+    outcomes = [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs]
+    elapsed = time.perf_counter() - t0
+    assert outcomes == ["submitted"] * 60
+    assert 60 / elapsed <= 40.0 and elapsed >= 59 / 40.0
+    assert [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs[:5]] == ["exists"] * 5
