@@ -127,10 +127,14 @@ class BotoBatchGateway:
         submit_role_arn: str = "",
         limiter: RateLimiter | None = None,
         log_group_prefix: str = "/berth/jobs/",
+        log_region: str | None = None,
     ) -> None:
         self.submit_role_arn = submit_role_arn
         self.limiter = limiter or RateLimiter(40.0)
         self.log_group_prefix = log_group_prefix
+        #: Job output goes to the tenant's log group in the control plane's (home) region, whatever
+        #: region the job runs in, next to the on-prem agents' streams (`GET /v1/jobs/{id}/logs`).
+        self.log_region = log_region or boto3.session.Session().region_name
         self._sessions: dict[str, tuple[boto3.session.Session, datetime]] = {}
         #: Clients are built once (building one costs ~0.2 s) and shared (they are thread-safe).
         self._clients: dict[tuple[str, str], Any] = {}
@@ -224,6 +228,7 @@ class BotoBatchGateway:
                     "options": {
                         "awslogs-group": self.log_group_prefix + request.tenant,
                         "awslogs-stream-prefix": "batch",
+                        **({"awslogs-region": self.log_region} if self.log_region else {}),
                     },
                 },
             }

@@ -409,7 +409,11 @@ class LocalBatch:
         return DEFAULT_LOG_GROUP, f"{job.job_definition.name}/default/{job.job_id}"
 
     def _shipper(self, job: Any, group: str, stream: str) -> LogShipper:
-        logs = self._client("logs", job.backend.region_name)
+        # The awslogs driver writes where the definition says (`awslogs-region`), else in the job's region.
+        options = ((job.job_definition.container_properties or {}).get("logConfiguration") or {}).get(
+            "options"
+        ) or {}
+        logs = self._client("logs", options.get("awslogs-region") or job.backend.region_name)
         with contextlib.suppress(ClientError):  # ResourceAlreadyExistsException
             logs.create_log_group(logGroupName=group)
         with contextlib.suppress(ClientError):  # a stream of an earlier run of the same attempt
