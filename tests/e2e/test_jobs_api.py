@@ -238,8 +238,11 @@ def test_fleet_explain_capacity_and_infeasible_over_http(local_cloud: Any) -> No
     code, cap, err = berth(local_cloud, "alice", "capacity")
     assert code == 0, err
     assert cap["totals"]["hosts"] >= 4 and cap["totals"]["gpus"] >= 32
-    # No cloud dispatcher is deployed yet: the fleet has no cloud offers, and capacity says so.
-    assert cap["cloud"]["enabled"] is False and cap["cloud"]["regions"] == []
+    # The cloud branch is deployed: the price file's three regions, each with its circuit's state.
+    assert cap["cloud"]["enabled"] is True
+    regions = {r["region"]: r for r in cap["cloud"]["regions"]}
+    assert set(regions) == {"us-east-1", "us-east-2", "us-west-2"}, regions
+    assert all(r["circuit"] == "closed" for r in regions.values()), regions
 
     r = local_cloud.client("alice").post(
         "/v1/jobs", json={**SPEC, "name": "e2e-explain", "constraints": {"placement": "onprem"}}
