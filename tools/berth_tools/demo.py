@@ -441,7 +441,99 @@ def run(s: Scenario) -> None:
         tot = cap["totals"]
         return (
             f"capacity: {tot['hosts']} hosts, {tot['free_gpus']}/{tot['gpus']} GPUs free, "
-            f"{len(cap['cloud']['regions'])} cloud regions (no cloud dispatcher deployed yet)"
+            f"{len(cap['cloud']['regions'])} cloud regions, each with its circuit state"
+        )
+
+    def only_vision_bursts() -> str:
+        code, current, err = s.cli("admin", "policy")
+        assert code == 0, err
+        doc = current["document"]
+        doc["burst"] = {**doc["burst"], "tenants": ["vision"], "min_wait_s": 3.0, "wait_fraction": 0.0}
+        code, stored, err = s.cli("admin", "policy", "--set", spec_file("policy.yaml", doc))
+        assert code == 0, err
+        return (
+            f"policy v{stored['version']}: team vision may burst after 3 s of waiting for on-prem; "
+            "other teams stay on-prem"
+        )
+
+    burst: dict[str, list[str]] = {"first": [], "rerouted": []}
+
+    def cloud_job(name: str) -> dict[str, Any]:
+        spec = _runnable("resnet-vision.yaml", 8, name=name)
+        spec["resources"] = {**spec["resources"], "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["data"] = []
+        spec["expected_duration_minutes"] = 30
+        return spec
+
+    def bursts_to_cloud() -> str:
+        blocker = _runnable("resnet-vision.yaml", 300, name="resnet-fills-v100")
+        blocker["expected_duration_minutes"] = 600
+        blocker["constraints"] = {**blocker["constraints"], "placement": "onprem"}
+        for i in range(2):
+            ids[f"full{i}"] = alice.submit({**blocker, "name": f"resnet-fills-v100-{i}"})["id"]
+        for i in range(2):
+            wait_for(ids[f"full{i}"], is_("RUNNING"), 60)
+        nlp = _runnable("bert-nlp.yaml", 5, name="bert-stays-onprem")
+        nlp["resources"] = {**nlp["resources"], "gpu_type": "V100", "gpus": 1, "cpu": 4, "memory_gib": 16}
+        ids["nlp_waits"] = s.client("bob").submit(nlp)["id"]
+        burst["first"] = [alice.submit(cloud_job(f"vision-burst-{i}"))["id"] for i in range(3)]
+        done = [wait_for(j, is_("COMPLETED", "FAILED", "CANCELED"), 90) for j in burst["first"]]
+        assert all(d["status"] == "COMPLETED" and d["site"] == "cloud" for d in done), done
+        where = sorted({f"{d['placement']['region']} {d['placement']['instance_type']}" for d in done})
+        nlp_job = s.client("bob").get(ids["nlp_waits"])
+        assert nlp_job["status"] == "QUEUED" and nlp_job["site"] is None, nlp_job
+        return (
+            f"V100 hosts full: vision's 3 jobs burst to AWS Batch ({', '.join(where)}) and COMPLETED; "
+            f"bob's V100 job waits on-prem ({nlp_job['reason'][:60]}…)"
+        )
+
+    def region_outage() -> str:
+        last = alice.get(burst["first"][-1])
+        region = last["placement"]["region"]
+        fault = ("local", "fault", "--state-dir", str(s.state_dir))
+        code, out, err = s.cli("admin", *fault, "region-outage", region)
+        assert code == 0, (code, out, err)
+        burst["rerouted"] = [alice.submit(cloud_job(f"vision-reroute-{i}"))["id"] for i in range(3)]
+        done = [wait_for(j, is_("COMPLETED", "FAILED", "CANCELED"), 120) for j in burst["rerouted"]]
+        assert all(d["status"] == "COMPLETED" for d in done), done
+        regions = {d["placement"]["region"] for d in done if d["site"] == "cloud"}
+        assert region not in regions, (region, regions)
+        code, cap, err = s.cli("admin", "capacity")
+        assert code == 0, err
+        state = {r["region"]: r["circuit"] for r in cap["cloud"]["regions"]}
+        failed = [e["reason"] for d in done for e in alice.events(d["id"])["events"] if e["to"] == "RETRYING"]
+        code, out, err = s.cli("admin", *fault, "clear")
+        assert code == 0, err
+        return (
+            f"{region}'s Batch API answers 503: {len(failed)} attempt(s) there failed "
+            f"({failed[0][:50] if failed else 'none placed there'}…), the jobs COMPLETED in "
+            f"{', '.join(sorted(regions)) or 'on-prem'}; circuits now {state}"
+        )
+
+    def where_and_cost() -> str:
+        rows = []
+        for key in ("alice", "full0", *burst["first"], *burst["rerouted"]):
+            job = alice.get(ids.get(key, key))
+            p = job.get("placement") or {}
+            where = (
+                f"{p.get('region')} {p.get('instance_type')}{' spot' if p.get('spot') else ''}"
+                if job.get("site") == "cloud"
+                else ", ".join(h["host_id"] for h in p.get("hosts", []))
+            )
+            rows.append((job["spec"]["name"], job["status"], job.get("site") or "-", where, job["cost_usd"]))
+        table = Table("job", "status", "site", "where", "cost USD", title="where each job ran")
+        for name, status, site, where, cost in rows:
+            table.add_row(name, status, site, where, f"{cost:.4f}")
+        console.print(table)
+        for key in ("full0", "full1", "nlp_waits"):
+            (s.client("bob") if key == "nlp_waits" else alice).cancel(ids[key])
+        code, usage, err = s.cli("alice", "usage")
+        assert code == 0, err
+        cloud_rows = [r for r in rows if r[2] == "cloud"]
+        assert cloud_rows and all(r[4] > 0 for r in cloud_rows), rows
+        return (
+            f"{len(cloud_rows)} cloud jobs cost {sum(r[4] for r in cloud_rows):.4f} USD; vision's usage this "
+            f"month: {usage['total_cost_usd']:.4f} USD"
         )
 
     for title, fn in [
@@ -467,6 +559,10 @@ def run(s: Scenario) -> None:
         ("quotas are an admin's business", quotas),
         ("alice submits a code-bundle job: the CLI uploads ./mnist once", code_bundle),
         ("another team cannot use vision's code, data or secrets", foreign_code_and_data),
+        ("an admin lets team vision burst to the cloud", only_vision_bursts),
+        ("on-prem V100s fill up: vision's jobs burst to AWS Batch, bob's wait on-prem", bursts_to_cloud),
+        ("a region's Batch API goes down: jobs go to another region", region_outage),
+        ("where each job ran and what it cost", where_and_cost),
     ]:
         s.step(title, fn)
 
