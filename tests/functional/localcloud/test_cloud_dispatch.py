@@ -1,9 +1,8 @@
 """The cloud branch through the real template on the local cloud: the state machine's DispatchCloud
-task, the FIFO submit queue and BatchSubmitFunction, moto's Batch (a compute environment and the
-``berth-<region>-ondemand`` queue created here; without docker moto marks jobs SUCCEEDED at once and
-emits no events, so the scheduler's sweep reconciles the outcome, as it does for a missed event),
-and a region whose Batch queue is missing (its submits fail, the job goes elsewhere and the circuit
-opens)."""
+task, the FIFO submit queue and BatchSubmitFunction, the regional Batch stacks the local cloud
+deploys and its local Batch (jobs run as processes, their state changes come back through
+EventBridge), and a region whose Batch API is down (its submits fail, the job goes elsewhere and the
+circuit opens)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from berth_tools.localcloud.cloud import LOCAL_TIMINGS, LocalCloud, load_template
+from berth_tools.localcloud import faults
+from berth_tools.localcloud.cloud import LOCAL_TIMINGS, LocalCloud, load_batch_templates, load_template
 
 from .conftest import REAL_TEMPLATE
 from .test_real_template import _cold_start_handlers
@@ -23,14 +23,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-WITH_QUEUES = {"us-east-1", "us-east-2"}
-
-
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
     _cold_start_handlers()
     with LocalCloud(
         template=load_template(REAL_TEMPLATE),
+        batch_templates=load_batch_templates(REAL_TEMPLATE),
         state_dir=tmp_path_factory.mktemp("state"),
         function_timings={
             **LOCAL_TIMINGS,
@@ -41,24 +39,14 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud]:
         timer_interval_s=1.0,
         example_hosts=False,
     ) as lc:
-        session = lc.session()
-        iam = session.client("iam", endpoint_url=lc.endpoint_url)
-        role = iam.create_role(RoleName="batch-service", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-        # Every region of the price file has Berth's on-demand queue but us-west-2 (its submits are
-        # refused, as in a region whose Batch stack is missing or whose API is down).
-        for region in sorted(WITH_QUEUES):
-            batch = session.client("batch", endpoint_url=lc.endpoint_url, region_name=region)
-            name = f"berth-{region}-ondemand"
-            ce = batch.create_compute_environment(
-                computeEnvironmentName=name, type="UNMANAGED", state="ENABLED", serviceRole=role
-            )
-            batch.create_job_queue(
-                jobQueueName=name,
-                state="ENABLED",
-                priority=1,
-                computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}],
-            )
-        yield lc
+        # The local cloud deployed Berth's Batch stacks (both queues in each region of the price file)
+        # and runs their jobs as processes; us-west-2's Batch API is down (every call answers 503, as in
+        # a region whose API fails).
+        faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})
+        try:
+            yield lc
+        finally:
+            faults.FAULTS.clear()
     _cold_start_handlers()
 
 
@@ -66,7 +54,7 @@ def _cloud_spec(**constraints: Any) -> dict[str, Any]:
     return {
         "name": "burst",
         "image": "python:3.11",
-        "command": ["python", "-c", "print(1)"],
+        "command": ["python3", "-c", "print(1)"],
         "resources": {"gpu_type": "A10G", "gpus": 1},
         "constraints": {"placement": "cloud", "spot": "never", **constraints},
     }
@@ -86,7 +74,7 @@ def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> N
 
 
 def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalCloud) -> None:
-    # us-west-2 is the only region allowed at first: every submit there is refused.
+    # us-west-2 is the only region allowed at first: its Batch API is down, every submit fails.
     ids = [submit(cloud, _cloud_spec(regions=["us-west-2"])) for _ in range(3)]
     for job_id in ids:
         wait_for(
