@@ -156,7 +156,14 @@ def test_a_code_bundle_runs_the_launcher_in_the_base_image() -> None:
     import json
 
     launch = json.loads(sub.environment["BERTH_LAUNCH"])
-    assert launch["code"] == {"uri": f"s3://art/bundles/vision/sha256/{digest}.tar.gz", "digest": digest}
+    assert launch["code"] == {
+        "uri": f"s3://art/bundles/vision/sha256/{digest}.tar.gz",
+        "digest": f"sha256:{digest}",
+    }
+    # the launcher in the container accepts what the dispatcher wrote (it once got a bare hex digest)
+    from berth_agent.launch import LaunchSpec
+
+    assert LaunchSpec.parse(sub.environment["BERTH_LAUNCH"]).code_digest == digest
     assert launch["command"] == ["python", "train.py"]
     assert launch["outputs"] == {"bucket": "data", "prefix": f"vision/jobs/{job.id}/"}
 

@@ -246,7 +246,8 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
     if spec.code is not None:
         digest = parse_digest(spec.code)
         uri = f"s3://{settings.artifacts_bucket}/{bundle_key(job.tenant, digest)}" if digest else spec.code
-        code = {"uri": uri, "digest": digest or ""}
+        # the launcher takes the reference as the job names it (``sha256:<hex>``), as its agent does
+        code = {"uri": uri, "digest": f"sha256:{digest}" if digest else ""}
     launch = {
         "job_id": job.id,
         "attempt": attempt,
