@@ -201,7 +201,7 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_ORPHAN_GRACE_S": "120",
         "BERTH_SCHEDULER_QUEUE_URL": outputs["SchedulerQueueUrl"]["Value"],
         "BERTH_STATE_MACHINE_ARN": outputs["StateMachineArn"]["Value"],
-        "BERTH_CLOUD_ENABLED": "false",
+        "BERTH_CLOUD_ENABLED": "true",
         "BERTH_JOB_METRICS_TABLE": outputs["JobMetricsTableName"]["Value"],
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
@@ -320,10 +320,11 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # circuit failures recorded (the CIRCUITS item only)
         ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
         ("*", None): {"batch:DescribeJobs"},
-        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},        # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
+        ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
     },
     # CloudDispatchService.submit (logic/cloud_dispatch.py), fed by the FIFO submit queue; SubmitJob,
-    # RegisterJobDefinition and PassRole only in BatchSubmitRole sessions (-c berth:batchSubmitRoleArn)
+    # RegisterJobDefinition and PassRole only in BatchSubmitRole sessions
     "berth.handlers.batch_submit.lambda_handler": {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
@@ -333,6 +334,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         (STATE_MACHINE, None): {"states:SendTaskFailure"},
         # find: a submit that may have happened before a redelivery
         ("*", None): {"batch:ListJobs"},
+        # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
+        ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
         ("BatchSubmitQueueUrl", None): {
             "sqs:ReceiveMessage",
             "sqs:DeleteMessage",
@@ -351,6 +354,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
         (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
         ("*", None): {"batch:DescribeJobs"},
+        # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
+        ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
         ("BatchEventsQueueUrl", None): {
             "sqs:ReceiveMessage",
             "sqs:DeleteMessage",
