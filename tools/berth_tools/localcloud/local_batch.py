@@ -500,7 +500,7 @@ def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
     def submit_job(
         self: Any, job_name: str, job_def_id: str, job_queue: str, *args: Any, **kwargs: Any
     ) -> Any:
-        if is_berth_queue(self.get_job_queue(job_queue)):
+        if _RUNNER and is_berth_queue(self.get_job_queue(job_queue)):
             return self.backend.submit_job(job_name, job_def_id, job_queue, *args, **kwargs)
         return original_submit(self, job_name, job_def_id, job_queue, *args, **kwargs)
 
@@ -543,6 +543,8 @@ def current() -> LocalBatch | None:
 
 
 def stop_all() -> None:
-    """Kill the running jobs (the moto server is stopping); the patches stay (moto resets its jobs)."""
+    """Kill the running jobs (the moto server is stopping). The patches stay (moto resets its jobs) but
+    do nothing until a local cloud installs a runner again: moto's own Batch answers meanwhile."""
     if _RUNNER:
         _RUNNER[0].stop_all()
+        _RUNNER.clear()
