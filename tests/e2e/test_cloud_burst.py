@@ -18,7 +18,7 @@ from berth_tools.bench.batch_audit import price_file_regions
 
 JOBS = 60
 #: Batch calls a second over all submit instances: low, so the burst queues behind the throttle.
-SUBMIT_RATE = 8
+SUBMIT_RATE = 4
 
 
 def _spec(i: int) -> dict[str, Any]:
