@@ -13,11 +13,13 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+from berth_tools.bench import batch_audit
 from berth_tools.client import BerthClient, ClientError
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
@@ -35,13 +37,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def probe_spec(gpu_type: str, run_s: float, tag: str, i: int) -> dict[str, Any]:
+PLACEMENTS = ("onprem", "cloud")
+#: What ``gpu_type="any"`` submits, in turn: the local fleet's models on-prem, a type of every default
+#: cloud region's Batch compute environments (g5.xlarge) in the cloud.
+ANY_GPU: dict[str, tuple[str, ...]] = {"onprem": ("A100", "V100"), "cloud": ("A10G",)}
+
+
+def probe_spec(gpu_type: str, run_s: float, tag: str, i: int, placement: str = "onprem") -> dict[str, Any]:
     return {
         "name": f"bench-e2e-{tag}-{i}",
         "image": "busybox",
         "command": ["sleep", str(run_s)],
         "resources": {"gpu_type": gpu_type, "gpus": 1, "cpu": 1, "memory_gib": 1},
-        "constraints": {"placement": "onprem"},
+        "constraints": {"placement": placement},
         # Honoured by the local cloud's scripted agents (real agents run the command).
         "env": {"SCRIPTED_RUN_S": str(run_s)},
         "timeout_minutes": 10,
@@ -57,7 +65,11 @@ def run_e2e(
     timeout_s: float = 600.0,
     meter: Callable[[bool], dict[str, Any]] | None = None,
     rate: float | None = None,
+    placement: str = "onprem",
+    batch_jobs: Callable[[], Counter[str]] | None = None,
 ) -> dict[str, Any]:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}")
     tag = uuid.uuid4().hex[:8]
     if meter is not None:
         meter(True)
@@ -73,9 +85,9 @@ def run_e2e(
                 time.sleep(delay)
         c = client()
         t0 = time.perf_counter()
-        models = ("A100", "V100") if gpu_type == "any" else (gpu_type,)
+        models = ANY_GPU[placement] if gpu_type == "any" else (gpu_type,)
         try:
-            job = c.submit(probe_spec(models[i % len(models)], run_s, tag, i))
+            job = c.submit(probe_spec(models[i % len(models)], run_s, tag, i, placement))
         except ClientError as exc:
             key = f"{exc.status} {exc.code}: {exc.message[:120]}"
             errors[key] = errors.get(key, 0) + 1
@@ -113,6 +125,12 @@ def run_e2e(
         "failed": sum(1 for j in final.values() if j["status"] == "FAILED"),
         "unfinished": len(pending),
         "submit_errors": errors,
+        "placement": placement,
+        "gpu_type": gpu_type,
+        "lost": len(ids) - sum(1 for j in final.values() if j["status"] == "COMPLETED"),
+        "cloud_completed": sum(
+            1 for j in final.values() if j["status"] == "COMPLETED" and j.get("site") == "cloud"
+        ),
         "concurrency": concurrency,
         "rate_per_s": rate,
         "job_run_s": run_s,
@@ -139,4 +157,10 @@ def run_e2e(
             "dynamodb_write_units": round(m.get("dynamodb", {}).get("write_units", 0) / done, 2),
             "dynamodb_read_units": round(m.get("dynamodb", {}).get("read_units", 0) / done, 2),
         }
+        batch_calls = m.get("requests", {}).get("batch", {})
+        report["batch_api_calls"] = sum(batch_calls.values())
+        report["batch_api_calls_per_job"] = round(sum(batch_calls.values()) / max(1, len(ids)), 3)
+        report["batch_api_calls_by_operation"] = dict(sorted(batch_calls.items()))
+    if batch_jobs is not None:
+        report.update(batch_audit.audit(final, batch_jobs()))
     return report

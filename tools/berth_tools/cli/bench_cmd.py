@@ -4,6 +4,7 @@ over a large store on an embedded local cloud)."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,13 +42,24 @@ def e2e(
             help="The local cloud's AWS endpoint, for its meter (none: no AWS cost figure)",
         ),
     ] = None,
+    placement: Annotated[
+        str,
+        typer.Option(
+            "--placement",
+            help="onprem, or cloud: the jobs burst to AWS Batch (gpu 'any': A10G); adds Batch API calls "
+            "per job and, with --endpoint-url, duplicated Batch submits",
+        ),
+    ] = "onprem",
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
     """Submit N one-GPU jobs, wait for each to end: submit-to-RUNNING p50/p99 and, on the local cloud,
     the control plane's AWS bill per 1,000 jobs (metered, list prices)."""
-    from berth_tools.bench.e2e_bench import run_e2e
+    from berth_tools.bench.e2e_bench import PLACEMENTS, run_e2e
+
+    if placement not in PLACEMENTS:
+        raise typer.BadParameter(f"one of {', '.join(PLACEMENTS)}", param_hint="--placement")
 
     meter = None
     if endpoint_url:
@@ -55,6 +67,16 @@ def e2e(
 
         def meter(reset: bool) -> dict[str, Any]:
             return read_meter(endpoint_url, reset=reset)
+
+    batch_jobs = None
+    if endpoint_url and placement == "cloud":
+        import boto3
+
+        from berth_tools.bench import batch_audit
+
+        def batch_jobs() -> Counter[str]:
+            session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+            return batch_audit.batch_job_names(session, endpoint_url, batch_audit.price_file_regions())
 
     with api_errors(output):
         report = run_e2e(
@@ -66,6 +88,8 @@ def e2e(
             timeout_s=timeout_s,
             meter=meter,
             rate=rate,
+            placement=placement,
+            batch_jobs=batch_jobs,
         )
     render(output, report, _table)
 

@@ -85,6 +85,12 @@ def up(
         None, "--gpu-type", help="GPU model of every host (default: A100 and V100 in turn)."
     ),
     quiet: bool = typer.Option(False, "--quiet", help="No access log or handler logs on the console."),
+    function_env: list[str] = typer.Option(
+        [],
+        "--function-env",
+        help="KEY=VALUE over the local timings in the control-plane functions' environment (repeatable; "
+        "only variables the template sets, e.g. BERTH_BATCH_SUBMIT_RATE=5).",
+    ),
     output: OutputFormat = typer.Option(
         OutputFormat.TABLE, "--output", "-o", help="table: shell exports; json: one JSON object when ready"
     ),
@@ -102,8 +108,21 @@ def up(
         template = root / TEMPLATE_RELATIVE
         if template_is_stale(template, root):
             synthesise(root)
-    from berth_tools.localcloud.cloud import LocalCloud, LocalCloudError, load_batch_templates, load_template
+    from berth_tools.localcloud.cloud import (
+        LOCAL_TIMINGS,
+        LocalCloud,
+        LocalCloudError,
+        load_batch_templates,
+        load_template,
+    )
 
+    timings = dict(LOCAL_TIMINGS)
+    for pair in function_env:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            typer.echo(f"berth local: --function-env takes KEY=VALUE, not {pair!r}", err=True)
+            raise typer.Exit(code=2)
+        timings[key] = value
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -124,6 +143,7 @@ def up(
         gpus_per_agent=gpus_per_agent,
         gpu_type=gpu_type,
         agent_kind=agent_kind,
+        function_timings=timings,
     )
     try:
         try:

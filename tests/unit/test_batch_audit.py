@@ -1,0 +1,74 @@
+"""`berth bench e2e --placement cloud`: counting each attempt's Batch jobs by name, and the report's
+Batch figures from the meter (a fake client and meter: no service)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from berth_tools.bench import e2e_bench
+from berth_tools.bench.batch_audit import audit, price_file_regions
+
+
+def test_audit_finds_duplicated_and_missing_batch_jobs() -> None:
+    jobs = {
+        "j1": {"attempts": 1, "site": "cloud"},  # once: fine
+        "j2": {"attempts": 2, "site": "cloud"},  # its second attempt submitted twice
+        "j3": {"attempts": 1, "site": "cloud"},  # never reached Batch
+        "j4": {"attempts": 1, "site": "onprem"},  # ran on-prem: no Batch job expected
+    }
+    names = Counter({"j1-a1": 1, "j2-a1": 1, "j2-a2": 2, "other-a1": 3})
+    assert audit(jobs, names) == {"duplicated": 1, "batch_jobs": 4, "cloud_without_batch_job": 1}
+    assert audit({"j1": {"attempts": 1, "site": "cloud"}}, Counter({"j1-a1": 1}))["duplicated"] == 0
+
+
+def test_price_file_regions_are_the_default_cloud_regions() -> None:
+    assert {"us-east-1", "us-east-2", "us-west-2"} <= set(price_file_regions())
+
+
+class _FakeClient:
+    """Accepts every submit; each job COMPLETED in the cloud, RUNNING one second after creation."""
+
+    def __init__(self, specs: list[dict[str, Any]]) -> None:
+        self.specs = specs
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.specs.append(spec)
+        return {"id": f"j{len(self.specs)}"}
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        status = "FAILED" if job_id == "j3" else "COMPLETED"
+        return {"status": status, "site": "cloud", "attempts": 1, "created_at": "2026-01-01T00:00:00Z"}
+
+    def events(self, job_id: str) -> dict[str, Any]:
+        return {"events": [{"to": "RUNNING", "at": "2026-01-01T00:00:01Z"}]}
+
+
+def test_cloud_report_counts_batch_calls_per_job_lost_and_duplicated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e_bench.time, "sleep", lambda _s: None)
+    specs: list[dict[str, Any]] = []
+    batch = {"POST /v1/submitjob": 5, "POST /v1/describejobs": 7}
+    metered = {
+        "meter": {"requests": {"batch": batch, "sqs": {"SendMessage": 9}}},
+        "bill": {"total_usd": "0", "per_service_usd": {}},
+    }
+    report = e2e_bench.run_e2e(
+        lambda: _FakeClient(specs),  # type: ignore[arg-type,return-value]
+        jobs=4,
+        concurrency=1,
+        gpu_type="any",
+        placement="cloud",
+        meter=lambda _reset: metered,
+        batch_jobs=lambda: Counter({"j1-a1": 1, "j2-a1": 2, "j4-a1": 1}),
+    )
+    assert {s["constraints"]["placement"] for s in specs} == {"cloud"}
+    assert {s["resources"]["gpu_type"] for s in specs} == {"A10G"}  # 'any' in the cloud
+    assert report["batch_api_calls"] == 12 and report["batch_api_calls_per_job"] == 3.0
+    assert report["batch_api_calls_by_operation"] == batch
+    assert report["lost"] == 1 and report["completed"] == 3 and report["cloud_completed"] == 3
+    assert report["duplicated"] == 1 and report["cloud_without_batch_job"] == 1
+    assert report["submit_to_running_p50_s"] == 1.0
+    with pytest.raises(ValueError):
+        e2e_bench.run_e2e(lambda: _FakeClient([]), jobs=1, placement="mars")  # type: ignore[arg-type,return-value]
