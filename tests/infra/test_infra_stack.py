@@ -320,7 +320,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # circuit failures recorded (the CIRCUITS item only)
         ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
         ("*", None): {"batch:DescribeJobs"},
-        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},        # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
+        ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
         ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
     },
     # CloudDispatchService.submit (logic/cloud_dispatch.py), fed by the FIFO submit queue; SubmitJob,
