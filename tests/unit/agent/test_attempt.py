@@ -361,9 +361,11 @@ def test_usage_samples_reach_the_metrics_route_before_the_final_report(tmp_path:
 def test_a_flood_through_the_runner_arrives_whole_with_the_buffer_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """200,000 lines from a real job through ``AttemptRunner`` (the agent's own path: reader threads,
-    shipper, a logs client) with the default 8 MiB buffer and a sink that keeps up at its own pace:
-    every line arrives, in order, and the shipper never held more than its bound."""
+    """40,000 lines from a real job through ``AttemptRunner`` (the agent's own path: reader threads,
+    shipper, a logs client) with the default 8 MiB buffer: every line arrives, in order, and the
+    shipper never held more than its bound. The job writes them faster than any sink drains, so the
+    count is one the buffer holds whole (about 180 bytes a line as the shipper counts them) even if
+    nothing is sent before the job ends; dropping under a stalled sink is tested in test_logship.py."""
     from berth_agent import logship
 
     shippers: list[logship.LogShipper] = []
@@ -374,7 +376,7 @@ def test_a_flood_through_the_runner_arrives_whole_with_the_buffer_bounded(
             super().start()
 
     monkeypatch.setattr(logship, "LogShipper", Recorded)
-    n = 200_000
+    n = 40_000
     api = FakeApi({"name": "flood", "image": "python:3.11-slim", "command": ["seq", str(n)]})
     io = FakeIO()
     outcome = _runner(tmp_path, api, io).run(MSG)
