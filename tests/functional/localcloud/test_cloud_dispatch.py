@@ -77,8 +77,12 @@ def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalClo
     # us-west-2 is the only region allowed at first: its Batch API is down, every submit fails.
     ids = [submit(cloud, _cloud_spec(regions=["us-west-2"])) for _ in range(3)]
     for job_id in ids:
+        # Its attempt failed (RETRYING, briefly), and it waits again with us-west-2 avoided, or failed.
         wait_for(
-            cloud, job_id, lambda j: "CloudApiError" in (j.get("reason") or "") or j["status"] == "FAILED", 60
+            cloud,
+            job_id,
+            lambda j: j["attempts"] >= 1 and j["status"] in ("RETRYING", "QUEUED", "FAILED"),
+            60,
         )
     status, capacity = cloud.request("GET", "/v1/capacity", "alice")
     assert status == 200 and isinstance(capacity, dict)
