@@ -111,14 +111,15 @@ def _launch_packed(
         price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, chosen[0][1].queue,
     )  # fmt: skip
     led.open(inst)
-    for job, own in chosen:
+    for n, (job, own) in enumerate(chosen):
         share = price * job.gpus / offer.gpus
         # The job's commitment was its own offer's price; it now pays its share instead.
         horizon = ctx.cost_horizon_s(job)
         ctx.committed_usd[job.tenant] = (
             ctx.committed_usd.get(job.tenant, 0.0) + (share - alone_price(own)) * horizon / 3600.0
         )
-        a = slot_assignment(job, inst, share, launch=True)
+        # The first job launches the instance; the others packed with it join it.
+        a = slot_assignment(job, inst, share, launch=n == 0)
         led.place(ctx, job, a, deferred=True)
         inst.paid_until = max(inst.paid_until, ctx.now + (ctx.remaining_s(job, q) or 0.0))
         ctx.outcomes[job.job_id] = JobOutcome(a, ctx.outcomes[job.job_id].steps)

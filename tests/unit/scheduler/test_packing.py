@@ -144,5 +144,7 @@ def test_jobs_bursting_together_share_one_larger_instance_and_rules_still_hold()
     shared = {placed[f"j{i}"].instance_id for i in range(6)}
     assert len(shared) == 1 and all(placed[f"j{i}"].instance_type == "p3.16xlarge" for i in range(6))
     assert all(placed[f"j{i}"].hourly_usd == pytest.approx(2.75 / 8) for i in range(6))
+    # One launch; the jobs packed with the first join the instance it launches.
+    assert [placed[f"j{i}"].launch for i in range(6)].count(True) == 1
     assert placed["avoid"].region == "us-west-2"
     assert "poor" not in placed and d.outcomes["poor"].rules[-1] is Rule.BUDGET
