@@ -88,7 +88,7 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
     # append events (in the job's transaction), read a job's history
     "job_events": TableAccess(("dynamodb:PutItem", "dynamodb:Query")),
     # read membership, tenants, quotas, the pagination-token key
-    "tenants_read": TableAccess(("dynamodb:GetItem",)),
+    "tenants_read": TableAccess(("dynamodb:GetItem", "dynamodb:BatchGetItem")),
     # quotas, data grants and active-job counters (TENANT#), registered datasets (DATASET#),
     # rate-limit windows (RATE#), the token key (KEY#), the policy and offers versions (DOC#); never
     # membership rows (PRINCIPAL#): no route writes them, so no logic bug can mint an admin.

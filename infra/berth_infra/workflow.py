@@ -297,7 +297,17 @@ class JobWorkflow(Construct):
             "Hosts", ["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]]
         )
         self.scheduler_fn.allow("Queue", ["dynamodb:Query"], [f"{arns['jobs']}/index/by_status"])
-        self.scheduler_fn.allow("TenantsRead", ["dynamodb:GetItem"], [arns["tenants"]])
+        # TenantsRead: quotas, and the run-time histories of the tenants with jobs (RUNTIMES#, one
+        # BatchGetItem a pass; berth.logic.runtimes). Only the workflow writes them (finalize).
+        self.scheduler_fn.allow(
+            "TenantsRead", ["dynamodb:GetItem", "dynamodb:BatchGetItem"], [arns["tenants"]]
+        )
+        self.workflow_fn.allow(
+            "RuntimeHistory",
+            ["dynamodb:GetItem", "dynamodb:PutItem"],
+            [arns["tenants"]],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUNTIMES#*"]}},
+        )
         self.scheduler_fn.allow("Executions", ["states:StartExecution"], [sm_arn])
         self.notifier_fn.allow("Publish", ["events:PutEvents"], [self.bus.event_bus_arn])
         # The usage ledger: the workflow writes an attempt's final record, the scheduler running

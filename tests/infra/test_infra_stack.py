@@ -250,7 +250,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # GET /v1/tenants/{tenant}/usage
         ("UsageTableName", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
-        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        # quotas, membership, documents; explain and capacity read the run-time histories (RUNTIMES#)
+        ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
         ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
@@ -278,6 +279,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         # classify (FAILED/CANCELED) and finalize (COMPLETED) decrement the tenant's active jobs
         ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
+        # finalize learns the completed run into the tenant's run-time history (berth.logic.runtimes)
+        ("TenantsTableName", "RUNTIMES#*"): {"dynamodb:GetItem", "dynamodb:PutItem"},
         # release_holds: hosts.release reads the hold, then removes it conditionally
         ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
         # classify and finalize write the ended attempt's final usage record
@@ -299,8 +302,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
         ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
-        # quotas, registered datasets, the stored policy and offers (DOC#)
-        ("TenantsTableName", None): {"dynamodb:GetItem"},
+        # quotas, registered datasets, the stored policy and offers (DOC#), run-time histories
+        ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
         # list_hosts, get, hold/release/mark_lost
         ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"},
         # accrual writes running attempts' usage records; the budget reads tenants' months

@@ -458,6 +458,30 @@ class FakeCircuits:
         ]
 
 
+class FakeRuntimeHistory:
+    """Run-time histories per tenant: the same read-change-write as the DynamoDB one, versioned."""
+
+    def __init__(self) -> None:
+        self.documents: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.fail_writes = False
+
+    def update(self, tenant: str, change: Any) -> None:
+        from berth.domain.errors import StoreUnavailable
+
+        if self.fail_writes:
+            raise StoreUnavailable("run-time history unavailable")
+        version, current = self.documents.get(tenant, (0, None))
+        new = change(None if current is None else copy.deepcopy(current))
+        # A writer that got in between (``change`` may write): apply again on what it wrote.
+        if self.documents.get(tenant, (0, None))[0] != version:
+            self.update(tenant, change)
+            return
+        self.documents[tenant] = (version + 1, copy.deepcopy(new))
+
+    def read(self, tenants: Any) -> dict[str, dict[str, Any]]:
+        return {t: copy.deepcopy(self.documents[t][1]) for t in set(tenants) if t in self.documents}
+
+
 class FakeBatch:
     """AWS Batch as the gateway sees it: jobs by id, names, statuses; faults on demand."""
 

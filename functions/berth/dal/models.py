@@ -165,6 +165,18 @@ class CircuitsRow(Model):
     circuits = JSONAttribute()
 
 
+class RuntimesRow(Model):
+    """``RUNTIMES#<tenant>`` in the Tenants table: the run-time history of the tenant's finished jobs
+    (the scheduler's predictor state), written under its version."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    version = NumberAttribute()
+    history = JSONAttribute()
+
+
 class KeyRow(Model):
     """``KEY#<name>`` in the Tenants table: a signing key the API generated for itself."""
 
@@ -290,3 +302,8 @@ def usage_model(table_name: str) -> type[UsageRow]:
 @cache
 def circuits_model(table_name: str) -> type[CircuitsRow]:
     return _bind(CircuitsRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def runtimes_model(table_name: str) -> type[RuntimesRow]:
+    return _bind(RuntimesRow, table_name)  # type: ignore[return-value]

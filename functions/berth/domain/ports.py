@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -289,6 +290,20 @@ class CircuitRepository(Protocol):
     def record_success(self, region: str, instance_type: str, at: float) -> None: ...
 
     def list(self) -> list[CircuitEntry]: ...
+
+
+class RuntimeHistory(Protocol):
+    """Per tenant, what its finished jobs ran for: the document the scheduler's run-time predictor
+    learns from (``berth.logic.runtimes``), opaque to the store. Advisory: a lost update costs one
+    observation, never a job."""
+
+    def update(self, tenant: str, change: Callable[[dict[str, Any] | None], dict[str, Any]]) -> None:
+        """Apply ``change`` to the tenant's document (None: none stored yet) and store the result,
+        conditionally: a concurrent writer makes it re-read and apply ``change`` again."""
+
+    def read(self, tenants: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The stored documents of these tenants (tenants without one are left out)."""
+        ...
 
 
 class BatchGateway(Protocol):

@@ -15,6 +15,7 @@ from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
 from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
+from berth.dal.runtimes import DynamoRuntimeHistory
 from berth.dal.tenants import DynamoTenantRepository
 from berth.dal.usage import DynamoUsageLedger
 from berth.dal.workflow import (
@@ -91,6 +92,7 @@ def snapshot_source() -> SnapshotSource:
         cloud_enabled=cfg.cloud_enabled,
         usage=usage_ledger(),
         circuits=DynamoCircuitRepository(cfg.tenants_table),
+        runtimes=DynamoRuntimeHistory(cfg.tenants_table),
     )
 
 
@@ -131,6 +133,7 @@ def workflow_service() -> WorkflowService:
         clock=now,
         settings=workflow_settings(),
         usage=usage_ledger(),
+        runtimes=DynamoRuntimeHistory(settings().tenants_table),
     )
 
 

@@ -25,12 +25,14 @@ from berth.domain.ports import (
     DocumentRepository,
     HostRepository,
     JobRepository,
+    RuntimeHistory,
     TenantRepository,
     UsageLedger,
 )
 from berth.domain.status import JobStatus
 from berth.domain.storage import Dataset, dataset_names
 from berth.domain.tenancy import Quota
+from berth.logic.runtimes import predictor_for
 from berth.pricing.catalog import load_offers
 from berth.scheduler.adapter import pending_from_spec, with_dataset_residency
 from berth.scheduler.defaults import default_policy
@@ -229,6 +231,9 @@ class SnapshotSource:
     """The usage ledger: each tenant's cloud spend this month (None: counted as nothing)."""
     circuits: CircuitRepository | None = None
     """The cloud's health signal (None: no cloud branch deployed, every circuit closed)."""
+    runtimes: RuntimeHistory | None = None
+    """The finished jobs' run-time history (``berth.logic.runtimes``; None: no predictor, the core
+    falls back to the user's estimate, else the timeout)."""
 
     def cloud_spend(self, tenant: str) -> float:
         """What the tenant's cloud attempts cost this month (UTC), running ones so far included."""
@@ -311,6 +316,7 @@ class SnapshotSource:
             offers=fleet.offers,
             tenants={t: self.tenant_state(t) for t in sorted(tenants)},
             circuits=fleet.circuits,
+            runtimes=None if self.runtimes is None else predictor_for(self.runtimes, tenants),
         )
         return PassInputs(snapshot, fleet, pending_jobs, running_jobs)
 

@@ -24,6 +24,7 @@ from berth.domain.ports import (
     HostRepository,
     JobRepository,
     PassTrigger,
+    RuntimeHistory,
     TaskTokens,
     UsageLedger,
     WorkQueues,
@@ -41,6 +42,7 @@ from berth.domain.workflow import (
     failure_from_error,
     retry_decision,
 )
+from berth.logic.runtimes import record_completed_run
 
 Clock = Callable[[], datetime]
 RETRIES = 8
@@ -124,6 +126,8 @@ class WorkflowService:
     rng: random.Random = field(default_factory=random.Random)
     #: Where each ended attempt's usage is recorded (None: not recorded; the job's cost still is).
     usage: UsageLedger | None = None
+    #: Where completed runs are learnt for the scheduler's predictor (None: not recorded).
+    runtimes: RuntimeHistory | None = None
 
     def _job(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -292,6 +296,7 @@ class WorkflowService:
             except Conflict:
                 continue
             release_holds(self.hosts, job, attempt)
+            record_completed_run(self.runtimes, job, now)
             self.trigger.request(f"job {job_id} completed")
             return {"status": str(nxt.status)}
         raise Conflict(f"job {job_id!r} kept changing while finalizing")
