@@ -1,5 +1,6 @@
-"""`berth bench e2e` (jobs through the running service) and `berth bench pass` (one scheduling pass
-over a large store on an embedded local cloud)."""
+"""`berth bench e2e` (jobs through the running service), `berth bench pass` (one scheduling pass
+over a large store on an embedded local cloud) and `berth bench replay` (one trace through `berth sim`
+and through the local cloud)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,48 @@ def pass_(
     render(output, report, _table)
 
 
+def replay(
+    trace: Annotated[Path, typer.Option("--trace", exists=True, dir_okay=False, help="Trace CSV")],
+    cluster: Annotated[
+        Path, typer.Option("--cluster", exists=True, dir_okay=False, help="Cluster YAML (one pool)")
+    ] = Path("examples/clusters/replay-a10g.yaml"),
+    policy: Annotated[str, typer.Option("--policy", help="Policy name or file")] = "berth",
+    factor: Annotated[
+        float, typer.Option("--factor", min=1, help="Time compression of the service run")
+    ] = 10.0,
+    gpu_type: Annotated[
+        str | None, typer.Option("--gpu-type", help="Run every trace job on this GPU model (the pool's)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N jobs")] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option("--work-dir", help="Where the local cloud's state and log go")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """One trace through `berth sim` and through the local cloud (real agents and local Batch, time
+    compressed by FACTOR): where the GPU-hours went on each side, and the difference."""
+    from dataclasses import replace as dc_replace
+
+    from berth_tools.bench.replay import ReplayError, replay
+    from berth_tools.sim.cluster import load_cluster
+    from berth_tools.sim.policies import resolve_policy
+    from berth_tools.sim.trace import load_trace
+
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    try:
+        jobs = load_trace(trace)[:limit]
+        spec = load_cluster(cluster)
+        pol = resolve_policy(policy)
+        model = gpu_type or spec.pools[0].gpu_type if spec.pools else gpu_type
+        if model:
+            jobs = [dc_replace(j, gpu_type=model) for j in jobs]
+        report = replay(jobs, spec, pol, factor, work_dir=work_dir)
+    except (ReplayError, ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    render(output, report, _table)
+
+
 def register(bench_app: typer.Typer) -> None:
     bench_app.command("e2e")(e2e)
     bench_app.command("pass")(pass_)
+    bench_app.command("replay")(replay)
