@@ -7,7 +7,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi bench-api clean
+.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi bench-api bench-replay clean
 
 all: install
 
@@ -74,6 +74,13 @@ bench-api: install synth
 	for i in $$(seq 120); do [ -f $$state/env ] && break; kill -0 $$pid 2>/dev/null || break; sleep 0.5; done; \
 	[ -f $$state/env ] || { cat $$state/up.log; echo "berth local up did not become ready" >&2; exit 1; }; \
 	. $$state/env && AWS_PROFILE=alice $(BIN)/berth bench api -n $(BENCH_N) -c $(BENCH_C) --output json
+
+# `berth sim` and the real service on one trace (docs/cloud.md, "Simulator and service agree"): the
+# local cloud with real agents and local Batch, time compressed by REPLAY_FACTOR (about 6 minutes).
+REPLAY_TRACE ?= examples/traces/tiresias-60.csv
+REPLAY_FACTOR ?= 10
+bench-replay: install synth
+	$(BIN)/berth bench replay --trace $(REPLAY_TRACE) --cluster examples/clusters/replay-a10g.yaml --factor $(REPLAY_FACTOR) --output json
 
 openapi: install
 	$(BIN)/python -m berth.handlers.openapi > docs/openapi.json

@@ -138,14 +138,20 @@ def simulate_plan(p: ReplayPlan) -> dict[str, Any]:
     for job in state.jobs.values():
         gpu_s["onprem"] += job.onprem_gpu_s
         gpu_s["cloud"] += job.cloud_gpu_s
-        sites["cloud" if job.cloud_gpu_s > 0 else "onprem"] += 1
+        sites[_sim_site(job.onprem_gpu_s, job.cloud_gpu_s)] += 1
     completed = sum(1 for j in state.jobs.values() if j.end_s is not None)
     return {
         **_site_hours(dict(gpu_s)),
         "jobs": len(state.jobs),
         "completed": completed,
         "jobs_by_site": dict(sites),
+        "site_of": {j: _sim_site(x.onprem_gpu_s, x.cloud_gpu_s) for j, x in state.jobs.items()},
     }
+
+
+def _sim_site(onprem_gpu_s: float, cloud_gpu_s: float) -> str:
+    """Where a simulated job ran most (a repatriated one ran on both)."""
+    return "cloud" if cloud_gpu_s > onprem_gpu_s else "onprem"
 
 
 def job_spec(t: TraceJob, p: ReplayPlan, cpu_per_gpu: float, memory_per_gpu: float) -> dict[str, Any]:
@@ -280,6 +286,7 @@ def run_service(p: ReplayPlan, env: dict[str, str], deadline_s: float) -> dict[s
         "statuses": dict(statuses),
         "unfinished": len(ids) - len(final),
         "jobs_by_site": dict(sites),
+        "site_of": {t: str(j.get("site")) for t, j in final.items()},
         "submit_errors": errors[:5],
         "wall_s": round(wall, 1),
     }
@@ -304,6 +311,8 @@ def replay(
     finally:
         stop_local_cloud(proc)
     diff = service["cloud_share"] - sim["cloud_share"]
+    sim_sites, service_sites = sim.pop("site_of"), service.pop("site_of")
+    same = sum(1 for j, site in service_sites.items() if sim_sites.get(j) == site)
     return {
         "trace_jobs": len(trace),
         "factor": factor,
@@ -315,5 +324,6 @@ def replay(
         "cloud_share_diff": round(diff, 4),
         "cloud_share_rel_diff": round(diff / sim["cloud_share"], 4) if sim["cloud_share"] else None,
         "within_10pct": abs(diff) <= 0.10 * max(sim["cloud_share"], 1e-9),
+        "jobs_on_the_same_site": same,
         "local_cloud_log": str(root / "local-cloud.log"),
     }
