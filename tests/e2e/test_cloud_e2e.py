@@ -15,6 +15,7 @@ host processes:
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -144,6 +145,25 @@ def _log_lines(client: ApiClient, job_id: str, attempt: int, count: int, timeout
         time.sleep(0.25)
 
 
+def _streams_with(cloud: LocalCloudProcess, message: str, group: str = "/berth/jobs/vision") -> list[str]:
+    """The streams of ``group`` holding ``message`` (read with admin credentials, as an operator)."""
+    logs = boto3.client(
+        "logs",
+        endpoint_url=cloud.env["AWS_ENDPOINT_URL"],
+        region_name=cloud.region,
+        aws_access_key_id=cloud.credentials("admin").access_key,
+        aws_secret_access_key=cloud.credentials("admin").secret_key,
+    )
+    streams: set[str] = set()
+    kwargs: dict[str, Any] = {"logGroupName": group}
+    while True:
+        page = logs.filter_log_events(**kwargs)
+        streams |= {e["logStreamName"] for e in page["events"] if e["message"] == message}
+        if not page.get("nextToken") or not page["events"]:
+            return sorted(streams)
+        kwargs["nextToken"] = page["nextToken"]
+
+
 def _circuits(client: ApiClient) -> dict[str, str]:
     cap = client.get("/v1/capacity").json()
     return {r["region"]: r["circuit"] for r in cap["cloud"]["regions"]}
@@ -195,6 +215,16 @@ def test_burst_to_cloud_while_residency_keeps_a_job_onprem(
     assert queue == f"berth-{region}-{'spot' if placement['spot'] else 'ondemand'}", placement
     lines = _log_lines(alice, burst, done["attempts"], 2)
     assert lines == ["hello from the cloud", "epoch 1 done"], lines
+    # served from the stream AWS Batch's awslogs driver named (`batch/default/<task id>`), not an
+    # on-prem `<job>/<attempt>` one
+    batch_streams = _streams_with(cloud, "hello from the cloud")
+    # `berth logs -f` of the ended job prints the same lines and returns
+    assert (
+        _berth(cloud, "alice", "logs", burst, "-f", "--poll", "0.5") == "hello from the cloud\nepoch 1 done\n"
+    )
+    assert len(batch_streams) == 1 and re.fullmatch(r"batch/default/[0-9a-f]{32}", batch_streams[0]), (
+        batch_streams
+    )
 
     waiting = bob.get(f"/v1/jobs/{glue}").json()
     assert waiting["status"] == "QUEUED" and waiting["site"] is None, waiting
@@ -273,6 +303,13 @@ def test_spot_interruption_resumes_from_checkpoint(
         interrupted_at,
     )
     assert second[1] == f"step {resumed + 1}" and second[-1] == "trained 84 steps", second
+    # each attempt's own Batch stream (two Batch jobs, two ECS tasks)
+    first_stream = _streams_with(cloud, first[0])
+    second_stream = _streams_with(cloud, second[0])
+    assert len(first_stream) == len(second_stream) == 1 and first_stream != second_stream, (
+        first_stream,
+        second_stream,
+    )
 
 
 def test_region_outage_opens_the_circuit_and_placement_returns_after_recovery(

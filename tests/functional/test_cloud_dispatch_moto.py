@@ -256,6 +256,13 @@ def test_the_events_handler_reads_the_forwarded_event(
 
     assert batch_events.lambda_handler({"Records": [record]}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
     assert ("succeed", "tok", {"result": "succeeded", "exit_code": 0}) in tokens.calls
+    # the attempt's log stream is recorded from DescribeJobs' container.logStreamName (the real adapter
+    # parses it), never from the event's own copy
+    batch = boto3.client("batch", region_name=REGION)
+    described = batch.describe_jobs(jobs=[stored.run.batch_job_id])["jobs"][0]["container"]["logStreamName"]
+    after = service.jobs.get(job.id)
+    assert after is not None and after.run.log_stream_of(1) == described
+    assert described != sample["detail"]["container"]["logStreamName"]
 
 
 def _client_error(code: str, status: int) -> ClientError:

@@ -533,11 +533,24 @@ class FakeBatch:
         if job is not None and not job.status.is_terminal:
             self.set(batch_job_id, BatchStatus.FAILED, reason=reason)
 
-    def set(self, batch_job_id: str, status: Any, reason: str = "", exit_code: int | None = None) -> None:
+    def set(
+        self,
+        batch_job_id: str,
+        status: Any,
+        reason: str = "",
+        exit_code: int | None = None,
+        log_stream: str | None = None,
+    ) -> None:
+        """A state change; ``log_stream`` (container.logStreamName) once given stays, as on Batch."""
         import dataclasses
 
+        old = self.jobs[batch_job_id]
         self.jobs[batch_job_id] = dataclasses.replace(
-            self.jobs[batch_job_id], status=status, status_reason=reason, exit_code=exit_code
+            old,
+            status=status,
+            status_reason=reason,
+            exit_code=exit_code,
+            log_stream=log_stream or old.log_stream,
         )
 
 

@@ -127,6 +127,7 @@ def test_a_queued_job_has_no_logs_or_samples_yet(s: Setup) -> None:
         "status": "QUEUED",
         "events": [],
         "next_token": None,
+        "reason": "the job has not started",
     }
     out = s.svc.metrics(ALICE, job.id)
     assert out["samples"] == [] and out["summary"]["samples"] == 0 and out["summary"]["gpu_util_avg"] is None

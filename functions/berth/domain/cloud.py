@@ -97,6 +97,9 @@ class BatchJob:
     container_reason: str = ""
     created_at: datetime | None = None
     started_at: datetime | None = None
+    #: ``container.logStreamName``: the stream the awslogs driver writes the container's output to
+    #: (``<awslogs-stream-prefix>/default/<ECS task id>``); None until the container has started.
+    log_stream: str | None = None
 
 
 # -- errors the Batch adapter raises (AWS errors translated) ----------------------------------------

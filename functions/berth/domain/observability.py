@@ -1,9 +1,12 @@
 """Job logs and metrics: where an attempt's output lives, what a usage sample is, and the summary the
 API shows. Pure (docs/observability.md).
 
-Logs: the agent ships an attempt's stdout and stderr to CloudWatch Logs, group
+Logs: the agent ships an on-prem attempt's stdout and stderr to CloudWatch Logs, group
 ``/berth/jobs/<tenant>``, stream ``<job_id>/<attempt>``: the same names the attempt's scoped credentials
-allow (``berth.domain.job_access``), so a tenant's output can only land under its own prefix.
+allow (``berth.domain.job_access``), so a tenant's output can only land under its own prefix. A cloud
+attempt's output goes to the same group (its Batch job definition's ``awslogs-group``), in the stream
+AWS Batch names itself (``<awslogs-stream-prefix>/default/<ECS task id>``); the control plane learns
+that name from DescribeJobs once the container starts and keeps it on the job (``attempt_log_source``).
 
 Metrics: the agent samples each running attempt (GPU utilisation and memory through NVML, the job's
 process group's CPU and resident memory from ``/proc``) and sends bounded batches of samples to the
@@ -12,12 +15,16 @@ agent API with the attempt's fencing token; the control plane stores them per (j
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from berth.domain.errors import InvalidRequest
+from berth.domain.job import Job
+from berth.domain.placement import CloudPlacement
+from berth.domain.status import JobStatus
 from berth.domain.workflow import AttemptRef
 
 LOG_GROUP_PREFIX = "/berth/jobs"
@@ -37,6 +44,50 @@ def log_group(tenant: str, prefix: str = LOG_GROUP_PREFIX) -> str:
 
 def log_stream(job_id: str, attempt: int) -> str:
     return f"{job_id}/{attempt}"
+
+
+#: What CloudWatch Logs accepts as a stream name: 1 to 512 characters, no ``:`` or ``*``.
+_MAX_STREAM_NAME = 512
+
+
+def is_log_stream_name(name: str | None) -> bool:
+    return bool(name) and len(name or "") <= _MAX_STREAM_NAME and not set(name or "") & {":", "*"}
+
+
+#: Why a cloud attempt's page is empty while its stream is not known.
+STREAM_PENDING_REASON = (
+    "attempt {attempt} waits for its Batch job to start: AWS Batch names the log stream when the "
+    "container starts"
+)
+STREAM_NEVER_REASON = (
+    "attempt {attempt} was placed in the cloud but AWS Batch reported no log stream for it (its "
+    "container did not start)"
+)
+#: The statuses in which the current attempt may still start.
+_MAY_START = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSource:
+    """Where to read an attempt's output: ``stream`` in the tenant's group, or nothing yet (``stream``
+    None) and ``reason`` why."""
+
+    stream: str | None
+    reason: str | None = None
+
+
+def attempt_log_source(job: Job, attempt: int) -> LogSource:
+    """The stream of ``attempt`` of ``job``: the one AWS Batch named (recorded on the job) for a cloud
+    attempt, ``<job_id>/<attempt>`` (written by the agent) otherwise. The current attempt in the cloud
+    has no stream until its container starts: then none, with the reason."""
+    recorded = job.run.log_stream_of(attempt)
+    if recorded is not None:
+        return LogSource(recorded)
+    if attempt == job.attempts and isinstance(job.placement, CloudPlacement):
+        template = STREAM_PENDING_REASON if job.status in _MAY_START else STREAM_NEVER_REASON
+        return LogSource(None, template.format(attempt=attempt))
+    # An on-prem attempt (or an earlier cloud attempt that never started: an empty page either way).
+    return LogSource(log_stream(job.id, attempt))
 
 
 class _Model(BaseModel):

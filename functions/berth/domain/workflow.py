@@ -197,6 +197,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AttemptLogStream(_Model):
+    """Where one cloud attempt's output is: the stream AWS Batch's awslogs driver created in the
+    tenant's log group (``<prefix>/default/<ECS task id>``), as DescribeJobs reported it."""
+
+    attempt: Annotated[int, Field(ge=1)]
+    stream: Annotated[str, Field(min_length=1, max_length=512)]
+
+
 class RunState(_Model):
     """What the workflow keeps on the job between its states (never returned by the public API)."""
 
@@ -231,6 +239,19 @@ class RunState(_Model):
     submitted_at: datetime | None = None
     """When the current cloud attempt's Batch job was submitted (its time waiting for an instance
     counts from here)."""
+    log_streams: tuple[AttemptLogStream, ...] = ()
+    """The CloudWatch Logs streams AWS Batch named for the job's cloud attempts (one per attempt,
+    kept across attempts: ``GET /v1/jobs/{id}/logs?attempt=N`` reads an earlier one)."""
+
+    def log_stream_of(self, attempt: int) -> str | None:
+        """The stream Batch named for ``attempt``, if it has been learnt."""
+        return next((s.stream for s in self.log_streams if s.attempt == attempt), None)
+
+    def with_log_stream(self, attempt: int, stream: str) -> RunState:
+        """This state with ``stream`` recorded for ``attempt`` (an earlier record of it replaced)."""
+        kept = tuple(s for s in self.log_streams if s.attempt != attempt)
+        entry = AttemptLogStream(attempt=attempt, stream=stream)
+        return self.model_copy(update={"log_streams": (*kept, entry)})
 
 
 # -- the dispatch protocol's messages (docs/agent-protocol.md) -------------------------------------

@@ -322,8 +322,10 @@ Attempt = Annotated[int | None, Query(ge=1, le=1000, description="Which attempt 
 @app.get(
     "/v1/jobs/<job_id>/logs",
     summary="A job's output (stdout and stderr), oldest first, one attempt at a time",
-    description="Reads the attempt's CloudWatch Logs stream (`/berth/jobs/<tenant>`, "
-    "`<job_id>/<attempt>`). `since` is epoch milliseconds or an ISO 8601 time with a zone. Pass "
+    description="Reads the attempt's CloudWatch Logs stream in `/berth/jobs/<tenant>`: "
+    "`<job_id>/<attempt>` on-prem, the stream AWS Batch named (`batch/default/<task id>`) in the "
+    "cloud; until Batch has named it the page is empty and `reason` says why. `since` is epoch "
+    "milliseconds or an ISO 8601 time with a zone. Pass "
     "`next_token` (with the same `attempt`) to continue; it is returned even at the end of what is "
     "there now, so a follower polls with it until `status` is terminal and a page comes back empty. "
     "The same tenant check as `GET /v1/jobs/{id}`.",

@@ -164,6 +164,11 @@ class LogsOut(BaseModel):
         description="Continues after the last event (also when it is the end for now: pass it again "
         "to follow); null while the attempt has no log stream yet"
     )
+    reason: str | None = Field(
+        default=None,
+        description="Why the page is empty for now, when that is known: the job has not started, or "
+        "its cloud attempt waits for AWS Batch to start its container and name the log stream",
+    )
 
 
 class GpuSampleOut(BaseModel):

@@ -34,6 +34,7 @@ from berth.domain.cloud import (
 )
 from berth.domain.errors import Conflict
 from berth.domain.job import Job
+from berth.domain.observability import is_log_stream_name
 from berth.domain.placement import CloudPlacement
 from berth.domain.ports import BatchGateway, CircuitRepository, JobRepository, SubmitQueue, TaskTokens
 from berth.domain.status import JobStatus
@@ -206,6 +207,7 @@ class CloudDispatchService:
             return
         try:
             for bj in self.batch.describe(region, [batch_job_id]):
+                self.record_log_stream(job, bj)  # an earlier attempt's output stays readable
                 if not bj.status.is_terminal:
                     self.batch.terminate(
                         region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current", job.tenant
@@ -214,10 +216,12 @@ class CloudDispatchService:
             return  # the sweep of a later event tries again; an orphan costs money, not correctness
 
     def reconcile(self, job: Job, bj: BatchJob) -> str:
-        """Move the job (and answer its token) to match what Batch says about its current attempt."""
+        """Move the job (and answer its token) to match what Batch says about its current attempt.
+        The attempt's log stream, once Batch names it, is recorded first (before the job can end)."""
         placement = cloud_attempt(job)
         if placement is None:
             return "stale"
+        job = self.record_log_stream(job, bj)
         token = job.run.dispatch_token
         if bj.status is BatchStatus.RUNNING:
             self.circuits.record_success(placement.region, placement.instance_type, self._now())
@@ -235,6 +239,39 @@ class CloudDispatchService:
                 return "failed"
             return "answered"
         return "waiting"
+
+    def record_log_stream(self, job: Job, bj: BatchJob) -> Job:
+        """Keep the stream Batch named for the attempt the Batch job ran (``container.logStreamName``;
+        the attempt from its name) on the job, so ``GET /v1/jobs/{id}/logs`` reads it, also once the
+        job has moved on. Idempotent; returns the job as stored afterwards when it is still on the
+        same version line of that attempt, else the job as given."""
+        parsed = parse_batch_job_name(bj.name)
+        if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
+            return job
+        attempt, stream = parsed[1], str(bj.log_stream)
+        if attempt == job.attempts and job.run.batch_job_id not in (None, bj.batch_job_id):
+            return job  # not the current attempt's Batch job (an orphan of the same name)
+        current = job
+        for _ in range(RETRIES):
+            if current.run.log_stream_of(attempt) is not None:
+                break  # recorded already (a stream, once named, does not change)
+            run = current.run.with_log_stream(attempt, stream)
+            nxt = current.updated(current.updated_at, run=run)
+            try:
+                self.jobs.update(nxt)
+                current = nxt
+                break
+            except Conflict:
+                fresh = self.jobs.get(job.id)
+                if fresh is None:
+                    return job
+                current = fresh
+        same = (current.attempts, current.status, current.run.batch_job_id) == (
+            job.attempts,
+            job.status,
+            job.run.batch_job_id,
+        )
+        return current if same else job
 
     def _started(self, job: Job, bj: BatchJob) -> str:
         for _ in range(RETRIES):

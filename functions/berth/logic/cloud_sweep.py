@@ -8,7 +8,8 @@ Each pass looks at every placed cloud attempt through DescribeJobs (100 ids a ca
 - a dispatched attempt with no Batch job after ``submit_grace_s`` gets its submit request again (a
   lost message; the submit is idempotent); one whose Batch job Batch no longer knows fails as
   ``CloudApiError`` and is re-placed;
-- a Batch outcome whose event was missed is reconciled as the event would have been;
+- a Batch outcome whose event was missed is reconciled as the event would have been (and the log
+  stream Batch named for the attempt is recorded on the job if it is not yet);
 - a region whose API fails counts a region-wide circuit failure; an attempt not yet running in a
   region whose circuit the core holds open fails as ``CloudApiError`` and is re-placed elsewhere.
 """
@@ -148,6 +149,8 @@ class CloudSweep:
             return
         if bj.status.is_terminal or (bj.status.value == "RUNNING" and job.status is S.STARTING):
             report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded", "running"))
+        elif bj.log_stream and job.run.log_stream_of(job.attempts) is None:
+            svc.record_log_stream(job, bj)  # its event was missed: the logs route needs the stream
 
     def _terminate(self, job: Job, batch_job_id: str, why: str, report: SweepReport) -> None:
         region = job.placement.region if isinstance(job.placement, CloudPlacement) else ""

@@ -11,7 +11,7 @@ from typing import Any
 
 from berth.domain.errors import ValidationFailed
 from berth.domain.job import Job
-from berth.domain.observability import LOG_GROUP_PREFIX, iso_ms, log_group, log_stream, summarize
+from berth.domain.observability import LOG_GROUP_PREFIX, attempt_log_source, iso_ms, log_group, summarize
 from berth.domain.ports import LogReader, MetricsRepository
 from berth.domain.tenancy import Caller
 from berth.logic.jobs import JobService
@@ -41,7 +41,8 @@ class ObservabilityService:
         next_token: str | None = None,
     ) -> dict[str, Any]:
         """A page of an attempt's output (default: the latest attempt), oldest first. ``next_token``
-        continues a page of the same attempt; ``status`` tells a follower when the job has ended."""
+        continues a page of the same attempt; ``status`` tells a follower when the job has ended.
+        A cloud attempt whose stream AWS Batch has not named yet gives an empty page and ``reason``."""
         job = self.jobs.get(caller, job_id)
         n = _attempt(job, attempt)
         out: dict[str, Any] = {
@@ -51,12 +52,18 @@ class ObservabilityService:
             "status": str(job.status),
             "events": [],
             "next_token": None,
+            "reason": None,
         }
         if n is None:  # never started: nothing printed yet
+            out["reason"] = "the job has not started"
+            return out
+        source = attempt_log_source(job, n)
+        if source.stream is None:
+            out["reason"] = source.reason
             return out
         page = self.log_reader.read(
             log_group(job.tenant, self.log_group_prefix),
-            log_stream(job.id, n),
+            source.stream,
             since_ms,
             next_token,
             max(1, min(limit, MAX_LOG_LIMIT)),

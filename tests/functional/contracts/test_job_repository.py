@@ -77,6 +77,29 @@ def test_cloud_placement_round_trips(store: Store) -> None:
     assert store.jobs.get(job.id) == nxt
 
 
+def test_cloud_attempts_log_streams_round_trip_and_a_stale_copy_cannot_drop_them(store: Store) -> None:
+    job = _new(store)
+    placement = CloudPlacement(
+        region="us-east-1", queue="q", instance_type="g5.xlarge", gpu_type="A10G", spot=False, hourly_usd=1.0
+    )
+    placed, ev = job.transition(
+        JobStatus.STARTING, "placed", T0, site=Site.CLOUD, placement=placement, attempts=2
+    )
+    store.jobs.save(placed, ev)
+    run = placed.run.with_log_stream(1, "batch/default/" + "a" * 32).with_log_stream(
+        2, "batch/default/" + "b" * 32
+    )
+    recorded = placed.updated(T0, run=run)
+    store.jobs.update(recorded)
+    stored = store.jobs.get(job.id)
+    assert stored == recorded and stored is not None
+    assert stored.run.log_stream_of(1) == "batch/default/" + "a" * 32
+    assert stored.run.log_stream_of(2) == "batch/default/" + "b" * 32
+    with pytest.raises(Conflict):  # a copy read before the streams were recorded cannot write over them
+        store.jobs.update(placed.updated(T0))
+    assert store.jobs.get(job.id) == recorded
+
+
 def test_stale_save_is_a_conflict_and_changes_nothing(store: Store) -> None:
     job = _new(store)
     first, ev1 = job.transition(JobStatus.STARTING, "placed", T0)

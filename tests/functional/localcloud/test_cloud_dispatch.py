@@ -6,6 +6,7 @@ circuit opens)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,36 @@ def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> N
         jobQueue="berth-us-east-1-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
     )["jobSummaryList"]
     assert len(listed) == 1  # submitted exactly once
+    # Its output is served from the stream AWS Batch named (DescribeJobs' container.logStreamName).
+    described = batch.describe_jobs(jobs=[listed[0]["jobId"]])["jobs"][0]
+    stream = described["container"]["logStreamName"]
+    assert re.fullmatch(r"batch/default/[0-9a-f]{32}", stream), stream
+    status, page = cloud.request("GET", f"/v1/jobs/{job_id}/logs", "alice")
+    assert status == 200 and isinstance(page, dict), page
+    assert [e["message"] for e in page["events"]] == ["1"] and page["reason"] is None, page
+    logs = cloud.session().client("logs", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
+    direct = logs.get_log_events(logGroupName="/berth/jobs/vision", logStreamName=stream, startFromHead=True)
+    assert [e["message"] for e in direct["events"]] == ["1"]
+    status, other = cloud.request("GET", f"/v1/jobs/{job_id}/logs", "bob")
+    assert status == 404, other
+
+
+def test_logs_of_a_cloud_job_waiting_for_capacity_are_empty_with_a_reason(cloud: LocalCloud) -> None:
+    faults.FAULTS.apply({"kind": "capacity", "region": "us-east-1", "instance_type": "g5"})
+    try:
+        job_id = submit(cloud, _cloud_spec(regions=["us-east-1"]))
+        wait_for(cloud, job_id, lambda j: j["status"] == "STARTING" and j["site"] == "cloud", timeout=30)
+        status, page = cloud.request("GET", f"/v1/jobs/{job_id}/logs", "alice")
+        assert status == 200 and isinstance(page, dict), page
+        assert page["events"] == [] and page["next_token"] is None and page["status"] == "STARTING", page
+        assert "AWS Batch names the log stream" in page["reason"], page
+    finally:
+        faults.FAULTS.clear()
+        faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})  # the module's standing fault
+    done = wait_for(cloud, job_id, status_in("COMPLETED", "FAILED"), timeout=60)
+    assert done["status"] == "COMPLETED", done
+    status, page = cloud.request("GET", f"/v1/jobs/{job_id}/logs", "alice")
+    assert status == 200 and [e["message"] for e in page["events"]] == ["1"], page
 
 
 def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalCloud) -> None:

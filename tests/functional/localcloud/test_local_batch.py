@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import sys
 import tarfile
 import time
@@ -30,6 +31,11 @@ from berth_tools.localcloud.cloud import LocalCloud
 REGION = "us-east-1"
 QUEUE = "berth-us-east-1-ondemand"
 DEFINITION = "berth-img-test"
+#: A definition without a logConfiguration: Batch's defaults (`/aws/batch/job`, `<definition>/default/...`).
+PLAIN_DEFINITION = "plain-test"
+GROUP = "/berth/jobs/vision"
+#: `container.logStreamName` as the awslogs driver names it: `<prefix>/default/<32-hex ECS task id>`.
+TASK_STREAM = r"batch/default/[0-9a-f]{32}"
 INSTANCE_TYPE = "g5.xlarge"
 
 
@@ -52,6 +58,7 @@ class Batch:
         vcpus: int = 1,
         env: dict[str, str] | None = None,
         timeout_s: int | None = None,
+        definition: str = DEFINITION,
     ) -> str:
         job_id, _, attempt = name.rpartition("-a")
         variables = {"BERTH_JOB_ID": job_id, "BERTH_ATTEMPT": attempt, "BERTH_TENANT": tenant, **(env or {})}
@@ -61,7 +68,7 @@ class Batch:
         answer = self.batch.submit_job(
             jobName=name,
             jobQueue=QUEUE,
-            jobDefinition=DEFINITION,
+            jobDefinition=definition,
             containerOverrides={
                 "command": command,
                 "environment": [{"name": k, "value": v} for k, v in variables.items()],
@@ -90,6 +97,11 @@ class Batch:
 
     def done(self, batch_job_id: str, timeout_s: float = 30) -> dict[str, Any]:
         return self.wait(batch_job_id, lambda j: j["status"] in ("SUCCEEDED", "FAILED"), timeout_s)
+
+    def output(self, batch_job_id: str, group: str = GROUP) -> list[str]:
+        """The job's output, read where DescribeJobs says the awslogs driver wrote it."""
+        stream = self.describe(batch_job_id)["container"]["logStreamName"]
+        return self.log_lines(group, stream)
 
     def log_lines(self, group: str, stream: str) -> list[str]:
         events = self.logs.get_log_events(logGroupName=group, logStreamName=stream, startFromHead=True)[
@@ -167,6 +179,20 @@ def create_batch_environment(cloud: LocalCloud, region: str = REGION, max_vcpus:
             "resourceRequirements": [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "512"}],
             "jobRoleArn": job_role["Arn"],
             "environment": [{"name": "FROM_DEFINITION", "value": "yes"}],
+            # as the dispatcher registers it (berth.dal.batch): the tenant's group, prefix "batch"
+            "logConfiguration": {
+                "logDriver": "awslogs",
+                "options": {"awslogs-group": GROUP, "awslogs-stream-prefix": "batch"},
+            },
+        },
+    )
+    batch.register_job_definition(
+        jobDefinitionName=PLAIN_DEFINITION,
+        type="container",
+        containerProperties={
+            "image": "public.ecr.aws/docker/library/python:3.11-slim",
+            "command": ["true"],
+            "resourceRequirements": [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "512"}],
         },
     )
     return str(job_role["Arn"])
@@ -212,8 +238,14 @@ def test_a_job_runs_as_a_process_with_logs_and_events_as_on_aws(lb: Batch) -> No
     assert done["container"]["exitCode"] == 0
     assert done["attempts"][0]["container"]["exitCode"] == 0
     assert done["startedAt"] <= done["stoppedAt"]
-    assert done["container"]["logStreamName"] == "j-ok/1"
-    assert lb.log_lines("/berth/jobs/vision", "j-ok/1") == ["hello", "from yes"]
+    stream = done["container"]["logStreamName"]
+    assert re.fullmatch(TASK_STREAM, stream), stream
+    assert done["attempts"][0]["container"]["logStreamName"] == stream
+    task_arn = done["attempts"][0]["container"]["taskArn"]
+    assert task_arn.startswith(f"arn:aws:ecs:{REGION}:123456789012:task/") and task_arn.endswith(stream[-32:])
+    assert lb.log_lines(GROUP, stream) == ["hello", "from yes"]
+    names = [s["logStreamName"] for s in lb.logs.describe_log_streams(logGroupName=GROUP)["logStreams"]]
+    assert not [n for n in names if n.startswith("j-ok/")]  # nothing under Berth's on-prem names
     events = lb.events_of(job)
     assert [e["detail"]["status"] for e in events] == [
         "SUBMITTED",
@@ -229,6 +261,25 @@ def test_a_job_runs_as_a_process_with_logs_and_events_as_on_aws(lb: Batch) -> No
     assert detail["jobName"] == "j-ok-a1"
     assert detail["jobQueue"] == f"arn:aws:batch:{REGION}:123456789012:job-queue/{QUEUE}"
     assert detail["container"]["exitCode"] == 0 and detail["attempts"][0]["container"]["exitCode"] == 0
+    # the stream is in the events from RUNNING on (what the control plane records), never before
+    named = [e["detail"]["container"].get("logStreamName") for e in events]
+    assert named == [None, None, None, None, stream, stream], named
+
+
+def test_a_definition_without_log_configuration_uses_batchs_default_names(lb: Batch) -> None:
+    job = lb.submit("j-plain-a1", ["python3", "-c", "print('plain')"], definition=PLAIN_DEFINITION)
+    done = lb.done(job)
+    assert done["status"] == "SUCCEEDED", done.get("statusReason")
+    stream = done["container"]["logStreamName"]
+    assert re.fullmatch(rf"{PLAIN_DEFINITION}/default/[0-9a-f]{{32}}", stream), stream
+    assert lb.log_lines(local_batch.DEFAULT_LOG_GROUP, stream) == ["plain"]
+
+
+def test_each_run_gets_its_own_stream(lb: Batch) -> None:
+    first, second = (lb.submit(f"j-twice-a{n}", ["python3", "-c", f"print({n})"]) for n in (1, 2))
+    streams = {lb.done(job)["container"]["logStreamName"] for job in (first, second)}
+    assert len(streams) == 2
+    assert (lb.output(first), lb.output(second)) == (["1"], ["2"])
 
 
 def test_a_nonzero_exit_fails_the_job_with_its_exit_code(lb: Batch) -> None:
@@ -236,14 +287,14 @@ def test_a_nonzero_exit_fails_the_job_with_its_exit_code(lb: Batch) -> None:
     done = lb.done(job)
     assert (done["status"], done["container"]["exitCode"]) == ("FAILED", 3)
     assert done["statusReason"] == local_batch.EXIT_REASON
-    assert lb.log_lines("/berth/jobs/vision", "j-three/2") == ["bye"]
+    assert lb.output(job) == ["bye"]
 
 
 def test_the_job_gets_a_clean_environment_with_its_role_credentials(lb: Batch) -> None:
     script = "import os, json; print(json.dumps(sorted(os.environ)))"
     job = lb.submit("j-env-a1", ["python3", "-c", script])
     assert lb.done(job)["status"] == "SUCCEEDED"
-    names = set(json.loads(lb.log_lines("/berth/jobs/vision", "j-env/1")[0]))
+    names = set(json.loads(lb.output(job)[0]))
     assert {
         "AWS_ACCESS_KEY_ID",
         "AWS_SESSION_TOKEN",
@@ -373,8 +424,8 @@ def test_a_code_bundle_job_runs_through_the_launcher(lb: Batch) -> None:
         "j-code-a1", ["python", "-m", "berth_agent.launch"], env={"BERTH_LAUNCH": json.dumps(spec)}
     )
     done = lb.done(job, timeout_s=60)
-    assert done["status"] == "SUCCEEDED", lb.log_lines("/berth/jobs/vision", "j-code/1")
-    assert "trained" in lb.log_lines("/berth/jobs/vision", "j-code/1")
+    assert done["status"] == "SUCCEEDED", lb.output(job)
+    assert "trained" in lb.output(job)
     body = lb.s3.get_object(Bucket="berth-data-test", Key="vision/jobs/j-code/outputs/model.txt")[
         "Body"
     ].read()

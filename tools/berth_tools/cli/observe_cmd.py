@@ -83,7 +83,12 @@ def logs(
     per line, per event (``at``, ``message``, ``attempt``)."""
     with api_errors(output):
         client = client_for(api_url, profile)
+        said = None
         for page in log_pages(client, job_id, attempt=attempt, since=since, follow=follow, poll_s=poll_s):
+            reason = page.get("reason")
+            if reason and reason != said and not page.get("events") and output is not OutputFormat.JSON:
+                sys.stderr.write(f"({reason})\n")  # why nothing is shown yet, once; stdout stays the log
+                said = reason
             for event in page.get("events", []):
                 if output is OutputFormat.JSON:
                     sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")

@@ -21,9 +21,11 @@ environment but the one given): the job definition's environment with the submit
 it, `AWS_BATCH_*`, `AWS_REGION`, `AWS_ENDPOINT_URL` (the local cloud), and STS credentials of the job
 definition's `jobRoleArn` (none without one, as on AWS). A code-bundle job's
 `python -m berth_agent.launch` runs the launcher of this source tree with this interpreter. Output
-lines go to CloudWatch Logs through the agent's `LogShipper`, in order: group `/berth/jobs/<tenant>`,
-stream `<job_id>/<attempt>` from the job's `BERTH_TENANT`/`BERTH_JOB_ID`/`BERTH_ATTEMPT` (moto's
-`/aws/batch/job` and `<definition>/default/<batch job id>` without them). TerminateJob (and CancelJob
+lines go to CloudWatch Logs through the agent's `LogShipper`, in order, where AWS Batch's awslogs
+driver puts them (`awslogs_target`): the definition's `awslogs-group` (default `/aws/batch/job`) in its
+`awslogs-region`, stream `<awslogs-stream-prefix or definition name>/default/<ECS task id>` (a fresh
+32-hex id per start, also in the attempt's `taskArn`), reported as `container.logStreamName` by
+DescribeJobs and in the events from RUNNING on. TerminateJob (and CancelJob
 before start) stops it: SIGTERM to the group, SIGKILL after `TERMINATE_GRACE_S`, FAILED with the
 given reason. `attemptDurationSeconds` is enforced (`Job attempt duration exceeded timeout`).
 
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -118,6 +121,31 @@ def job_vcpus(job: Any) -> int:
         return max(1, int(overrides["vcpus"]))
     value = job.job_definition._get_resource_requirement("vcpus", 1)
     return max(1, int(float(value or 1)))
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    group: str
+    stream: str
+    #: ``awslogs-region`` (None: the job's own region).
+    region: str | None = None
+
+
+def awslogs_target(
+    definition_name: str, container_properties: dict[str, Any] | None, task_id: str
+) -> LogTarget:
+    """Where AWS Batch's awslogs driver puts a container's output: the definition's
+    ``logConfiguration.options`` ``awslogs-group`` (default ``/aws/batch/job``) and ``awslogs-region``,
+    stream ``<awslogs-stream-prefix>/default/<ECS task id>``, the prefix defaulting to the job
+    definition's name (Batch names the container ``default``)."""
+    config = (container_properties or {}).get("logConfiguration") or {}
+    options = (config.get("options") or {}) if config.get("logDriver", "awslogs") == "awslogs" else {}
+    prefix = options.get("awslogs-stream-prefix") or definition_name
+    return LogTarget(
+        group=options.get("awslogs-group") or DEFAULT_LOG_GROUP,
+        stream=f"{prefix}/default/{task_id}",
+        region=options.get("awslogs-region") or None,
+    )
 
 
 @dataclass
@@ -233,11 +261,14 @@ class LocalBatch:
         try:
             job.job_stopped_reason = None  # a capacity reason no longer holds
             self._set_status(job, "STARTING")
-            group, stream = self._log_target(job, env)
-            shipper = self._shipper(job, group, stream)
-            job.log_stream_name = stream
+            task_id = uuid.uuid4().hex  # the ECS task the container runs in, on AWS
+            target = awslogs_target(job.job_definition.name, job.job_definition.container_properties, task_id)
+            shipper = self._shipper(job, target)
+            job.log_stream_name = target.stream  # DescribeJobs' and the events' container.logStreamName
             job.job_started_at = datetime.now()
             job._start_attempt()
+            if job.latest_attempt is not None:
+                job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
             argv, env = self._argv_env(job, env, workdir)
             try:
                 run.handle = ProcessRun(
@@ -401,19 +432,9 @@ class LocalBatch:
             "AWS_SESSION_TOKEN": session.session_token,
         }
 
-    @staticmethod
-    def _log_target(job: Any, env: dict[str, str]) -> tuple[str, str]:
-        tenant, job_id, attempt = env.get("BERTH_TENANT"), env.get("BERTH_JOB_ID"), env.get("BERTH_ATTEMPT")
-        if tenant and job_id and attempt:
-            return f"/berth/jobs/{tenant}", f"{job_id}/{attempt}"
-        return DEFAULT_LOG_GROUP, f"{job.job_definition.name}/default/{job.job_id}"
-
-    def _shipper(self, job: Any, group: str, stream: str) -> LogShipper:
-        # The awslogs driver writes where the definition says (`awslogs-region`), else in the job's region.
-        options = ((job.job_definition.container_properties or {}).get("logConfiguration") or {}).get(
-            "options"
-        ) or {}
-        logs = self._client("logs", options.get("awslogs-region") or job.backend.region_name)
+    def _shipper(self, job: Any, target: LogTarget) -> LogShipper:
+        logs = self._client("logs", target.region or job.backend.region_name)
+        group, stream = target.group, target.stream
         with contextlib.suppress(ClientError):  # ResourceAlreadyExistsException
             logs.create_log_group(logGroupName=group)
         with contextlib.suppress(ClientError):  # a stream of an earlier run of the same attempt
@@ -421,6 +442,12 @@ class LocalBatch:
         shipper = LogShipper(_ExistingStreamOk(logs), group, stream, backoff_base_s=0.05, backoff_max_s=1.0)
         shipper.start()
         return shipper
+
+    @staticmethod
+    def _task_arn(job: Any, ce: Any, task_id: str) -> str:
+        # The ECS cluster Batch made for the compute environment (moto names one for a managed CE).
+        cluster = (ce.ecs_name or ce.name) if ce is not None else "local"
+        return f"arn:aws:ecs:{job.backend.region_name}:{job.backend.account_id}:task/{cluster}/{task_id}"
 
     def _work_root(self) -> Path:
         self.work_root.mkdir(parents=True, exist_ok=True)

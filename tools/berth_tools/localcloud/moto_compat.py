@@ -383,8 +383,12 @@ SURFACES: tuple[Surface, ...] = (
         for attr in ("name", "arn", "environments")
     ),
     *(
-        Surface(f"moto.batch.models:ComputeEnvironment#{attr}", "read", "maxvCpus and instance types")
-        for attr in ("name", "arn", "compute_resources")
+        Surface(
+            f"moto.batch.models:ComputeEnvironment#{attr}",
+            "read",
+            "maxvCpus and instance types; its ECS cluster (the attempt's taskArn)",
+        )
+        for attr in ("name", "arn", "compute_resources", "ecs_name")
     ),
     *(
         Surface(f"moto.batch.models:JobDefinition#{attr}", "read", "the job's container")
