@@ -136,6 +136,12 @@ class BerthStack(Stack):
                 resources=[self.workflow.state_machine_arn],
             )
         )
+        # ... and asks for a pass when a running cloud job is canceled (its Batch job is terminated now).
+        self.api_function.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="Trigger", actions=["sqs:SendMessage"], resources=[self.workflow.trigger_queue.queue_arn]
+            )
+        )
 
         # The cloud path's roles (Batch job role per tenant, the dispatcher's submit role), the tenants'
         # job log groups and the bus rule for forwarded Batch events (docs/cloud.md).

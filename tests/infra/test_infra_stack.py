@@ -267,6 +267,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # WorkflowHooks: start a submitted job's execution; answer the placement wait of a job
         # canceled while queued.
         (STATE_MACHINE, None): {"states:StartExecution", "states:SendTaskSuccess"},
+        # a pass when a running cloud job is canceled (the sweep terminates its Batch job)
+        ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
         # GET /v1/jobs/{id}/logs (CloudWatchLogReader) and /metrics (DynamoMetricsRepository)
         ("log-group:/berth/jobs/*", None): {"logs:GetLogEvents"},
         ("JobMetricsTableName", None): {"dynamodb:Query"},

@@ -581,3 +581,24 @@ def test_an_operators_drain_is_a_directive_until_lifted() -> None:
     assert w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest())["directives"] == []
     with pytest.raises(NotFound):
         w.agent.request_drain("nope")
+
+
+def test_canceling_a_running_cloud_job_asks_for_a_pass_at_once() -> None:
+    from berth.domain.placement import CloudPlacement
+    from berth.logic.workflow import WorkflowHooks
+
+    w = World()
+    job = w.submit()
+    cloud = CloudPlacement(region="us-east-1", queue="q", instance_type="g5.xlarge", gpu_type="A10G")
+    running, _ = job.transition(JobStatus.STARTING, "placed", NOW, placement=cloud)
+    running, _ = running.transition(JobStatus.RUNNING, "running", NOW)
+    canceling, _ = running.transition(JobStatus.CANCELING, "canceled by alice", NOW)
+    hooks = WorkflowHooks(w.tokens, None, trigger=w.trigger)
+    w.trigger.requests.clear()
+    hooks.canceled(running, canceling)
+    assert w.trigger.requests == [(f"job {job.id} canceling", 0)]
+    # an on-prem job's agent hears it at its next heartbeat: no pass needed
+    onprem, _ = job.transition(JobStatus.STARTING, "placed", NOW)
+    onprem, _ = onprem.transition(JobStatus.RUNNING, "running", NOW)
+    hooks.canceled(onprem, onprem.transition(JobStatus.CANCELING, "canceled", NOW)[0])
+    assert len(w.trigger.requests) == 1

@@ -99,7 +99,10 @@ def _services() -> tuple[JobService, TenantService]:
 @per_environment
 def _hooks() -> WorkflowHooks:
     return WorkflowHooks(
-        tokens=runtime.task_tokens(), executions=runtime.executions(), settings=runtime.workflow_settings()
+        tokens=runtime.task_tokens(),
+        executions=runtime.executions(),
+        settings=runtime.workflow_settings(),
+        trigger=runtime.pass_trigger() if settings().scheduler_queue_url else None,
     )
 
 

@@ -92,6 +92,9 @@ class WorkflowHooks:
     tokens: TaskTokens
     executions: Executions | None
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
+    trigger: PassTrigger | None = None
+    """Asks for a pass when a running cloud job is canceled: the pass's sweep terminates its Batch
+    job now rather than at the next timer (None: the timer's pass does it)."""
 
     def submitted(self, job: Job) -> None:
         if self.executions is None:
@@ -106,6 +109,11 @@ class WorkflowHooks:
         token = before.run.placement_token
         if after.status is S.CANCELED and token:
             self.tokens.succeed(token, placement_output(after))
+        if after.status is S.CANCELING and isinstance(after.placement, CloudPlacement) and self.trigger:
+            try:
+                self.trigger.request(f"job {after.id} canceling")
+            except StoreUnavailable:
+                return  # the timer's pass terminates it
 
 
 def release_holds(hosts: HostRepository, job: Job, attempt: int) -> None:
