@@ -40,6 +40,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/datasets/{name}": ("GET", "PUT"),
     "/v1/tenants/{tenant}/usage": ("GET",),
     "/v1/usage": ("GET",),
+    "/v1/hosts/{host}/drain": ("PUT",),
 }
 
 #: The agent API (docs/agent-protocol.md), served by its own function; hosts only.
@@ -96,9 +97,10 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
         ("dynamodb:PutItem", "dynamodb:UpdateItem"),
         write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*"),
     ),
-    # feasibility at submit, explain and capacity read the fleet; the API never writes hosts (the
-    # scheduler and the agent API do)
-    "hosts": TableAccess(("dynamodb:Scan",)),
+    # feasibility at submit, explain and capacity read the fleet; an admin's drain sets a host's
+    # drain request (HostRepository.request_drain, a conditional UpdateItem of that flag); holds and
+    # leases are written by the scheduler and the agent API only
+    "hosts": TableAccess(("dynamodb:Scan", "dynamodb:UpdateItem")),
     # Powertools idempotency records (it deletes its record when the wrapped call fails) and the
     # submit claim written in the job's creation transaction
     "idempotency": TableAccess(

@@ -221,3 +221,39 @@ def test_capacity(fleet: Invoke) -> None:
     assert set(regions) == {"us-east-1", "us-east-2", "us-west-2"}
     assert regions["us-east-1"]["circuit"] == "closed"
     assert all(it["circuit"] == "closed" for r in regions.values() for it in r["instance_types"])
+
+
+def test_an_admin_drains_a_host_and_lifts_it(fleet: Invoke) -> None:
+    def capacity() -> dict[str, Any]:
+        status, cap = fleet("GET", "/v1/capacity", user="bob")
+        assert status == 200, cap
+        return cap
+
+    assert capacity()["totals"]["free_gpus"] == 24
+    status, out = fleet("PUT", "/v1/hosts/v100-a/drain", user="admin", body={"drain": True})
+    assert status == 200 and out == {"host_id": "v100-a", "drain_requested": True}
+    cap = capacity()
+    assert {h["host_id"]: h["draining"] for h in cap["hosts"]}["v100-a"] is True
+    # nothing more is placed there: its GPUs no longer count as free
+    assert cap["totals"]["free_gpus"] == 16 and cap["totals"]["unavailable_gpus"] == 8
+    status, out = fleet("PUT", "/v1/hosts/v100-a/drain", user="admin", body={"drain": False})
+    assert status == 200 and capacity()["totals"]["free_gpus"] == 24
+
+
+@pytest.mark.parametrize(
+    ("user", "host", "body", "expected"),
+    [
+        ("alice", "v100-a", {"drain": True}, 403),
+        ("admin", "never-registered", {"drain": True}, 404),
+        ("admin", "v100-a", {"drain": "yes"}, 422),
+        ("admin", "v100-a", {"drain": True, "extra": 1}, 422),
+        ("admin", "bad%20host", {"drain": True}, 422),
+    ],
+)
+def test_drain_refusals_are_4xx_and_change_nothing(
+    fleet: Invoke, user: str, host: str, body: dict[str, Any], expected: int
+) -> None:
+    status, out = fleet("PUT", f"/v1/hosts/{host}/drain", user=user, body=body)
+    assert status == expected, out
+    _, cap = fleet("GET", "/v1/capacity", user="bob")
+    assert not any(h["draining"] for h in cap["hosts"])

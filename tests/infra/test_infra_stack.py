@@ -246,7 +246,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName/index/by_tenant", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
-        ("HostsTableName", None): {"dynamodb:Scan"},
+        # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request
+        ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:UpdateItem"},
         # GET /v1/tenants/{tenant}/usage
         ("UsageTableName", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},

@@ -179,6 +179,9 @@ class BerthClient:
     def capacity(self) -> Any:
         return self.call("GET", "/v1/capacity")
 
+    def drain_host(self, host_id: str, drain: bool = True) -> Any:
+        return self.call("PUT", f"/v1/hosts/{_seg(host_id)}/drain", body={"drain": drain})
+
     def get_document(self, kind: str, version: int | None = None) -> Any:
         return self.call("GET", f"/v1/{_seg(kind)}", query={"version": version})
 

@@ -444,6 +444,21 @@ def run(s: Scenario) -> None:
             f"{len(cap['cloud']['regions'])} cloud regions, each with its circuit state"
         )
 
+    def drain_host() -> str:
+        code, cap, err = s.cli("admin", "capacity")
+        assert code == 0, err
+        host = min(h["host_id"] for h in cap["hosts"] if h["alive"])
+        code, out, err = s.cli("alice", "drain", host)
+        assert code != 0 and out["error"]["code"] == "Forbidden", (code, out, err)  # members may not
+        code, out, err = s.cli("admin", "drain", host)
+        assert code == 0 and out == {"host_id": host, "drain_requested": True}, (code, out, err)
+        _, cap, _ = s.cli("admin", "capacity")
+        draining = {h["host_id"]: h["draining"] for h in cap["hosts"]}
+        assert draining[host] is True, draining
+        code, out, err = s.cli("admin", "drain", host, "--undo")
+        assert code == 0 and out["drain_requested"] is False, (code, out, err)
+        return f"an admin drained {host} (no new work; capacity says draining), then lifted it; alice may not"
+
     def only_vision_bursts() -> str:
         code, current, err = s.cli("admin", "policy")
         assert code == 0, err
@@ -555,6 +570,7 @@ def run(s: Scenario) -> None:
         ("a bad spec is refused with a clear message", bad_spec),
         ("a job no host or cloud offer could ever take is refused at submit", infeasible),
         ("berth capacity shows the fleet", capacity),
+        ("an admin drains a host for maintenance, then lifts it", drain_host),
         ("requests without a SigV4 signature are refused", unsigned),
         ("quotas are an admin's business", quotas),
         ("alice submits a code-bundle job: the CLI uploads ./mnist once", code_bundle),

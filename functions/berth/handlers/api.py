@@ -38,6 +38,7 @@ from berth.domain.errors import (
     InvalidRequest,
     RequestInProgress,
 )
+from berth.domain.fleet import HOST_ID_RE
 from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
 from berth.domain.observability import parse_since
@@ -627,6 +628,32 @@ def get_usage(tenant: Tenant, month: Month = None) -> Response[Any]:
 def get_own_usage(month: Month = None) -> Response[Any]:
     caller = _caller()
     return _json(200, _usage().month(caller, caller.tenant, month))
+
+
+HostId = Annotated[str, Path(pattern=HOST_ID_RE, description="On-prem host id")]
+
+
+@app.put(
+    "/v1/hosts/<host>/drain",
+    summary="Drain an on-prem host, or lift its drain (admins only): nothing more is placed there and "
+    "its agent stops taking work while its running jobs finish",
+    responses={
+        200: {
+            "description": "The host's drain request",
+            "content": {"application/json": {"model": schemas.DrainOut}},
+        },
+        **schemas.error_responses(400, 403, 404, 415, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def put_host_drain(
+    host: HostId,
+    body: Annotated[
+        dict[str, Any],
+        Body(embed=False, description='{"drain": true} or {"drain": false}', examples=[{"drain": True}]),
+    ],
+) -> Response[Any]:
+    return _json(200, _fleet().drain(_caller(), host, body))
 
 
 # -- errors ---------------------------------------------------------------------------------------

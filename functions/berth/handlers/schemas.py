@@ -105,6 +105,11 @@ class CapacityOut(BaseModel):
     policy_version: int
 
 
+class DrainOut(BaseModel):
+    host_id: str
+    drain_requested: bool
+
+
 class SiteUsageOut(BaseModel):
     site: Site
     gpu_hours: float

@@ -172,6 +172,20 @@ class FleetService:
         return out
 
     # -- capacity -----------------------------------------------------------------------------
+    def drain(self, caller: Caller, host_id: str, body: Any) -> dict[str, Any]:
+        """An operator's drain of a host (admins; body ``{"drain": true|false}``): the scheduler
+        places nothing more there and the host's next heartbeat answers ``drain`` (its agent stops
+        taking work; running attempts finish). ``false`` lifts it. NotFound for a host never
+        registered. The caller is checked before the body, as for the documents."""
+        if not caller.is_admin:
+            raise Forbidden("only admins may drain hosts")
+        if not isinstance(body, dict) or set(body) != {"drain"} or not isinstance(body["drain"], bool):
+            raise ValidationFailed('the body is {"drain": true} or {"drain": false}')
+        drain = body["drain"]
+        self.source.hosts.request_drain(host_id, drain)
+        self.clear_cache()
+        return {"host_id": host_id, "drain_requested": drain}
+
     def capacity(self, caller: Caller) -> dict[str, Any]:
         """Pools, hosts, free and used GPUs; cloud regions and their circuit state."""
         del caller

@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, policy, offers."""
+"""Fleet and policy commands: explain, capacity, drain, policy, offers."""
 
 from __future__ import annotations
 
@@ -155,8 +155,28 @@ def offers(
     _document("offers", set_file, version, if_match, output, api_url, profile)
 
 
+def drain(
+    host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
+    undo: Annotated[bool, typer.Option("--undo", help="Lift the drain: the host takes work again")] = False,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Drain an on-prem host (admins): nothing more is placed there, its agent stops taking work and
+    its running jobs finish. `--undo` lifts it."""
+    with api_errors(output):
+        data = client_for(api_url, profile).drain_host(host, not undo)
+
+    def table(d: dict[str, Any]) -> None:
+        state = "draining: no new work" if d["drain_requested"] else "takes work again"
+        console.print(f"host [bold]{d['host_id']}[/]: {state}")
+
+    render(output, data, table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
     app.command("capacity")(capacity)
+    app.command("drain")(drain)
     app.command("policy")(policy)
     app.command("offers")(offers)
