@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ class Synthesized:
     #: region -> the Berth-batch-<region> stack and its template (path: outdir/<stack>.template.json)
     batch: dict[str, tuple[BatchRegionStack, Template]] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def json(self) -> dict[str, Any]:
+        """The template as JSON, read once: ``Template.to_json`` is a round trip through jsii (the
+        whole template serialised each call), and the permission tests read it per statement."""
         data: dict[str, Any] = dict(self.template.to_json())
         return data
 
