@@ -68,7 +68,7 @@ def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> N
     assert transitions(cloud, job_id) == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
     batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
     listed = batch.list_jobs(
-        jobQueue="berth-us-east-1-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
+        jobQueue="berth-us-east-1-g5-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
     )["jobSummaryList"]
     assert len(listed) == 1  # submitted exactly once
 

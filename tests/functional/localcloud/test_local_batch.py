@@ -28,7 +28,7 @@ from berth_tools.localcloud import faults, local_batch, metering
 from berth_tools.localcloud.cloud import LocalCloud
 
 REGION = "us-east-1"
-QUEUE = "berth-us-east-1-ondemand"
+QUEUE = "berth-us-east-1-g5-ondemand"
 DEFINITION = "berth-img-test"
 INSTANCE_TYPE = "g5.xlarge"
 
