@@ -2,14 +2,18 @@
 
 Per region: a small VPC (or the subnets of an existing one), a security group with no ingress, a
 launch template that requires IMDSv2 with a hop limit of 1 (a job's container cannot reach the
-instance's credentials), the instance role, two managed compute environments of GPU instances
-(on-demand ``BEST_FIT_PROGRESSIVE`` and spot ``SPOT_PRICE_CAPACITY_OPTIMIZED``, the ECS NVIDIA AMI), one
-job queue on each (named like the scheduler's ``CloudOffer.queue_name``), and a rule on the region's
-default bus that forwards Berth's ``Batch Job State Change`` events to the home bus.
+instance's credentials), the instance role, per instance family (one GPU model: g5 A10G, g6 L4, g6e
+L40S, p4d A100, p5 H100) two managed compute environments holding only that family's instance types
+(on-demand ``BEST_FIT_PROGRESSIVE`` and spot ``SPOT_PRICE_CAPACITY_OPTIMIZED``, the ECS NVIDIA AMI) and
+one job queue on each (``berth-<region>-<family>-<ondemand|spot>``, the scheduler's
+``CloudOffer.queue_name``), and a rule on the region's default bus that forwards Berth's ``Batch Job
+State Change`` events to the home bus. AWS Batch does not choose a GPU model, so a queue that mixed
+families would run a job on whichever GPU it found first, not on the one the scheduler chose and priced.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aws_cdk import CfnOutput, RemovalPolicy, Stack, Tags
@@ -38,6 +42,11 @@ RUNNABLE_LIMIT_REASONS = (
     "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT",
 )
 BATCH_STATE_CHANGE = "Batch Job State Change"
+
+
+def construct_prefix(family: str, spot: bool) -> str:
+    """Construct and output id prefix of a family's compute environment and queue: ``G6eSpot``."""
+    return re.sub(r"[^A-Za-z0-9]", "", family).capitalize() + ("Spot" if spot else "OnDemand")
 
 
 def home_bus_arn(partition: str, home_region: str, account: str, bus_name: str) -> str:
@@ -127,28 +136,32 @@ class BatchRegionStack(Stack):
             self, "InstanceProfile", roles=[self.instance_role.role_name]
         )
 
-        # -- compute environments and queues --------------------------------------------------
-        self.compute_environments: dict[bool, batch.CfnComputeEnvironment] = {}
-        self.job_queues: dict[bool, batch.CfnJobQueue] = {}
-        for spot in (False, True):
-            ce = self._compute_environment(spot, subnets)
-            self.compute_environments[spot] = ce
-            self.job_queues[spot] = batch.CfnJobQueue(
-                self,
-                "SpotQueue" if spot else "OnDemandQueue",
-                job_queue_name=cloud_region.name(spot),
-                priority=1,
-                state="ENABLED",
-                compute_environment_order=[
-                    batch.CfnJobQueue.ComputeEnvironmentOrderProperty(compute_environment=ce.ref, order=1)
-                ],
-                job_state_time_limit_actions=[
-                    batch.CfnJobQueue.JobStateTimeLimitActionProperty(
-                        action="CANCEL", max_time_seconds=RUNNABLE_LIMIT_S, reason=reason, state="RUNNABLE"
-                    )
-                    for reason in RUNNABLE_LIMIT_REASONS
-                ],
-            )
+        # -- compute environments and queues: one of each per (family, purchase type) ---------------
+        self.compute_environments: dict[tuple[str, bool], batch.CfnComputeEnvironment] = {}
+        self.job_queues: dict[tuple[str, bool], batch.CfnJobQueue] = {}
+        for family in cloud_region.families:
+            for spot in (False, True):
+                ce = self._compute_environment(family, spot, subnets)
+                self.compute_environments[family, spot] = ce
+                self.job_queues[family, spot] = batch.CfnJobQueue(
+                    self,
+                    f"{construct_prefix(family, spot)}Queue",
+                    job_queue_name=cloud_region.name(family, spot),
+                    priority=1,
+                    state="ENABLED",
+                    compute_environment_order=[
+                        batch.CfnJobQueue.ComputeEnvironmentOrderProperty(compute_environment=ce.ref, order=1)
+                    ],
+                    job_state_time_limit_actions=[
+                        batch.CfnJobQueue.JobStateTimeLimitActionProperty(
+                            action="CANCEL",
+                            max_time_seconds=RUNNABLE_LIMIT_S,
+                            reason=reason,
+                            state="RUNNABLE",
+                        )
+                        for reason in RUNNABLE_LIMIT_REASONS
+                    ],
+                )
 
         # -- job state changes to the home bus ------------------------------------------------
         self.home_bus_arn = home_bus_arn(self.partition, home_region, self.account, home_bus_name)
@@ -188,19 +201,16 @@ class BatchRegionStack(Stack):
             ],
         )
 
-        outputs = {
-            "OnDemandQueueArn": (self.job_queues[False].ref, "On-demand GPU job queue"),
-            "SpotQueueArn": (self.job_queues[True].ref, "Spot GPU job queue"),
-            "OnDemandComputeEnvironmentArn": (
-                self.compute_environments[False].ref,
-                "On-demand GPU compute environment",
-            ),
-            "SpotComputeEnvironmentArn": (
-                self.compute_environments[True].ref,
-                "Spot GPU compute environment",
-            ),
-            "ForwardRoleArn": (self.forward_role.role_arn, "Forwards job state changes to the home bus"),
-        }
+        outputs: dict[str, tuple[str, str]] = {}
+        for (family, spot), queue in self.job_queues.items():
+            what = f"{family} {'spot' if spot else 'on-demand'}"
+            prefix = construct_prefix(family, spot)
+            outputs[f"{prefix}QueueArn"] = (queue.ref, f"GPU job queue, {what}")
+            outputs[f"{prefix}ComputeEnvironmentArn"] = (
+                self.compute_environments[family, spot].ref,
+                f"GPU compute environment, {what}",
+            )
+        outputs["ForwardRoleArn"] = (self.forward_role.role_arn, "Forwards job state changes to the home bus")
         # (Ref on a compute environment or job queue is its ARN.)
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)
@@ -241,14 +251,16 @@ class BatchRegionStack(Stack):
         )
         return vpc
 
-    def _compute_environment(self, spot: bool, subnets: list[str]) -> batch.CfnComputeEnvironment:
+    def _compute_environment(
+        self, family: str, spot: bool, subnets: list[str]
+    ) -> batch.CfnComputeEnvironment:
         region = self.cloud_region
         resources = batch.CfnComputeEnvironment.ComputeResourcesProperty(
             type="SPOT" if spot else "EC2",
             allocation_strategy=SPOT_ALLOCATION if spot else ONDEMAND_ALLOCATION,
             minv_cpus=0,
             maxv_cpus=region.max_vcpus,
-            instance_types=list(region.instance_types),
+            instance_types=list(region.instance_types_of(family)),
             subnets=subnets,
             security_group_ids=[self.security_group.attr_group_id],
             instance_role=self.instance_profile.attr_arn,
@@ -260,14 +272,18 @@ class BatchRegionStack(Stack):
                 batch.CfnComputeEnvironment.Ec2ConfigurationObjectProperty(image_type=IMAGE_TYPE)
             ],
             bid_percentage=100 if spot else None,
-            tags={"berth:region": region.region, "berth:capacity": "spot" if spot else "ondemand"},
+            tags={
+                "berth:region": region.region,
+                "berth:family": family,
+                "berth:capacity": "spot" if spot else "ondemand",
+            },
         )
         # No ServiceRole: Batch uses its service-linked role AWSServiceRoleForBatch (created on first
         # use), so the stack holds no role with AWSBatchServiceRole attached.
         return batch.CfnComputeEnvironment(
             self,
-            "SpotCompute" if spot else "OnDemandCompute",
-            compute_environment_name=region.name(spot),
+            f"{construct_prefix(family, spot)}Compute",
+            compute_environment_name=region.name(family, spot),
             type="MANAGED",
             state="ENABLED",
             compute_resources=resources,

@@ -10,7 +10,10 @@ Context keys (cdk.json or ``-c``):
 - ``berth:homeRegion``: the region of the ``Berth`` stack (its event bus); default ``berth:region``,
   else ``us-east-1``.
 
-Names are deterministic (docs/cloud.md), so no stack refers to another one.
+Names are deterministic (docs/cloud.md), so no stack refers to another one. Each region gets one
+compute environment and job queue per (instance family, purchase type), ``berth-<region>-<family>-
+<ondemand|spot>`` (``berth.domain.batch_queues``): AWS Batch does not choose a GPU model, so a queue
+holds one family (one GPU model) only.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from constructs import Construct
 
+from berth.domain.batch_queues import CloudCapacity, batch_queue_name, instance_family
 from berth.pricing.catalog import load_offers
 
 #: GPU instance families Berth runs in the cloud (single- and multi-GPU sizes; the scheduler packs
@@ -28,6 +32,9 @@ from berth.pricing.catalog import load_offers
 DEFAULT_FAMILIES = ("g5", "g6", "g6e", "p4d", "p5")
 #: vCPU ceiling of each compute environment (8 x p5.48xlarge = 1536; 4 x p4d.24xlarge = 384).
 DEFAULT_MAX_VCPUS = 768
+#: Instance families per region: two compute environments and two job queues each, under AWS Batch's
+#: default quota of 50 of each per account and region (room left for other users of the account).
+MAX_FAMILIES_PER_REGION = 20
 #: The tenants ``berth local up`` seeds (tools/berth_tools/localcloud/seed.py DEFAULT_USERS).
 DEFAULT_TENANTS = ("vision", "nlp", "platform")
 DEFAULT_HOME_REGION = "us-east-1"
@@ -57,9 +64,19 @@ class CloudRegion:
     instance_types: tuple[str, ...]
     max_vcpus: int = DEFAULT_MAX_VCPUS
 
-    def name(self, spot: bool) -> str:
-        """Compute environment and job queue name (= scheduler ``CloudOffer.queue_name(spot)``)."""
-        return f"berth-{self.region}-{'spot' if spot else 'ondemand'}"
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The instance families of ``instance_types``, in first-seen order (one compute environment
+        and one job queue per family and purchase type)."""
+        return tuple(dict.fromkeys(instance_family(t) for t in self.instance_types))
+
+    def instance_types_of(self, family: str) -> tuple[str, ...]:
+        return tuple(t for t in self.instance_types if instance_family(t) == family)
+
+    def name(self, family: str, spot: bool) -> str:
+        """Compute environment and job queue name (= scheduler ``CloudOffer.queue_name(spot)`` of an
+        offer of this family in this region)."""
+        return batch_queue_name(self.region, family, spot)
 
     @property
     def stack_name(self) -> str:
@@ -70,8 +87,21 @@ class CloudRegion:
             "region": self.region,
             "instance_types": list(self.instance_types),
             "max_vcpus": self.max_vcpus,
-            "queues": {"ondemand": self.name(False), "spot": self.name(True)},
+            "families": {
+                family: {
+                    "instance_types": list(self.instance_types_of(family)),
+                    "ondemand": self.name(family, False),
+                    "spot": self.name(family, True),
+                }
+                for family in self.families
+            },
         }
+
+
+def cloud_capacity(regions: list[CloudRegion]) -> CloudCapacity:
+    """What the regions' compute environments hold: the functions that read offers get it
+    (``BERTH_CLOUD_CAPACITY``) and offer nothing else."""
+    return CloudCapacity.of({r.region: r.instance_types for r in regions})
 
 
 def default_cloud_regions(families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[CloudRegion]:
@@ -111,7 +141,13 @@ def parse_cloud_regions(value: object) -> list[CloudRegion]:
             raise CloudConfigError(f"berth:cloudRegions: {region} needs a list of instance types")
         if not isinstance(max_vcpus, int) or isinstance(max_vcpus, bool) or max_vcpus <= 0:
             raise CloudConfigError(f"berth:cloudRegions: {region} max_vcpus must be a positive integer")
-        regions.append(CloudRegion(region, tuple(types), max_vcpus))
+        cloud_region = CloudRegion(region, tuple(dict.fromkeys(types)), max_vcpus)
+        if len(cloud_region.families) > MAX_FAMILIES_PER_REGION:
+            raise CloudConfigError(
+                f"berth:cloudRegions: {region} has {len(cloud_region.families)} instance families; at most "
+                f"{MAX_FAMILIES_PER_REGION} (each is two compute environments and two job queues)"
+            )
+        regions.append(cloud_region)
     names = [r.region for r in regions]
     if len(set(names)) != len(names):
         raise CloudConfigError("berth:cloudRegions names a region twice")

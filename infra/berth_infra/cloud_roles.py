@@ -30,6 +30,7 @@ from berth_infra.cloud_config import (
     JOB_TENANT_TAG,
     TENANT_TAG,
     CloudRegion,
+    cloud_capacity,
 )
 from berth_infra.storage import Storage
 
@@ -138,8 +139,9 @@ class CloudRoles(Construct):
             description="Berth cloud dispatcher: submit a job of the session's tenant to AWS Batch",
         )
         queues = [
-            f"arn:{part}:batch:{r.region}:{acct}:job-queue/{r.name(spot)}"
+            f"arn:{part}:batch:{r.region}:{acct}:job-queue/{r.name(family, spot)}"
             for r in regions
+            for family in r.families
             for spot in (False, True)
         ]
         definitions = [f"arn:{part}:batch:{r.region}:{acct}:job-definition/berth-*" for r in regions]
@@ -214,6 +216,11 @@ class CloudRoles(Construct):
     @property
     def regions_json(self) -> str:
         return json.dumps([r.as_json() for r in self.regions], separators=(",", ":"))
+
+    @property
+    def capacity_json(self) -> str:
+        """``BERTH_CLOUD_CAPACITY``: the instance types the regions' compute environments hold."""
+        return cloud_capacity(self.regions).to_json()
 
     def grant_assume(self, grantee: iam.IGrantable) -> None:
         """Let ``grantee`` (the dispatcher's role) assume BatchSubmitRole with a berth:tenant tag."""

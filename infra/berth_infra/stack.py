@@ -162,6 +162,9 @@ class BerthStack(Stack):
             for fn in (wf.batch_submit_fn, wf.batch_events_fn, wf.scheduler_fn):
                 fn.function.add_environment("BERTH_BATCH_SUBMIT_ROLE_ARN", self.cloud.submit_role.role_arn)
                 self.cloud.grant_assume(fn.role)
+        # The functions that read cloud offers offer only what a deployed compute environment holds.
+        for function in (self.api_function.function, self.workflow.scheduler_fn.function):
+            function.add_environment("BERTH_CLOUD_CAPACITY", self.cloud.capacity_json)
 
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),

@@ -101,6 +101,42 @@ def test_offers_default_is_the_catalog_and_can_be_replaced(api: Invoke) -> None:
     assert status == 422 and err["error"]["details"][0]["field"] == "offers.0.gpus"
 
 
+def test_offers_are_limited_to_the_deployed_compute_environments(
+    api: Invoke, spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``BERTH_CLOUD_CAPACITY`` (what the stack sets): only those instance types are offered, an
+    offer of another is refused with 422, and a cloud-only V100 job (no p3 compute environment) too."""
+    monkeypatch.setenv("BERTH_CLOUD_CAPACITY", '{"us-west-2":["g5.xlarge","p4d.24xlarge"]}')
+    status, body = api("GET", "/v1/offers")
+    assert status == 200 and body["version"] == 0
+    assert {(o["region"], o["instance_type"]) for o in body["document"]["offers"]} == {
+        ("us-west-2", "g5.xlarge"),
+        ("us-west-2", "p4d.24xlarge"),
+    }
+    p3 = {
+        "region": "us-west-2",
+        "zone": "usw2-az1",
+        "instance_type": "p3.2xlarge",
+        "gpu_type": "V100",
+        "gpus": 1,
+        "vcpus": 8,
+        "memory_gib": 61,
+        "on_demand_usd_h": 3.06,
+    }
+    status, err = api("PUT", "/v1/offers", user="admin", body={"offers": [p3]})
+    assert status == 422 and err["error"]["code"] == "ValidationError", err
+    assert "us-west-2 p3.2xlarge" in err["error"]["message"]
+    assert api("GET", "/v1/offers")[1]["version"] == 0
+    g5 = {**p3, "instance_type": "g5.xlarge", "gpu_type": "A10G", "vcpus": 4, "memory_gib": 16}
+    status, stored = api("PUT", "/v1/offers", user="admin", body={"offers": [g5]})
+    assert status == 200 and stored["version"] == 1, stored
+    cloud_only = {"constraints": {"placement": "cloud"}}
+    status, err = api(
+        "POST", "/v1/jobs", body={**spec, **cloud_only, "resources": {"gpu_type": "V100", "gpus": 1}}
+    )
+    assert status == 422 and err["error"]["code"] == "Infeasible", err
+
+
 def test_submit_refuses_an_infeasible_job_naming_the_rule(fleet: Invoke, spec: dict[str, Any]) -> None:
     # no H200 hosts, and the catalog sells no H200
     status, err = fleet("POST", "/v1/jobs", body={**spec, "resources": {"gpu_type": "H200", "gpus": 1}})

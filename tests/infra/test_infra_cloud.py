@@ -43,6 +43,9 @@ INSTANCE_TYPES = {
     "us-east-2": ["p4d.24xlarge", "p5.48xlarge"],
     "us-west-2": ["g5.xlarge", "g6.xlarge", "p4d.24xlarge", "p5.48xlarge"],
 }
+#: One compute environment and job queue per (region, instance family, purchase type): AWS Batch does
+#: not choose a GPU model, so each holds one family's (one GPU model's) types only.
+FAMILIES = {region: sorted({t.split(".")[0] for t in types}) for region, types in INSTANCE_TYPES.items()}
 TENANTS = ("vision", "nlp", "platform")
 PASSED_TO = ["batch.amazonaws.com", "ecs-tasks.amazonaws.com"]
 SESSION_TENANT = "${aws:PrincipalTag/berth:tenant}"
@@ -78,17 +81,38 @@ def test_default_regions_and_types_come_from_the_price_file() -> None:
     assert [r.region for r in regions] == list(REGIONS)
     for region in regions:
         assert sorted(region.instance_types) == sorted(INSTANCE_TYPES[region.region])
-        assert region.name(False) == f"berth-{region.region}-ondemand"
-        assert region.name(True) == f"berth-{region.region}-spot"
+        assert sorted(region.families) == FAMILIES[region.region]
+        assert region.name("g5", False) == f"berth-{region.region}-g5-ondemand"
+        assert region.name("p4d", True) == f"berth-{region.region}-p4d-spot"
 
 
 def test_queue_names_match_the_schedulers_offers() -> None:
     from berth.scheduler.snapshot import CloudOffer
 
     offer = CloudOffer("us-east-2", "use2-az1", "p5.48xlarge", "H100", 8, 192, 2048, 98.0, 40.0)
-    region = parse_cloud_regions([{"region": "us-east-2", "instance_types": ["p5.48xlarge"]}])[0]
-    assert offer.queue_name(True) == region.name(True)
-    assert offer.queue_name(False) == region.name(False)
+    region = parse_cloud_regions(
+        [{"region": "us-east-2", "instance_types": ["p4d.24xlarge", "p5.48xlarge"]}]
+    )[0]
+    assert offer.queue_name(True) == region.name("p5", True) == "berth-us-east-2-p5-spot"
+    assert offer.queue_name(False) == region.name("p5", False) == "berth-us-east-2-p5-ondemand"
+
+
+def test_a_regions_families_split_its_instance_types() -> None:
+    (region,) = parse_cloud_regions(
+        [{"region": "eu-west-1", "instance_types": ["g6.xlarge", "g5.xlarge", "g6.4xlarge", "g6.xlarge"]}]
+    )
+    assert region.families == ("g6", "g5")
+    assert region.instance_types_of("g6") == ("g6.xlarge", "g6.4xlarge")
+    assert region.instance_types_of("g5") == ("g5.xlarge",)
+
+
+def test_the_capacity_the_functions_get_is_the_regions_instance_types() -> None:
+    from berth.domain.batch_queues import CloudCapacity
+    from berth_infra.cloud_config import cloud_capacity
+
+    capacity = cloud_capacity(default_cloud_regions())
+    assert CloudCapacity.from_json(capacity.to_json()) == capacity
+    assert {r: sorted(t) for r, t in capacity.regions.items()} == INSTANCE_TYPES
 
 
 @pytest.mark.parametrize(
@@ -101,6 +125,7 @@ def test_queue_names_match_the_schedulers_offers() -> None:
         [{"region": "us-east-1", "instance_types": ["p5"]}],
         [{"region": "us-east-1", "instance_types": ["p5.48xlarge"], "max_vcpus": 0}],
         [{"region": "us-east-1", "instance_types": ["p5.48xlarge"]}] * 2,
+        [{"region": "us-east-1", "instance_types": [f"x{i}.large" for i in range(21)]}],
     ],
 )
 def test_bad_region_configuration_is_refused(value: object) -> None:
@@ -130,42 +155,79 @@ def test_one_batch_stack_per_region_written_to_the_assembly(synthesized: Synthes
         assert (synthesized.outdir / f"Berth-batch-{region}.template.json").is_file()
 
 
-def test_compute_environments_per_region(synthesized: Synthesized) -> None:
-    for region in REGIONS:
-        envs = {
-            e["Properties"]["ComputeEnvironmentName"]: e["Properties"]
-            for e in _resources(_batch(synthesized, region), "AWS::Batch::ComputeEnvironment").values()
-        }
-        assert set(envs) == {f"berth-{region}-ondemand", f"berth-{region}-spot"}
-        ondemand = envs[f"berth-{region}-ondemand"]
-        spot = envs[f"berth-{region}-spot"]
-        for env, kind, strategy in (
-            (ondemand, "EC2", "BEST_FIT_PROGRESSIVE"),
-            (spot, "SPOT", "SPOT_PRICE_CAPACITY_OPTIMIZED"),
-        ):
-            assert env["Type"] == "MANAGED" and env["State"] == "ENABLED"
-            # Batch's service-linked role, not a role of the stack with AWSBatchServiceRole.
-            assert "ServiceRole" not in env
-            resources = env["ComputeResources"]
-            assert resources["Type"] == kind
-            assert resources["AllocationStrategy"] == strategy
-            assert sorted(resources["InstanceTypes"]) == sorted(INSTANCE_TYPES[region])
-            assert resources["MinvCpus"] == 0 and resources["MaxvCpus"] > 0
-            assert resources["Ec2Configuration"] == [{"ImageType": "ECS_AL2023_NVIDIA"}]
-            assert resources["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": "LaunchTemplate"}
-            assert "Ec2KeyPair" not in resources  # no SSH into GPU instances
-        # The multi-GPU sizes the scheduler packs several jobs onto are offered.
-        assert {"p4d.24xlarge", "p5.48xlarge"} <= set(ondemand["ComputeResources"]["InstanceTypes"])
-    east1 = {
+def _compute_environments(s: Synthesized, region: str) -> dict[str, dict[str, Any]]:
+    return {
         e["Properties"]["ComputeEnvironmentName"]: e["Properties"]
-        for e in _resources(_batch(synthesized, "us-east-1"), "AWS::Batch::ComputeEnvironment").values()
+        for e in _resources(_batch(s, region), "AWS::Batch::ComputeEnvironment").values()
     }
-    assert {"g5.12xlarge", "g6e.48xlarge"} <= set(
-        east1["berth-us-east-1-spot"]["ComputeResources"]["InstanceTypes"]
-    )
 
 
-def test_job_queues_per_region(synthesized: Synthesized) -> None:
+def test_compute_environments_per_region_and_family(synthesized: Synthesized) -> None:
+    for region in REGIONS:
+        envs = _compute_environments(synthesized, region)
+        assert set(envs) == {
+            f"berth-{region}-{f}-{k}" for f in FAMILIES[region] for k in ("ondemand", "spot")
+        }
+        for family in FAMILIES[region]:
+            ondemand = envs[f"berth-{region}-{family}-ondemand"]
+            spot = envs[f"berth-{region}-{family}-spot"]
+            for env, kind, strategy in (
+                (ondemand, "EC2", "BEST_FIT_PROGRESSIVE"),
+                (spot, "SPOT", "SPOT_PRICE_CAPACITY_OPTIMIZED"),
+            ):
+                assert env["Type"] == "MANAGED" and env["State"] == "ENABLED"
+                # Batch's service-linked role, not a role of the stack with AWSBatchServiceRole.
+                assert "ServiceRole" not in env
+                resources = env["ComputeResources"]
+                assert resources["Type"] == kind
+                assert resources["AllocationStrategy"] == strategy
+                # Only this family's types (one GPU model): Batch cannot pick another model.
+                assert sorted(resources["InstanceTypes"]) == sorted(
+                    t for t in INSTANCE_TYPES[region] if t.split(".")[0] == family
+                )
+                assert resources["MinvCpus"] == 0 and resources["MaxvCpus"] > 0
+                assert resources["Ec2Configuration"] == [{"ImageType": "ECS_AL2023_NVIDIA"}]
+                assert resources["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": "LaunchTemplate"}
+                assert "Ec2KeyPair" not in resources  # no SSH into GPU instances
+                assert resources["Tags"]["berth:family"] == family
+        # Every configured type is in exactly one compute environment of each purchase type.
+        for kind in ("ondemand", "spot"):
+            held = [
+                t for n, e in envs.items() if n.endswith(kind) for t in e["ComputeResources"]["InstanceTypes"]
+            ]
+            assert sorted(held) == sorted(INSTANCE_TYPES[region])
+    # The multi-GPU sizes the scheduler packs several jobs onto are offered.
+    east1 = _compute_environments(synthesized, "us-east-1")
+    assert east1["berth-us-east-1-g5-spot"]["ComputeResources"]["InstanceTypes"] == [
+        "g5.12xlarge",
+        "g5.xlarge",
+    ]
+    assert "g6e.48xlarge" in east1["berth-us-east-1-g6e-spot"]["ComputeResources"]["InstanceTypes"]
+
+
+def test_an_a10g_jobs_queue_runs_only_g5_instances(synthesized: Synthesized) -> None:
+    """Regression (issue 11): the queue the scheduler names for an A10G offer has a compute
+    environment of g5 (A10G) types only, so Batch cannot start the job on an L4, L40S, A100 or H100."""
+    from berth.pricing.catalog import load_offers
+
+    for region in ("us-east-1", "us-west-2"):
+        template = _batch(synthesized, region)
+        queues = {
+            q["Properties"]["JobQueueName"]: q["Properties"]
+            for q in _resources(template, "AWS::Batch::JobQueue").values()
+        }
+        envs = _resources(template, "AWS::Batch::ComputeEnvironment")
+        offers = [o for o in load_offers(regions=[region], gpu_types=["A10G"])]
+        assert offers
+        for offer in offers:
+            for spot in (False, True):
+                (order,) = queues[offer.queue_name(spot)]["ComputeEnvironmentOrder"]
+                ce = envs[order["ComputeEnvironment"]["Ref"]]["Properties"]["ComputeResources"]
+                assert ce["InstanceTypes"] and all(t.startswith("g5.") for t in ce["InstanceTypes"])
+                assert ce["Type"] == ("SPOT" if spot else "EC2")
+
+
+def test_job_queues_per_region_and_family(synthesized: Synthesized) -> None:
     for region in REGIONS:
         template = _batch(synthesized, region)
         envs = {
@@ -176,11 +238,14 @@ def test_job_queues_per_region(synthesized: Synthesized) -> None:
             q["Properties"]["JobQueueName"]: q["Properties"]
             for q in _resources(template, "AWS::Batch::JobQueue").values()
         }
-        assert set(queues) == {f"berth-{region}-ondemand", f"berth-{region}-spot"}
+        assert set(queues) == {
+            f"berth-{region}-{f}-{k}" for f in FAMILIES[region] for k in ("ondemand", "spot")
+        }
         for name, props in queues.items():
             assert props["State"] == "ENABLED"
             (order,) = props["ComputeEnvironmentOrder"]
-            # Each queue on the compute environment of the same name (spot never falls to on-demand).
+            # Each queue on the compute environment of the same name (spot never falls to on-demand,
+            # one family never to another).
             assert envs[order["ComputeEnvironment"]["Ref"]] == name
             reasons = {a["Reason"] for a in props["JobStateTimeLimitActions"]}
             assert "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY" in reasons
@@ -189,9 +254,14 @@ def test_job_queues_per_region(synthesized: Synthesized) -> None:
                 for a in props["JobStateTimeLimitActions"]
             )
         outputs = template["Outputs"]
-        for key, name in (("OnDemandQueueArn", "ondemand"), ("SpotQueueArn", "spot")):
-            ref = outputs[key]["Value"]["Ref"]
-            assert template["Resources"][ref]["Properties"]["JobQueueName"] == f"berth-{region}-{name}"
+        for family in FAMILIES[region]:
+            prefix = family.capitalize()
+            for key, name in ((f"{prefix}OnDemandQueueArn", "ondemand"), (f"{prefix}SpotQueueArn", "spot")):
+                ref = outputs[key]["Value"]["Ref"]
+                assert (
+                    template["Resources"][ref]["Properties"]["JobQueueName"]
+                    == f"berth-{region}-{family}-{name}"
+                )
 
 
 def test_instances_require_imdsv2_with_hop_limit_one(synthesized: Synthesized) -> None:
@@ -413,8 +483,9 @@ def test_submit_role_acts_on_berth_queues_and_the_sessions_tenant_jobs(synthesiz
     resources = sorted(_text(r) for r in submit["Resource"])
     assert resources == sorted(
         [
-            f"arn:<Partition>:batch:{r}:<AccountId>:job-queue/berth-{r}-{k}"
+            f"arn:<Partition>:batch:{r}:<AccountId>:job-queue/berth-{r}-{f}-{k}"
             for r in REGIONS
+            for f in FAMILIES[r]
             for k in ("ondemand", "spot")
         ]
         + [f"arn:<Partition>:batch:{r}:<AccountId>:job-definition/berth-*" for r in REGIONS]
@@ -472,10 +543,28 @@ def test_cloud_regions_output_matches_the_regional_stacks(synthesized: Synthesiz
     assert [r["region"] for r in regions] == list(REGIONS)
     for entry in regions:
         assert sorted(entry["instance_types"]) == sorted(INSTANCE_TYPES[entry["region"]])
-        assert entry["queues"] == {
-            "ondemand": f"berth-{entry['region']}-ondemand",
-            "spot": f"berth-{entry['region']}-spot",
-        }
+        assert sorted(entry["families"]) == FAMILIES[entry["region"]]
+        for family, queues in entry["families"].items():
+            assert sorted(queues["instance_types"]) == sorted(
+                t for t in INSTANCE_TYPES[entry["region"]] if t.startswith(f"{family}.")
+            )
+            assert queues["ondemand"] == f"berth-{entry['region']}-{family}-ondemand"
+            assert queues["spot"] == f"berth-{entry['region']}-{family}-spot"
+
+
+def test_the_functions_that_read_offers_get_the_deployed_capacity(synthesized: Synthesized) -> None:
+    capacity = {}
+    for lid, fn in synthesized.resources("AWS::Lambda::Function").items():
+        value = fn["Properties"].get("Environment", {}).get("Variables", {}).get("BERTH_CLOUD_CAPACITY")
+        if value is not None:
+            capacity[lid] = json.loads(value)
+    assert (
+        len(capacity) == 2
+        and any("Api" in lid for lid in capacity)
+        and any("Scheduler" in lid for lid in capacity)
+    )
+    for value in capacity.values():
+        assert value == INSTANCE_TYPES
 
 
 def test_grant_assume_lets_a_role_assume_the_submit_role() -> None:

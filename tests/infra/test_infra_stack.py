@@ -203,6 +203,11 @@ def test_api_function(synthesized: Synthesized) -> None:
         "BERTH_STATE_MACHINE_ARN": outputs["StateMachineArn"]["Value"],
         "BERTH_CLOUD_ENABLED": "true",
         "BERTH_JOB_METRICS_TABLE": outputs["JobMetricsTableName"]["Value"],
+        # What the Batch compute environments hold: offers of anything else are never made.
+        "BERTH_CLOUD_CAPACITY": json.dumps(
+            {r["region"]: sorted(r["instance_types"]) for r in json.loads(outputs["CloudRegions"]["Value"])},
+            separators=(",", ":"),
+        ),
     }
     log_group_id = props["LoggingConfig"]["LogGroup"]["Ref"]
     assert synthesized.json["Resources"][log_group_id]["Type"] == "AWS::Logs::LogGroup"

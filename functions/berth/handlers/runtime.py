@@ -25,6 +25,7 @@ from berth.dal.workflow import (
     SqsPassTrigger,
     SqsWorkQueues,
 )
+from berth.domain.batch_queues import CloudCapacity
 from berth.domain.cloud import CloudSettings
 from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
@@ -93,6 +94,7 @@ def snapshot_source() -> SnapshotSource:
         usage=usage_ledger(),
         circuits=DynamoCircuitRepository(cfg.tenants_table),
         runtimes=DynamoRuntimeHistory(cfg.tenants_table),
+        capacity=CloudCapacity.from_json(cfg.cloud_capacity) if cfg.cloud_capacity else None,
     )
 
 

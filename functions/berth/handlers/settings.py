@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     partition: str = "aws"
     #: Where launchers inside Batch jobs reach AWS (the local cloud's endpoint; empty on AWS).
     batch_endpoint_url: str = ""
+    #: The instance types the deployed Batch compute environments hold, JSON ``{"<region>": ["<type>",
+    #: ...]}`` (the stack sets it from the same cloud config as the Batch stacks); offers of anything else
+    #: are never made. Empty: no restriction (deployments and tests without Batch stacks).
+    cloud_capacity: str = ""
 
 
 def environment_key() -> tuple[tuple[str, str], ...]:

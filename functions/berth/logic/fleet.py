@@ -25,6 +25,7 @@ from berth.logic.snapshot import (
     SnapshotSource,
     default_document,
     tenant_state,
+    undeployed,
 )
 from berth.scheduler.circuit import CircuitBoard
 from berth.scheduler.explain import explain_job
@@ -85,9 +86,8 @@ class FleetService:
             raise NotFound(f"{kind} version {version} not found")
         return found
 
-    @staticmethod
-    def _default(kind: str) -> StoredDocument:
-        return default_document(kind)
+    def _default(self, kind: str) -> StoredDocument:
+        return default_document(kind, self.source.capacity)
 
     def put_document(
         self, caller: Caller, kind: str, document: Any, expected_version: int | None
@@ -106,18 +106,27 @@ class FleetService:
             )
         return self.source.documents.put(kind, normalized, current_version, self.source.clock(), caller.name)
 
-    @staticmethod
-    def _validate(kind: str, document: Any) -> Any:
+    def _validate(self, kind: str, document: Any) -> Any:
         if not isinstance(document, dict):
             raise ValidationFailed(f"the {kind} is a JSON object")
         try:
             if kind == POLICY:
                 return load_policy(document).model_dump(mode="json")
-            return OffersDocument.model_validate(document).model_dump(mode="json")
+            offers = OffersDocument.model_validate(document)
         except ValidationError as exc:
             details = _validation_details(exc)
             message = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
             raise ValidationFailed(f"invalid {kind}: {message}", details=details) from exc
+        # Only what a deployed compute environment runs (its own family's queue, if one is named).
+        missing = undeployed((o.offer() for o in offers.offers), self.source.capacity)
+        if missing:
+            raise ValidationFailed(
+                f"invalid {kind}: no deployed compute environment runs {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                + " (or an offer names a queue other than its family's)",
+                details=[{"field": "offers", "message": f"not deployed: {m}"} for m in missing],
+            )
+        return offers.model_dump(mode="json")
 
     # -- submit-time feasibility --------------------------------------------------------------
     def check(self, spec: JobSpec, tenant: str) -> None:

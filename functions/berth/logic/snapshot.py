@@ -4,7 +4,11 @@ offers through ``SnapshotSource``, so they see the same facts the same way.
 
 The policy is the stored one (``DocumentRepository`` kind ``policy``; the shipped default until an
 admin stores one) plus the registered datasets' residency (``with_dataset_residency``); the offers
-are the stored ones (kind ``offers``; the pricing catalog until an admin stores others).
+are the stored ones (kind ``offers``; the pricing catalog until an admin stores others), limited to
+the instance types the deployed Batch compute environments hold (``CloudCapacity``): the default
+document is the catalog filtered to them, and a stored document is intersected with them when read
+(``FleetService`` also refuses to store an offer outside them), so the scheduler never places a job on
+an offer nothing can run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.domain.batch_queues import CloudCapacity, batch_queue_name, instance_family
 from berth.domain.cost import cloud_spend, month_of
 from berth.domain.fleet import HostRecord, StoredDocument
 from berth.domain.job import Job
@@ -86,8 +91,28 @@ class OffersDocument(BaseModel):
     offers: Annotated[list[OfferModel], Field(max_length=2000)]
 
 
-def default_offers_document() -> dict[str, Any]:
-    """The shipped pricing catalog (``berth/pricing``) as an offers document."""
+def deployed(offer: CloudOffer, capacity: CloudCapacity | None) -> bool:
+    """Whether a deployed compute environment can run ``offer`` (None: no restriction known). An
+    offer's own ``queue`` must then be one of its family's queues in its region."""
+    if capacity is None:
+        return True
+    if not capacity.has(offer.region, offer.instance_type):
+        return False
+    family = instance_family(offer.instance_type)
+    return not offer.queue or offer.queue in (
+        batch_queue_name(offer.region, family, False),
+        batch_queue_name(offer.region, family, True),
+    )
+
+
+def undeployed(offers: Iterable[CloudOffer], capacity: CloudCapacity | None) -> list[str]:
+    """``region instance_type`` of each offer no deployed compute environment runs (sorted, unique)."""
+    return sorted({f"{o.region} {o.instance_type}" for o in offers if not deployed(o, capacity)})
+
+
+def default_offers_document(capacity: CloudCapacity | None = None) -> dict[str, Any]:
+    """The shipped pricing catalog (``berth/pricing``) as an offers document; with ``capacity``, only
+    the instance types a deployed compute environment holds."""
     return {
         "offers": [
             OfferModel(
@@ -102,15 +127,16 @@ def default_offers_document() -> dict[str, Any]:
                 spot_usd_h=o.spot_usd_h,
             ).model_dump(mode="json")
             for o in load_offers()
+            if deployed(o, capacity)
         ]
     }
 
 
-def default_document(kind: str) -> StoredDocument:
+def default_document(kind: str, capacity: CloudCapacity | None = None) -> StoredDocument:
     """Version 0 of a document: what the service uses until an admin stores one."""
     if kind == POLICY:
         return StoredDocument(kind=kind, version=0, document=default_policy().model_dump(mode="json"))
-    return StoredDocument(kind=kind, version=0, document=default_offers_document())
+    return StoredDocument(kind=kind, version=0, document=default_offers_document(capacity))
 
 
 def tenant_state(name: str, quota: Quota | None, cloud_spend_month_usd: float = 0.0) -> TenantState:
@@ -234,6 +260,9 @@ class SnapshotSource:
     runtimes: RuntimeHistory | None = None
     """The finished jobs' run-time history (``berth.logic.runtimes``; None: no predictor, the core
     falls back to the user's estimate, else the timeout)."""
+    capacity: CloudCapacity | None = None
+    """The instance types the deployed Batch compute environments hold (None: no restriction); offers
+    of anything else are dropped, from the default document and from a stored one alike."""
 
     def cloud_spend(self, tenant: str) -> float:
         """What the tenant's cloud attempts cost this month (UTC), running ones so far included."""
@@ -255,7 +284,7 @@ class SnapshotSource:
         )
 
     def document(self, kind: str) -> StoredDocument:
-        return self.documents.current(kind) or default_document(kind)
+        return self.documents.current(kind) or default_document(kind, self.capacity)
 
     def policy(self, datasets: Iterable[str] = ()) -> tuple[SchedulingPolicy, int]:
         """The stored policy (or the default) with the residency of the named registered datasets."""
@@ -273,7 +302,8 @@ class SnapshotSource:
             return (), 0
         doc = self.document(OFFERS)
         parsed = OffersDocument.model_validate(doc.document)
-        return tuple(o.offer() for o in parsed.offers), doc.version
+        offers = (o.offer() for o in parsed.offers)
+        return tuple(o for o in offers if deployed(o, self.capacity)), doc.version
 
     def fleet(self, datasets: Iterable[str] = ()) -> Fleet:
         now = self.clock()

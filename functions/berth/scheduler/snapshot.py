@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from berth.domain.batch_queues import batch_queue_name, instance_family
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.domain.placement import Site
 from berth.scheduler.predictor import RuntimePredictor
@@ -133,9 +134,12 @@ class CloudOffer:
     queue: str = ""
 
     def queue_name(self, spot: bool) -> str:
+        """The Batch job queue that runs this offer: its region's queue of its instance family
+        (``berth-<region>-<family>-<ondemand|spot>``), whose compute environment holds that family only,
+        so the GPU model chosen is the one that runs. ``queue`` overrides it (tests, simulations)."""
         if self.queue:
             return self.queue
-        return f"berth-{self.region}-{'spot' if spot else 'ondemand'}"
+        return batch_queue_name(self.region, instance_family(self.instance_type), spot)
 
 
 @dataclass(slots=True, frozen=True)

@@ -34,7 +34,7 @@ def batch_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud
         yield cloud
 
 
-def test_every_region_has_its_two_berth_queues_valid_and_enabled(batch_cloud: LocalCloud) -> None:
+def test_every_region_has_its_family_queues_valid_and_enabled(batch_cloud: LocalCloud) -> None:
     regions = json.loads(batch_cloud.output("CloudRegions"))
     assert (
         {r["region"] for r in regions}
@@ -43,10 +43,12 @@ def test_every_region_has_its_two_berth_queues_valid_and_enabled(batch_cloud: Lo
     )
     for entry in regions:
         region = entry["region"]
+        families = entry["families"]
         batch = batch_cloud.session(region).client("batch", endpoint_url=batch_cloud.endpoint_url)
         queues = {q["jobQueueName"]: q for q in batch.describe_job_queues()["jobQueues"]}
-        assert set(queues) == {f"berth-{region}-ondemand", f"berth-{region}-spot"}
-        assert set(queues) == set(entry["queues"].values())
+        # One queue per (instance family, purchase type): berth-<region>-<family>-<ondemand|spot>.
+        assert set(queues) == {f"berth-{region}-{f}-{k}" for f in families for k in ("ondemand", "spot")}
+        assert set(queues) == {q for f in families.values() for q in (f["ondemand"], f["spot"])}
         for queue in queues.values():
             assert (queue["state"], queue["status"]) == ("ENABLED", "VALID")
             assert queue["jobQueueArn"].startswith(f"arn:aws:batch:{region}:")
@@ -55,19 +57,27 @@ def test_every_region_has_its_two_berth_queues_valid_and_enabled(batch_cloud: Lo
             for c in batch.describe_compute_environments()["computeEnvironments"]
         }
         assert set(environments) == set(queues)
-        spot = environments[f"berth-{region}-spot"]["computeResources"]
-        ondemand = environments[f"berth-{region}-ondemand"]["computeResources"]
-        assert spot["type"] == "SPOT" and ondemand["type"] == "EC2"
-        assert spot["instanceTypes"] == ondemand["instanceTypes"] == entry["instance_types"]
         outputs = batch_cloud.batch_stacks[region].outputs
-        assert outputs["SpotQueueArn"] == queues[f"berth-{region}-spot"]["jobQueueArn"]
+        for family, names in families.items():
+            spot = environments[names["spot"]]["computeResources"]
+            ondemand = environments[names["ondemand"]]["computeResources"]
+            assert spot["type"] == "SPOT" and ondemand["type"] == "EC2"
+            # Only the family's own types: Batch never runs the job on another GPU model.
+            assert spot["instanceTypes"] == ondemand["instanceTypes"] == names["instance_types"]
+            assert all(t.startswith(f"{family}.") for t in names["instance_types"])
+            prefix = family.capitalize()
+            assert outputs[f"{prefix}SpotQueueArn"] == queues[names["spot"]]["jobQueueArn"]
+            assert outputs[f"{prefix}OnDemandQueueArn"] == queues[names["ondemand"]]["jobQueueArn"]
+        assert sorted(t for f in families.values() for t in f["instance_types"]) == sorted(
+            entry["instance_types"]
+        )
 
 
 def test_state_dir_lists_the_batch_stacks(batch_cloud: LocalCloud) -> None:
     assert batch_cloud.state_dir is not None
     stacks = json.loads((batch_cloud.state_dir / "batch-stacks.json").read_text())
     assert set(stacks) == set(batch_cloud.batch_stacks)
-    assert all(outputs["OnDemandQueueArn"] for outputs in stacks.values())
+    assert all(outputs["P5OnDemandQueueArn"] for outputs in stacks.values())
 
 
 def test_batch_state_changes_of_berth_queues_reach_the_home_bus(batch_cloud: LocalCloud) -> None:
@@ -84,7 +94,7 @@ def test_batch_state_changes_of_berth_queues_reach_the_home_bus(batch_cloud: Loc
     sent = set()
     for region in batch_cloud.batch_stacks:
         regional = batch_cloud.session(region).client("events", endpoint_url=batch_cloud.endpoint_url)
-        for queue in (f"berth-{region}-spot", "someone-elses-queue"):
+        for queue in (f"berth-{region}-p5-spot", "someone-elses-queue"):
             arn = f"arn:aws:batch:{region}:123456789012:job-queue/{queue}"
             regional.put_events(
                 Entries=[

@@ -7,6 +7,7 @@ circuit opens)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,7 +70,7 @@ def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> N
     assert transitions(cloud, job_id) == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
     batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
     listed = batch.list_jobs(
-        jobQueue="berth-us-east-1-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
+        jobQueue="berth-us-east-1-g5-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
     )["jobSummaryList"]
     assert len(listed) == 1  # submitted exactly once
     # Its output is served from the stream AWS Batch named (DescribeJobs' container.logStreamName).
@@ -127,3 +128,45 @@ def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalClo
     for job_id in ids:
         cloud.request("POST", f"/v1/jobs/{job_id}/cancel", "alice")
     assert job(cloud, ids[0])["attempts"] >= 1
+
+
+def test_compute_environments_are_per_family_so_one_familys_shortage_spares_the_others(
+    cloud: LocalCloud,
+) -> None:
+    """Issue 11: each queue's compute environment holds one instance family (one GPU model). With no
+    g5 (A10G) capacity in us-east-1, an A10G job waits RUNNABLE in ``berth-us-east-1-g5-ondemand``,
+    while an A100 job in the same region runs in ``berth-us-east-1-p4d-ondemand`` (a mixed compute
+    environment would have started the A10G job on whatever instance it found)."""
+    batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
+
+    def batch_status(queue: str, job_id: str) -> list[str]:
+        listed = batch.list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}])
+        return [j["status"] for j in listed["jobSummaryList"]]
+
+    faults.FAULTS.apply({"kind": "capacity", "region": "us-east-1", "instance_type": "g5"})
+    try:
+        a10g = submit(cloud, _cloud_spec(regions=["us-east-1"]))
+        a100 = submit(
+            cloud, {**_cloud_spec(regions=["us-east-1"]), "resources": {"gpu_type": "A100", "gpus": 1}}
+        )
+        done = wait_for(cloud, a100, status_in("COMPLETED", "FAILED"), timeout=60)
+        assert done["status"] == "COMPLETED", done
+        assert done["placement"]["queue"] == "berth-us-east-1-p4d-ondemand", done["placement"]
+        assert done["placement"]["instance_type"] == "p4d.24xlarge"
+        deadline = time.monotonic() + 20
+        while (
+            batch_status("berth-us-east-1-g5-ondemand", a10g) != ["RUNNABLE"] and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["RUNNABLE"]
+        time.sleep(1)  # and it stays there
+        waiting = job(cloud, a10g)
+        assert waiting["status"] == "STARTING", waiting
+        assert waiting["placement"]["queue"] == "berth-us-east-1-g5-ondemand", waiting["placement"]
+        assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["RUNNABLE"]
+    finally:
+        faults.FAULTS.clear()
+        faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})  # the module's fault
+    done = wait_for(cloud, a10g, status_in("COMPLETED", "FAILED"), timeout=60)
+    assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
+    assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["SUCCEEDED"]

@@ -29,7 +29,7 @@ from berth_tools.localcloud import faults, local_batch, metering
 from berth_tools.localcloud.cloud import LocalCloud
 
 REGION = "us-east-1"
-QUEUE = "berth-us-east-1-ondemand"
+QUEUE = "berth-us-east-1-g5-ondemand"
 DEFINITION = "berth-img-test"
 #: A definition without a logConfiguration: Batch's defaults (`/aws/batch/job`, `<definition>/default/...`).
 PLAIN_DEFINITION = "plain-test"

@@ -1,7 +1,7 @@
 """Count the AWS Batch jobs of a benchmark's Berth jobs: how many Batch jobs each attempt got.
 
 The dispatcher names every Batch job ``<job_id>-a<attempt>`` (docs/workflow.md, "The cloud branch"),
-so one ListJobs per Berth queue (``berth-<region>-ondemand`` / ``-spot``, found with DescribeJobQueues)
+so one ListJobs per Berth queue (``berth-<region>-<family>-<ondemand|spot>``, found with DescribeJobQueues)
 in every region of the price file, with a ``JOB_NAME`` filter (which makes ListJobs return every
 status), shows whether an attempt was submitted once, never or more than once. Run it after reading
 the meter: these calls are the benchmark's, not the control plane's.
