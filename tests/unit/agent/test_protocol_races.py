@@ -418,7 +418,7 @@ def test_a_failing_rank_fails_the_attempt_on_both_hosts(tmp_path: Path) -> None:
     assert w.workflow.classify_failure(job.id, 1, error, "h1: exit code 3")["action"] != "retry"
     assert w.job(job.id).status is JobStatus.FAILED
     h0.daemon.heartbeat_once()  # the next heartbeat: stop (fenced) -> rank 0's process is stopped
-    _until(lambda: not _alive(rank0_pid), timeout=5, what="rank 0 stopped")
+    _until(lambda: not _alive(rank0_pid), what="rank 0 stopped")
     _until(h0.idle)
     _finish(h0, h1)
     assert not any(m[0] == "end" for m in _marks(marker))
