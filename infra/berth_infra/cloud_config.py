@@ -29,7 +29,7 @@ from berth.pricing.catalog import load_offers
 
 #: GPU instance families Berth runs in the cloud (single- and multi-GPU sizes; the scheduler packs
 #: several jobs onto one multi-GPU instance).
-DEFAULT_FAMILIES = ("g5", "g6", "g6e", "p4d", "p5")
+DEFAULT_FAMILIES = ("g5", "g6", "g6e", "p3", "p4d", "p5")
 #: vCPU ceiling of each compute environment (8 x p5.48xlarge = 1536; 4 x p4d.24xlarge = 384).
 DEFAULT_MAX_VCPUS = 768
 #: Instance families per region: two compute environments and two job queues each, under AWS Batch's

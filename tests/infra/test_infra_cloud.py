@@ -25,7 +25,7 @@ from tests.infra.conftest import Synthesized
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGIONS = ("us-east-1", "us-east-2", "us-west-2")
-#: The price file's g5/g6/g6e/p4d/p5 types per region: single- and multi-GPU sizes.
+#: The price file's g5/g6/g6e/p3/p4d/p5 types per region: single- and multi-GPU sizes.
 INSTANCE_TYPES = {
     "us-east-1": [
         "g5.12xlarge",
@@ -37,11 +37,14 @@ INSTANCE_TYPES = {
         "g6e.24xlarge",
         "g6e.2xlarge",
         "g6e.48xlarge",
+        "p3.16xlarge",
+        "p3.2xlarge",
+        "p3.8xlarge",
         "p4d.24xlarge",
         "p5.48xlarge",
     ],
     "us-east-2": ["p4d.24xlarge", "p5.48xlarge"],
-    "us-west-2": ["g5.xlarge", "g6.xlarge", "p4d.24xlarge", "p5.48xlarge"],
+    "us-west-2": ["g5.xlarge", "g6.xlarge", "p3.16xlarge", "p3.2xlarge", "p4d.24xlarge", "p5.48xlarge"],
 }
 #: One compute environment and job queue per (region, instance family, purchase type): AWS Batch does
 #: not choose a GPU model, so each holds one family's (one GPU model's) types only.

@@ -475,8 +475,8 @@ def run(s: Scenario) -> None:
 
     def cloud_job(name: str) -> dict[str, Any]:
         spec = _runnable("resnet-vision.yaml", 8, name=name)
-        # A10G: a GPU model the Batch compute environments hold (g5); no cloud queue runs V100s.
-        spec["resources"] = {**spec["resources"], "gpu_type": "A10G", "gpus": 1, "cpu": 4, "memory_gib": 16}
+        # V100, like the full on-prem hosts: in the cloud, the p3 queues of us-east-1 and us-west-2.
+        spec["resources"] = {**spec["resources"], "gpu_type": "V100", "gpus": 1, "cpu": 4, "memory_gib": 16}
         spec["data"] = []
         spec["expected_duration_minutes"] = 30
         return spec
@@ -499,7 +499,7 @@ def run(s: Scenario) -> None:
         nlp_job = s.client("bob").get(ids["nlp_waits"])
         assert nlp_job["status"] == "QUEUED" and nlp_job["site"] is None, nlp_job
         return (
-            f"V100 hosts full: vision's 3 A10G jobs burst to AWS Batch ({', '.join(where)}) and COMPLETED; "
+            f"V100 hosts full: vision's 3 V100 jobs burst to AWS Batch ({', '.join(where)}) and COMPLETED; "
             f"bob's V100 job waits on-prem ({nlp_job['reason'][:60]}…)"
         )
 

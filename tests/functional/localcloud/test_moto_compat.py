@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import boto3
 import moto
 import pytest
 from moto.awslambda.models import LambdaFunction
@@ -132,3 +133,44 @@ def test_weak_instance_tracking_keeps_only_live_models() -> None:
     tracked.append(alive)
     tracked.append(Model())  # garbage at once
     assert list(tracked) == [alive]
+
+
+def test_the_p3_sizes_aws_sells_are_valid_compute_environment_types_while_installed() -> None:
+    from moto import mock_aws
+    from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+    from berth_tools.localcloud import moto_faithful
+
+    assert "p3.2xlarge" not in INSTANCE_TYPES  # moto 5.2.5's table lacks them
+    undo = moto_faithful.install()
+    try:
+        sizes = {n: INSTANCE_TYPES[n] for n in ("p3.2xlarge", "p3.8xlarge", "p3.16xlarge")}
+        assert [s["VCpuInfo"]["DefaultVCpus"] for s in sizes.values()] == [8, 32, 64]
+        assert [s["GpuInfo"]["Gpus"][0]["Count"] for s in sizes.values()] == [1, 4, 8]
+        assert {s["GpuInfo"]["Gpus"][0]["Name"] for s in sizes.values()} == {"V100"}
+        with mock_aws():
+            ec2 = boto3.client("ec2", region_name="us-east-1")
+            subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+            iam = boto3.client("iam", region_name="us-east-1")
+            role = iam.create_role(RoleName="svc", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+            iam.create_instance_profile(InstanceProfileName="svc")
+            iam.add_role_to_instance_profile(InstanceProfileName="svc", RoleName="svc")
+            instance_role = iam.get_instance_profile(InstanceProfileName="svc")["InstanceProfile"]["Arn"]
+            ce = boto3.client("batch", region_name="us-east-1").create_compute_environment(
+                computeEnvironmentName="v100",
+                type="MANAGED",
+                serviceRole=role,
+                computeResources={
+                    "type": "EC2",
+                    "minvCpus": 0,
+                    "maxvCpus": 64,
+                    "instanceTypes": list(sizes),
+                    "subnets": [subnet],
+                    "securityGroupIds": [ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]],
+                    "instanceRole": instance_role,
+                },
+            )
+            assert ce["computeEnvironmentName"] == "v100"
+    finally:
+        undo()
+    assert "p3.2xlarge" not in INSTANCE_TYPES

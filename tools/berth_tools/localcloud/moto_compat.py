@@ -99,6 +99,12 @@ SURFACES: tuple[Surface, ...] = (
         "written",
         "set to the template's LoggingConfig.LogGroup (moto ignores it)",
     ),
+    # -- EC2: instance types AWS sells that moto's table lacks (moto_faithful) ---------------------------
+    Surface(
+        "moto.ec2.models.instance_types:INSTANCE_TYPES",
+        "written",
+        "p3.2xlarge, p3.8xlarge and p3.16xlarge added (Batch validates compute environments against it)",
+    ),
     # -- CloudWatch Logs: Lambda output (lambda_runtime) ------------------------------------------------
     Surface("moto.awslambda.models:LambdaFunction#logs_backend", "read", "the Logs backend of the function"),
     Surface(

@@ -17,6 +17,10 @@
 - **S3 checksums.** moto stores whatever ``x-amz-checksum-sha256`` a PutObject claims. S3 refuses
   the upload (BadDigest) when the content does not hash to it; Berth's presigned bundle uploads
   depend on that to keep content-addressed bundles honest.
+- **EC2 instance types.** moto's table of instance types (which its Batch checks compute
+  environments against) has p3dn.24xlarge but not p3.2xlarge, p3.8xlarge and p3.16xlarge, which AWS
+  sells and Berth's V100 compute environments hold. They are added, copied from p3dn.24xlarge with
+  their own vCPUs, memory and GPU count (AWS's DescribeInstanceTypes figures).
 
 All are patches of moto internals declared in ``moto_compat.SURFACES`` (checked at start-up: a moto
 without them fails loudly); ``install()`` returns a function that undoes them (tests install and
@@ -26,6 +30,7 @@ undo around themselves).
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import re
 from collections.abc import Callable
@@ -104,8 +109,41 @@ def _send_task_failure(self: Any) -> Any:
     return moto_compat.surface("moto.core.responses:EmptyResult")()
 
 
+#: (vCPUs, memory MiB, V100s) of the p3 sizes moto 5.2.5 does not list (AWS DescribeInstanceTypes).
+MISSING_INSTANCE_TYPES = {
+    "p3.2xlarge": (8, 62464, 1),
+    "p3.8xlarge": (32, 249856, 4),
+    "p3.16xlarge": (64, 499712, 8),
+}
+
+
+def _add_instance_types(table: dict[str, Any]) -> list[str]:
+    """Add the missing p3 sizes (modelled on p3dn.24xlarge); the names added, for the undo."""
+    added = []
+    model = table.get("p3dn.24xlarge")
+    for name, (vcpus, memory_mib, gpus) in MISSING_INSTANCE_TYPES.items():
+        if name in table or model is None:
+            continue
+        entry = copy.deepcopy(model)
+        entry["InstanceType"] = name
+        entry["VCpuInfo"] = {**entry.get("VCpuInfo", {}), "DefaultVCpus": vcpus, "DefaultCores": vcpus // 2}
+        entry["MemoryInfo"] = {"SizeInMiB": memory_mib}
+        gpu = entry["GpuInfo"]["Gpus"][0]
+        entry["GpuInfo"] = {
+            "Gpus": [{**gpu, "Count": gpus, "LogicalGpuCount": gpus}],
+            "TotalGpuMemoryInMiB": gpus * gpu["MemoryInfo"]["SizeInMiB"],
+        }
+        entry.pop("InstanceStorageInfo", None)
+        entry["InstanceStorageSupported"] = False
+        table[name] = entry
+        added.append(name)
+    return added
+
+
 def install() -> Callable[[], None]:
     """Apply the patches; returns the undo."""
+    instance_types = moto_compat.surface("moto.ec2.models.instance_types:INSTANCE_TYPES")
+    added_types = _add_instance_types(instance_types)
     check = moto_compat.surface(f"{_AC}:IAMRequestBase.check_action_permitted")
     checksum = moto_compat.surface("moto.s3.responses:S3Response._get_checksum")
     sm_owner = moto_compat.surface("moto.secretsmanager.responses:SecretsManagerResponse")
@@ -123,6 +161,8 @@ def install() -> Callable[[], None]:
     sm_owner._determine_resource = _secret_resource
 
     def undo() -> None:
+        for name in added_types:
+            instance_types.pop(name, None)
         for patch in reversed([*patches[:2], patches[3]]):
             patch.undo()
         statement._match = match
