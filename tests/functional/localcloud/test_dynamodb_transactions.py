@@ -171,3 +171,34 @@ def test_transactions_leave_no_model_instances_behind(ddb: Any) -> None:
     assert stored == 201
     live = len(list(Item.instances_tracked))  # type: ignore[attr-defined]
     assert live <= 2 * stored, f"{live} Item instances alive for {stored} stored items"
+
+
+def test_queries_and_scans_never_see_a_table_change_under_them(ddb: Any) -> None:
+    """moto walks a table's live item dict in Query and Scan; a write landing meanwhile made them fail
+    with "dictionary changed size during iteration" (a 500 under load). They wait for the write lock."""
+    import threading
+
+    ddb.put_item(TableName=RANGE_TABLE, Item={"pk": {"S": "p"}, "sk": {"N": "1"}})
+    results: dict[str, int] = {}
+
+    def read(kind: str) -> None:
+        if kind == "query":
+            answer = ddb.query(
+                TableName=RANGE_TABLE,
+                KeyConditionExpression="pk = :p",
+                ExpressionAttributeValues={":p": {"S": "p"}},
+            )
+        else:
+            answer = ddb.scan(TableName=RANGE_TABLE)
+        results[kind] = answer["Count"]
+
+    with dynamodb_isolation.WRITE_LOCK:  # a write in progress
+        readers = [threading.Thread(target=read, args=(k,)) for k in ("query", "scan")]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join(0.5)
+        assert results == {}  # both wait for it
+    for r in readers:
+        r.join(10)
+    assert results == {"query": 1, "scan": 1}

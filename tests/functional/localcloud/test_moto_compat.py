@@ -121,7 +121,7 @@ def test_the_server_fails_at_start_up_before_serving(monkeypatch: pytest.MonkeyP
 
 def test_an_undeclared_surface_is_refused() -> None:
     with pytest.raises(moto_compat.MotoCompatError, match="not declared"):
-        moto_compat.surface("moto.dynamodb.models:DynamoDBBackend.scan")
+        moto_compat.surface("moto.dynamodb.models:DynamoDBBackend.list_tables")
 
 
 def test_weak_instance_tracking_keeps_only_live_models() -> None:

@@ -3,7 +3,8 @@
 Isolation. DynamoDB applies each write (and each TransactWriteItems) atomically: a conditional write sees
 the state left by the writes before it. moto's backend runs concurrent requests interleaved, so two racing
 conditional writes can both pass their condition. Serialising the write operations restores the
-guarantee Berth's optimistic concurrency relies on; reads still run concurrently.
+guarantee Berth's optimistic concurrency relies on; single-item reads still run concurrently, reads that
+iterate a table (query, scan) take the same lock, since moto walks the live item dicts.
 
 Transactions. moto 5.2.5's `transact_write_items` deep-copies every table the transaction touches before
 it starts, to roll back by swapping the copies in: each submit copied the whole jobs, events and tenants
@@ -28,6 +29,10 @@ from berth_tools.localcloud import moto_compat
 
 #: Backend methods that write, serialised in this process.
 WRITE_OPERATIONS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
+#: Reads that iterate a table's items: moto walks the live dicts, so a write landing meanwhile raised
+#: "dictionary changed size during iteration" (a 500) under load. DynamoDB never fails a read for
+#: that; they take the same lock (single-item reads do not iterate and stay concurrent).
+ITERATING_READS = ("query", "scan")
 _BACKEND = "moto.dynamodb.models:DynamoDBBackend"
 #: Held by every serialised write (reentrant: a write may trigger another, e.g. through a stream). The meter
 #: holds it around a whole write request to read the item before and after it (`metering`).
@@ -183,7 +188,7 @@ def install() -> Callable[[], None]:
         return lambda: None  # already installed (by the local cloud, or an enclosing test fixture)
     lock = WRITE_LOCK
     patches: list[moto_compat.Patch] = []
-    for name in WRITE_OPERATIONS:
+    for name in (*WRITE_OPERATIONS, *ITERATING_READS):
         path = f"{_BACKEND}.{name}"
         original = moto_compat.surface(path)
         implementation = transact_write_items if name == "transact_write_items" else original

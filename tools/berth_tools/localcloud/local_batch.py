@@ -36,6 +36,7 @@ terminate grace); a job's command runs in real time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -80,6 +81,12 @@ _POLL_S = 0.05
 SUBMIT_JOB = "moto.batch_simple.models:BatchSimpleBackend.submit_job"
 JOB_RUN = "moto.batch.models:Job.run"
 CONTAINER_DETAILS = "moto.batch.models:Job._container_details"
+#: moto's Batch iterates its live jobs dict in DescribeJobs and ListJobs while SubmitJob adds to it
+#: ("dictionary changed size during iteration", a 500, under a burst): the three share one lock.
+SERIALISED = tuple(
+    f"moto.batch.models:BatchBackend.{n}" for n in ("submit_job", "describe_jobs", "list_jobs")
+)
+_JOBS_LOCK = threading.RLock()
 
 
 def time_factor(environ: dict[str, str] | None = None) -> float:
@@ -562,6 +569,15 @@ def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
     run.__wrapped__ = original_run  # type: ignore[attr-defined]
     _PATCHES.append(moto_compat.replace(SUBMIT_JOB, submit_job))
     _PATCHES.append(moto_compat.replace(JOB_RUN, run))
+    for path in SERIALISED:
+        original = moto_compat.surface(path)
+
+        def serialised(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with _JOBS_LOCK:
+                return __original(*args, **kwargs)
+
+        functools.update_wrapper(serialised, original)
+        _PATCHES.append(moto_compat.replace(path, serialised))
     return local
 
 

@@ -160,6 +160,15 @@ SURFACES: tuple[Surface, ...] = (
         Surface(f"moto.dynamodb.models:DynamoDBBackend.{name}", "wrapped", "writes serialised, as DynamoDB")
         for name in ("put_item", "update_item", "delete_item", "batch_write_item")
     ),
+    *(
+        Surface(f"moto.dynamodb.models:DynamoDBBackend.{name}", "wrapped", "iterating reads, under the lock")
+        for name in ("query", "scan")
+    ),
+    # -- Batch: the jobs dict is iterated by DescribeJobs and ListJobs while SubmitJob adds to it -----
+    *(
+        Surface(f"moto.batch.models:BatchBackend.{name}", "wrapped", "serialised by local_batch (one lock)")
+        for name in ("submit_job", "describe_jobs", "list_jobs")
+    ),
     Surface(
         "moto.dynamodb.models:DynamoDBBackend.transact_write_items",
         "replaced",
