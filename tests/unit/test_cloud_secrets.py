@@ -14,17 +14,19 @@ from pathlib import Path
 import pytest
 
 from berth.domain.cloud import (
+    BatchJob,
     BatchStatus,
     CloudSettings,
     SecretScopeError,
     batch_secrets,
+    failed_outcome,
     job_definition_name,
 )
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth_agent.launch import EXIT_STAGING, Launcher, LaunchSpec
-from tests.unit.test_cloud_dispatch import CloudWorld
+from tests.unit.test_cloud_dispatch import CloudWorld, _placement
 
 ACCOUNT = "123456789012"
 SETTINGS = CloudSettings(artifacts_bucket="art", data_bucket="data", account=ACCOUNT, home_region="us-east-1")
@@ -151,6 +153,15 @@ def test_ecs_failing_to_read_a_secret_is_a_permanent_invalid_spec() -> None:
     assert w.classify(job, token)["action"] == "fail"
     failed = w.job(job.id)
     assert failed.status is JobStatus.FAILED
+    outcome = failed_outcome(
+        BatchJob("b", f"{job.id}-a1", BatchStatus.FAILED, status_reason=reason), _placement(job)
+    )
+    # short enough for the job's reason: why, and the secret's name rather than its ARN
+    assert outcome.failure is Failure.INVALID_SPEC
+    assert outcome.detail.endswith(
+        "ResourceNotFoundException: Secrets Manager can't find the specified secret berth/vision/wandb"
+    ), outcome.detail
+    assert "arn:" not in outcome.detail
 
 
 # -- the launcher (code-bundle jobs) ----------------------------------------------------------------

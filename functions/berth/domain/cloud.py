@@ -28,6 +28,8 @@ from berth.domain.workflow import Failure
 _JOB_NAME_RE = re.compile(r"^(?P<job>[A-Za-z0-9_-]+)-a(?P<attempt>[0-9]{1,4})$")
 #: ``Host EC2 (instance i-0abc) terminated.``: Batch's reason when the instance under a job went away.
 _HOST_TERMINATED_RE = re.compile(r"^Host EC2 \(instance [^)]*\) terminated", re.IGNORECASE)
+#: ``arn:aws:secretsmanager:us-east-1:123456789012:secret:`` before a secret's name.
+_SECRET_ARN_RE = re.compile(r"arn:[a-z-]+:secretsmanager:[a-z0-9-]*:[0-9]*:secret:")
 _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "INSUFFICIENTINSTANCECAPACITY")
 #: The launcher's exit code when the command ran past ``timeout_s`` (as ``timeout(1)``).
 TIMEOUT_EXIT_CODE = 124
@@ -222,7 +224,12 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
     if "ResourceInitializationError" in text and "secret" in text.lower():
         # ECS could not read a secret the definition names with the execution role (missing, or not
         # the tenant's): the job's own mistake, the same everywhere, so never retried.
-        return CloudOutcome(Failure.INVALID_SPEC, f"{where}: a secret could not be read: {text}")
+        # ECS's reason is long ("...: unable to retrieve secret from asm: <why>"): keep why, and the
+        # secret's name rather than its ARN, so the job's reason (cut at 256) still names it.
+        why = _SECRET_ARN_RE.sub("", text.rsplit(" from asm: ", 1)[-1])
+        return CloudOutcome(
+            Failure.INVALID_SPEC, f"{where}: a secret could not be read (ResourceInitializationError): {why}"
+        )
     return CloudOutcome(
         Failure.CLOUD_API, f"{where}: {text or 'the Batch job failed'}", (placement.region, REGION_WIDE)
     )
