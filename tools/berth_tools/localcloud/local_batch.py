@@ -507,12 +507,13 @@ class LocalBatch:
 
     def _session_client(self, service: str, region: str, session: Any) -> Any:
         """A client into moto signed with an STS session's credentials (not cached: short-lived)."""
-        client = boto3.session.Session(
+        signed: Any = boto3.session.Session(
             aws_access_key_id=session.access_key_id,
             aws_secret_access_key=session.secret_access_key,
             aws_session_token=session.session_token,
             region_name=region,
-        ).client(
+        )
+        client = signed.client(
             service,
             endpoint_url=self.endpoint_url,
             config=Config(retries={"max_attempts": 2, "mode": "standard"}),
