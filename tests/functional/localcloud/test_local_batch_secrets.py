@@ -101,14 +101,13 @@ def _run(batch: Any, name: str, secrets: list[dict[str, str]], exec_role: bool =
             return job
 
 
-def _lines(cloud: LocalCloud, stream: str) -> list[str]:
-    logs = _client(cloud, "logs")
-    try:
-        events = logs.get_log_events(
-            logGroupName="/berth/jobs/vision", logStreamName=stream, startFromHead=True
-        )
-    except logs.exceptions.ResourceNotFoundException:
+def _lines(cloud: LocalCloud, job: dict[str, Any]) -> list[str]:
+    """The job's output: its awslogs stream (the definitions here name no log group: Batch's default)."""
+    stream = job["container"].get("logStreamName")
+    if not stream:
         return []
+    logs = _client(cloud, "logs")
+    events = logs.get_log_events(logGroupName="/aws/batch/job", logStreamName=stream, startFromHead=True)
     return [e["message"] for e in events["events"]]
 
 
@@ -116,7 +115,7 @@ def test_the_tenants_secret_reaches_the_process_environment_only(cloud: LocalClo
     done = _run(batch, "s-ok", [{"name": "TOKEN", "valueFrom": _arn("berth/vision/token")}])
     assert done["status"] == "SUCCEEDED", done.get("statusReason")
     digest = hashlib.sha256(VISION_VALUE.encode()).hexdigest()
-    assert _lines(cloud, "s-ok/1") == [f"sha256 {digest} len {len(VISION_VALUE)}"]
+    assert _lines(cloud, done) == [f"sha256 {digest} len {len(VISION_VALUE)}"]
     assert VISION_VALUE not in json.dumps(done, default=str)
 
 
@@ -137,7 +136,7 @@ def test_a_secret_the_execution_role_cannot_read_fails_the_job_before_it_runs(
     assert reason.startswith("ResourceInitializationError: unable to pull secrets"), reason
     assert why in reason, reason
     assert "exitCode" not in done["container"], done["container"]
-    assert _lines(cloud, f"{name}/1") == []  # the command never ran
+    assert _lines(cloud, done) == []  # the command never ran: no stream
     text = json.dumps(done, default=str)
     assert NLP_VALUE not in text and VISION_VALUE not in text
     assert local_batch.SECRETS_REASON.split(":")[0] == "ResourceInitializationError"
