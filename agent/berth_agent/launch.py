@@ -3,8 +3,9 @@
 The Batch job definition of a code-bundle job runs this module in the configured base image with
 ``BERTH_LAUNCH`` = a JSON launch spec (docs/cloud-interface: job_id, attempt, tenant, command, env,
 code {uri, digest} | null, data [{source, mount}], outputs {bucket, prefix}, checkpoint_prefix,
-timeout_s, aws_region, endpoint_url | null). It does what the agent's process executor does for an
-on-prem attempt, with the same functions, so a job behaves the same on both sites:
+timeout_s, aws_region, endpoint_url | null, secret_env: [ENV_NAME] | absent). It does what the
+agent's process executor does for an on-prem attempt, with the same functions, so a job behaves the
+same on both sites:
 
 1. the per-attempt directories (``staging.JobDirs``);
 2. the bundle fetched from ``code.uri`` and verified against ``code.digest`` before anything is
@@ -14,7 +15,9 @@ on-prem attempt, with the same functions, so a job behaves the same on both site
    attempt restored (``outputs.restore``);
 4. the command run by ``ProcessExecutor`` (own process group, the environment of
    ``executors.base.job_environment``: the job's env, ``BERTH_*``, ``BERTH_OUTPUT_DIR``,
-   ``BERTH_CHECKPOINT_DIR``, the container's AWS credentials and nothing else), its output passed
+   ``BERTH_CHECKPOINT_DIR``, the container's AWS credentials, the values of the ``secret_env``
+   variables ECS put in this container's environment from the definition's ``secrets``, and nothing
+   else), its output passed
    through to this process's stdout/stderr (the awslogs driver ships it);
 5. outputs and checkpoints synced while it runs and once at its end (``outputs.PeriodicSync``);
 6. exit with the command's exit code: 124 when it ran past ``timeout_s``, 143 when stopped by
@@ -85,6 +88,8 @@ class LaunchSpec:
     endpoint_url: str | None = None
     sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
     grace_s: float = DEFAULT_GRACE_S
+    secret_env: tuple[str, ...] = ()
+    """Names of variables ECS resolved from Secrets Manager (the values never sit in the spec)."""
 
     @classmethod
     def parse(cls, raw: str | Mapping[str, Any]) -> LaunchSpec:
@@ -121,6 +126,9 @@ class LaunchSpec:
                 if prefix is not None and not str(prefix).endswith("/"):
                     raise LaunchSpecError(f"{name} must end with '/'")
             timeout = obj.get("timeout_s")
+            secret_env = obj.get("secret_env") or []
+            if not isinstance(secret_env, list) or not all(isinstance(n, str) and n for n in secret_env):
+                raise LaunchSpecError("secret_env must be a list of variable names")
             spec = cls(
                 job_id=str(obj["job_id"]),
                 attempt=int(obj["attempt"]),
@@ -138,6 +146,7 @@ class LaunchSpec:
                 endpoint_url=obj.get("endpoint_url"),
                 sync_interval_s=float(obj.get("sync_interval_s", DEFAULT_SYNC_INTERVAL_S)),
                 grace_s=float(obj.get("grace_s", DEFAULT_GRACE_S)),
+                secret_env=tuple(secret_env),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, LaunchSpecError):
@@ -230,6 +239,10 @@ class Launcher:
             except StagingError as exc:
                 self.say(f"staging failed: {exc}")
                 return EXIT_STAGING
+            missing = [n for n in spec.secret_env if n not in self.environ]
+            if missing:
+                self.say(f"secrets not in the container's environment: {', '.join(missing)}")
+                return EXIT_STAGING
             executor = _ContainerExecutor(self.environ, timeout_grace_s=spec.grace_s)
             launch = Launch(
                 job_id=spec.job_id,
@@ -243,6 +256,7 @@ class Launcher:
                 output_dir=dirs.outputs,
                 checkpoint_dir=dirs.checkpoints,
                 credentials={k: v for k, v in self.environ.items() if k in CREDENTIAL_KEYS},
+                secrets={n: self.environ[n] for n in spec.secret_env},
             )
             syncs = PeriodicSync(self._syncs(dirs), spec.sync_interval_s)
             try:

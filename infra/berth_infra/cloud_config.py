@@ -40,6 +40,8 @@ DEFAULT_TENANTS = ("vision", "nlp", "platform")
 DEFAULT_HOME_REGION = "us-east-1"
 #: Batch job roles are named ``Berth-job-<tenant>`` and tagged ``berth:tenant=<tenant>``.
 JOB_ROLE_PREFIX = "Berth-job-"
+#: ECS execution roles (resolve a job definition's ``secrets``): ``Berth-exec-<tenant>``, same tag.
+EXEC_ROLE_PREFIX = "Berth-exec-"
 TENANT_TAG = "berth:tenant"
 #: The job tag the dispatcher puts on every Batch job (and the env var the launcher reads).
 JOB_TENANT_TAG = "BERTH_TENANT"

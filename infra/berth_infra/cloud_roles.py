@@ -7,8 +7,12 @@ rule for Batch events (docs/cloud.md, "Security").
   bundles (``bundles/<tenant>/``) and data (``<tenant>/``), writes its job outputs
   (``<tenant>/jobs/``), reads its secrets (``berth/<tenant>/``) and writes its log group
   (``/berth/jobs/<tenant>``). Every prefix ends with ``/``.
+- ``Berth-exec-<tenant>`` (same tag and trust): the ECS execution role of the tenant's job definitions
+  that name secrets. ECS resolves the definition's ``secrets`` with it before the container starts;
+  it may read ``berth/<tenant>/*`` secrets only (so a crafted definition naming another tenant's
+  secret fails to start), write the tenant's log group and pull images from the account's ECR.
 - ``BatchSubmitRole``: assumed by the dispatcher with the session tag ``berth:tenant=<job's tenant>``;
-  it may submit to Berth's queues and pass only a ``Berth-job-*`` role to Batch/ECS whose
+  it may submit to Berth's queues and pass only a ``Berth-job-*`` or ``Berth-exec-*`` role to Batch/ECS whose
   ``berth:tenant`` tag equals the session's (``iam:ResourceTag`` vs ``aws:PrincipalTag``), so a job of
   ``vision`` can never run as ``nlp``.
 """
@@ -24,6 +28,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from berth_infra.cloud_config import (
+    EXEC_ROLE_PREFIX,
     FORWARD_ROLE_PREFIX,
     JOB_LOG_GROUP_PREFIX,
     JOB_ROLE_PREFIX,
@@ -59,6 +64,7 @@ class CloudRoles(Construct):
         # -- a job role and a log group per tenant ----------------------------------------------
         self.job_roles: dict[str, iam.Role] = {}
         self.job_log_groups: dict[str, logs.LogGroup] = {}
+        self.exec_roles: dict[str, iam.Role] = {}
         for tenant in tenants:
             log_group = logs.LogGroup(
                 self,
@@ -121,6 +127,7 @@ class CloudRoles(Construct):
                 )
             )
             self.job_roles[tenant] = role
+            self.exec_roles[tenant] = self._exec_role(tenant, log_group)
 
         # -- the dispatcher's submit role ----------------------------------------------------------
         self.submit_role = iam.Role(
@@ -147,6 +154,7 @@ class CloudRoles(Construct):
         definitions = [f"arn:{part}:batch:{r.region}:{acct}:job-definition/berth-*" for r in regions]
         jobs = [f"arn:{part}:batch:{r.region}:{acct}:job/*" for r in regions]
         self.job_role_arns = f"arn:{part}:iam::{acct}:role/{JOB_ROLE_PREFIX}*"
+        self.exec_role_arns = f"arn:{part}:iam::{acct}:role/{EXEC_ROLE_PREFIX}*"
         statements = [
             iam.PolicyStatement(
                 sid="SubmitTaggedWithSessionTenant",
@@ -178,7 +186,7 @@ class CloudRoles(Construct):
             iam.PolicyStatement(
                 sid="PassSessionTenantJobRole",
                 actions=["iam:PassRole"],
-                resources=[self.job_role_arns],
+                resources=[self.job_role_arns, self.exec_role_arns],
                 conditions={
                     "StringEquals": {
                         "iam:PassedToService": PASSED_TO_SERVICES,
@@ -212,6 +220,50 @@ class CloudRoles(Construct):
                 },
             },
         )
+
+    def _exec_role(self, tenant: str, log_group: logs.LogGroup) -> iam.Role:
+        """``Berth-exec-<tenant>``: what ECS reads the tenant's secrets (and pulls images) with."""
+        stack = Stack.of(self)
+        acct, part = stack.account, stack.partition
+        role = iam.Role(
+            self,
+            f"ExecRole-{tenant}",
+            role_name=f"{EXEC_ROLE_PREFIX}{tenant}",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com").with_conditions(
+                {
+                    "StringEquals": {"aws:SourceAccount": acct},
+                    "ArnLike": {"aws:SourceArn": f"arn:{part}:ecs:*:{acct}:*"},
+                }
+            ),
+            description=f"Berth Batch jobs of tenant {tenant}: ECS reads its secrets (berth/{tenant}/) only",
+        )
+        Tags.of(role).add(TENANT_TAG, tenant)
+        for statement in (
+            iam.PolicyStatement(
+                sid="OwnSecrets",
+                actions=["secretsmanager:GetSecretValue"],
+                resources=[f"arn:{part}:secretsmanager:{stack.region}:{acct}:secret:berth/{tenant}/*"],
+            ),
+            iam.PolicyStatement(
+                sid="OwnLogGroup",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[log_group.log_group_arn],
+            ),
+            # What the ECS agent's instance role already allows every job (image pulls from the
+            # account's ECR); ECS uses the execution role for them once a definition names one.
+            iam.PolicyStatement(sid="EcrToken", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            iam.PolicyStatement(
+                sid="PullImages",
+                actions=[
+                    "ecr:BatchCheckLayerAvailability",
+                    "ecr:GetDownloadUrlForLayer",
+                    "ecr:BatchGetImage",
+                ],
+                resources=[f"arn:{part}:ecr:*:{acct}:repository/*"],
+            ),
+        ):
+            role.add_to_policy(statement)
+        return role
 
     @property
     def regions_json(self) -> str:

@@ -216,6 +216,34 @@ def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
                     "with '/'; object keys under it are not known when the stack deploys.",
                 )
             )
+    for tenant, role in cloud.exec_roles.items():
+        secrets = acct.format(
+            service="secretsmanager", region="<AWS::Region>", rest=f"secret:berth/{tenant}/*"
+        )
+        acks.append(
+            NagAck(
+                role,
+                f"AwsSolutions-IAM5[Resource::{secrets}]",
+                f"An execution role is one tenant's: ECS reads only the secrets of tenant {tenant} "
+                f"(berth/{tenant}/, a prefix that ends with '/'); their names are the tenant's to choose.",
+            )
+        )
+        acks.append(
+            NagAck(
+                role,
+                "AwsSolutions-IAM5[Resource::*]",
+                "ecr:GetAuthorizationToken has no resource-level permissions (the registry token only; pulls "
+                "are limited to this account's repositories).",
+            )
+        )
+        acks.append(
+            NagAck(
+                role,
+                f"AwsSolutions-IAM5[Resource::{acct.format(service='ecr', region='*', rest='repository/*')}]",
+                "Image pulls from this account's ECR, as the ECS instance role already allows every job; "
+                "job images are named by the tenants at submit.",
+            )
+        )
     role = cloud.submit_role
     acks.append(
         NagAck(
@@ -231,6 +259,14 @@ def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
             f"AwsSolutions-IAM5[Resource::{acct.format(service='iam', region='', rest='role/Berth-job-*')}]",
             "PassRole on Berth's per-tenant job roles only (Berth-job-<tenant>), and only when the role's "
             "berth:tenant tag equals the session's tenant and it is passed to Batch or ECS tasks.",
+        )
+    )
+    acks.append(
+        NagAck(
+            role,
+            f"AwsSolutions-IAM5[Resource::{acct.format(service='iam', region='', rest='role/Berth-exec-*')}]",
+            "PassRole on Berth's per-tenant execution roles only (Berth-exec-<tenant>), and only when the "
+            "role's berth:tenant tag equals the session's tenant and it is passed to Batch or ECS tasks.",
         )
     )
     for region in cloud.regions:

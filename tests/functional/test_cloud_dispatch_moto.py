@@ -342,3 +342,41 @@ def test_submits_keep_under_the_configured_rate(cloud: tuple[CloudDispatchServic
     assert outcomes == ["submitted"] * 60
     assert 60 / elapsed <= 40.0 and elapsed >= 59 / 40.0
     assert [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs[:5]] == ["exists"] * 5
+
+
+def test_secrets_live_in_a_definition_per_secret_set_with_the_tenants_execution_role(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    service, _, _ = cloud
+    service = dataclasses.replace(service, settings=dataclasses.replace(service.settings, home_region=REGION))
+    sets = ({"TOKEN": "berth/vision/a"}, {"TOKEN": "berth/vision/a"}, {"TOKEN": "berth/vision/b"})
+    for secrets in sets:
+        job = _placed(service)
+        stored = service.jobs.get(job.id)
+        assert stored is not None
+        spec = stored.spec.model_copy(update={"secrets": secrets})
+        service.jobs.update(stored.updated(stored.updated_at, spec=spec))
+        service.dispatch(job.id, 1, f"tok-{job.id}")
+        assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
+        (batch_job,) = boto3.client("batch", region_name=REGION).describe_jobs(
+            jobs=[str(service.jobs.get(job.id).run.batch_job_id)]  # type: ignore[union-attr]
+        )["jobs"]
+        # SubmitJob carries no secret: the variable is not among the overrides
+        assert "TOKEN" not in {e["name"] for e in batch_job["container"].get("environment", [])}
+    batch = boto3.client("batch", region_name=REGION)
+    found = [
+        d
+        for d in batch.describe_job_definitions(status="ACTIVE")["jobDefinitions"]
+        if d["containerProperties"].get("secrets")
+    ]
+    assert len(found) == 2  # one per secret set, reused by the second job of set a
+    for d in found:
+        props = d["containerProperties"]
+        assert props["executionRoleArn"] == "arn:aws:iam::123456789012:role/Berth-exec-vision"
+        assert props["jobRoleArn"].endswith(":role/Berth-job-vision")
+        (secret,) = props["secrets"]
+        assert secret["name"] == "TOKEN"
+        assert secret["valueFrom"] in {
+            f"arn:aws:secretsmanager:{REGION}:123456789012:secret:berth/vision/{n}" for n in ("a", "b")
+        }
+        assert d["tags"] == {"berth:tenant": "vision"}

@@ -425,6 +425,42 @@ def test_a_job_role_per_tenant_scoped_to_its_prefixes(synthesized: Synthesized) 
                 assert resource.endswith(f"{tenant}/*") or resource.endswith(f"{tenant}/jobs/*"), resource
 
 
+def test_an_execution_role_per_tenant_reads_only_its_own_secrets(synthesized: Synthesized) -> None:
+    """ECS resolves a definition's ``secrets`` with ``Berth-exec-<tenant>``: a definition naming another
+    tenant's secret (however it was crafted) cannot start."""
+    for tenant in TENANTS:
+        role_id, role = _role_by_name(synthesized, f"Berth-exec-{tenant}")
+        assert {"Key": "berth:tenant", "Value": tenant} in role["Tags"]
+        (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+        assert trust["Principal"] == {"Service": "ecs-tasks.amazonaws.com"}
+        assert trust["Action"] == "sts:AssumeRole"
+        assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+        assert _text(trust["Condition"]["ArnLike"]["aws:SourceArn"]) == "arn:<Partition>:ecs:*:<AccountId>:*"
+        assert "ManagedPolicyArns" not in role
+        granted: dict[str, set[str]] = {}
+        for st in _role_statements(synthesized, role_id):
+            assert st["Effect"] == "Allow" and "Condition" not in st
+            for resource in _as_list(st["Resource"]):
+                granted.setdefault(_resource_text(synthesized, resource), set()).update(
+                    _as_list(st["Action"])
+                )
+        assert granted == {
+            f"arn:<Partition>:secretsmanager:<Region>:<AccountId>:secret:berth/{tenant}/*": {
+                "secretsmanager:GetSecretValue"
+            },
+            "<AWS::Logs::LogGroup>": {"logs:CreateLogStream", "logs:PutLogEvents"},
+            "*": {"ecr:GetAuthorizationToken"},
+            "arn:<Partition>:ecr:*:<AccountId>:repository/*": {
+                "ecr:BatchCheckLayerAvailability",
+                "ecr:GetDownloadUrlForLayer",
+                "ecr:BatchGetImage",
+            },
+        }
+        (logs,) = [st for st in _role_statements(synthesized, role_id) if st["Sid"] == "OwnLogGroup"]
+        logical = logs["Resource"]["Fn::GetAtt"][0]
+        assert synthesized.json["Resources"][logical]["Properties"]["LogGroupName"] == f"/berth/jobs/{tenant}"
+
+
 def test_each_tenant_has_its_job_log_group(synthesized: Synthesized) -> None:
     names = {
         g["Properties"].get("LogGroupName"): g for g in synthesized.resources("AWS::Logs::LogGroup").values()
@@ -452,7 +488,10 @@ def test_passrole_only_to_the_sessions_tenant_job_role(synthesized: Synthesized)
     assert len(passes) == 1
     (st,) = passes
     assert st["Action"] == "iam:PassRole"
-    assert _text(st["Resource"]) == "arn:<Partition>:iam::<AccountId>:role/Berth-job-*"
+    assert sorted(_text(r) for r in st["Resource"]) == [
+        "arn:<Partition>:iam::<AccountId>:role/Berth-exec-*",
+        "arn:<Partition>:iam::<AccountId>:role/Berth-job-*",
+    ]
     assert st["Condition"] == {
         "StringEquals": {
             "iam:PassedToService": PASSED_TO,

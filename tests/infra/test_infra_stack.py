@@ -483,6 +483,15 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     },
     ("iam:PassRole", "iam:role/Berth-job-*"): "only a Berth-job-<tenant> role whose berth:tenant tag is the "
     "session's, passed to Batch or ECS tasks",
+    ("iam:PassRole", "iam:role/Berth-exec-*"): "only a Berth-exec-<tenant> role whose berth:tenant tag is "
+    "the session's, passed to Batch or ECS tasks",
+    # Each tenant's ECS execution role (Berth-exec-<tenant>): its secrets are covered above (same key);
+    # image pulls as the ECS instance role already allows.
+    ("ecr:GetAuthorizationToken", "*"): "ECR's registry token has no resource-level permissions",
+    **{
+        (action, "arn::ecr:*::repository/*"): "image pulls from the account's ECR (named by jobs at submit)"
+        for action in ("ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage")
+    },
 }
 
 

@@ -235,6 +235,11 @@ class BotoBatchGateway:
             }
             if request.job_role:
                 props["jobRoleArn"] = request.job_role
+            if request.secrets:
+                # Resolved by ECS with the tenant's execution role when the container starts: only names
+                # (ARNs) here, never values; SubmitJob cannot override them.
+                props["secrets"] = [{"name": n, "valueFrom": arn} for n, arn in request.secrets]
+                props["executionRoleArn"] = request.execution_role
             with _translated("RegisterJobDefinition", request.region):
                 arn = str(
                     client.register_job_definition(

@@ -2,7 +2,8 @@
 job's outcome means in the failure taxonomy, and the circuit signals it raises. Pure.
 
 Names are fixed by ``docs/cloud.md`` (shared with the Batch stacks and the local Batch runner): a
-Batch job is named ``<job_id>-a<attempt>``, a job definition ``berth-img-<sha256(image)[:16]>``.
+Batch job is named ``<job_id>-a<attempt>``, a job definition ``berth-img-<sha256(image)[:16]>-<tenant>``
+(``-s<sha256(secrets)[:16]>`` appended when the job names secrets: they live in the definition).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from berth.domain.workflow import Failure
 _JOB_NAME_RE = re.compile(r"^(?P<job>[A-Za-z0-9_-]+)-a(?P<attempt>[0-9]{1,4})$")
 #: ``Host EC2 (instance i-0abc) terminated.``: Batch's reason when the instance under a job went away.
 _HOST_TERMINATED_RE = re.compile(r"^Host EC2 \(instance [^)]*\) terminated", re.IGNORECASE)
+#: ``arn:aws:secretsmanager:us-east-1:123456789012:secret:`` before a secret's name.
+_SECRET_ARN_RE = re.compile(r"arn:[a-z-]+:secretsmanager:[a-z0-9-]*:[0-9]*:secret:")
 _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "INSUFFICIENTINSTANCECAPACITY")
 #: The launcher's exit code when the command ran past ``timeout_s`` (as ``timeout(1)``).
 TIMEOUT_EXIT_CODE = 124
@@ -49,15 +52,61 @@ def parse_batch_job_name(name: str) -> tuple[str, int] | None:
     return None if m is None else (m["job"], int(m["attempt"]))
 
 
-def job_definition_name(image: str, tenant: str) -> str:
+def job_definition_name(image: str, tenant: str, secrets: tuple[tuple[str, str], ...] = ()) -> str:
     """One job definition per image (and tenant: Batch takes the job role from the definition, never
-    from SubmitJob), registered once and reused by every job of that image and tenant."""
-    return f"berth-img-{hashlib.sha256(image.encode()).hexdigest()[:16]}-{tenant}"
+    from SubmitJob), registered once and reused by every job of that image and tenant. A job that
+    names secrets gets the definition of its secret set too (``(ENV_NAME, secret ARN)`` pairs: ECS
+    resolves a definition's ``secrets`` with its execution role, SubmitJob cannot override them)."""
+    name = f"berth-img-{hashlib.sha256(image.encode()).hexdigest()[:16]}-{tenant}"
+    if secrets:
+        canonical = json.dumps(sorted([list(p) for p in secrets]), separators=(",", ":"))
+        name += f"-s{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+    return name
 
 
 def job_role_name(tenant: str) -> str:
     """The per-tenant job role the Batch container runs as (created by the stack)."""
     return f"Berth-job-{tenant}"
+
+
+def execution_role_name(tenant: str) -> str:
+    """The per-tenant ECS execution role that resolves a definition's ``secrets`` (created by the
+    stack; it may read only ``berth/<tenant>/*``)."""
+    return f"Berth-exec-{tenant}"
+
+
+class SecretScopeError(DomainError):
+    """A stored spec names a secret outside its tenant's prefix (the submit check was bypassed)."""
+
+    code = "SecretScopeError"
+
+
+def secret_arn(name: str, region: str, account: str, partition: str = "aws") -> str:
+    """The partial ARN (no ``-XXXXXX`` suffix) ECS takes as a secret's ``valueFrom``: secrets live in
+    the home region, jobs may run in any region, so a name alone would not do."""
+    return f"arn:{partition}:secretsmanager:{region}:{account}:secret:{name}"
+
+
+def batch_secrets(
+    spec_secrets: dict[str, str], tenant: str, settings: CloudSettings
+) -> tuple[tuple[str, str], ...]:
+    """``(ENV_NAME, valueFrom)`` of a job's secrets, sorted; every name re-checked against the tenant's
+    ``berth/<tenant>/`` prefix (the stored spec is not trusted alone). Raises ``SecretScopeError``."""
+    prefix = f"berth/{tenant}/"
+    out = []
+    for env_name, name in sorted(spec_secrets.items()):
+        rest = name[len(prefix) :] if name.startswith(prefix) else ""
+        if not rest or rest.startswith("/") or "*" in name or "?" in name:
+            raise SecretScopeError(
+                f"secret {name!r} (for {env_name}) is not under tenant {tenant!r}'s prefix {prefix}",
+                details={"secret": name},
+            )
+        if not settings.account or not settings.home_region:
+            raise SecretScopeError(
+                "this deployment cannot pass secrets to Batch jobs (no account or home region configured)"
+            )
+        out.append((env_name, secret_arn(name, settings.home_region, settings.account, settings.partition)))
+    return tuple(out)
 
 
 def region_of_queue_arn(arn: str) -> str | None:
@@ -172,6 +221,15 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
         return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: exit code {job.exit_code}")
     if reason.startswith("CannotPullContainerError") or "CannotPullContainer" in text:
         return CloudOutcome(Failure.BAD_IMAGE, f"{where}: {text}")
+    if "ResourceInitializationError" in text and "secret" in text.lower():
+        # ECS could not read a secret the definition names with the execution role (missing, or not
+        # the tenant's): the job's own mistake, the same everywhere, so never retried.
+        # ECS's reason is long ("...: unable to retrieve secret from asm: <why>"): keep why, and the
+        # secret's name rather than its ARN, so the job's reason (cut at 256) still names it.
+        why = _SECRET_ARN_RE.sub("", text.rsplit(" from asm: ", 1)[-1])
+        return CloudOutcome(
+            Failure.INVALID_SPEC, f"{where}: a secret could not be read (ResourceInitializationError): {why}"
+        )
     return CloudOutcome(
         Failure.CLOUD_API, f"{where}: {text or 'the Batch job failed'}", (placement.region, REGION_WIDE)
     )
@@ -210,6 +268,8 @@ class CloudSettings:
     partition: str = "aws"
     endpoint_url: str | None = None
     """The AWS endpoint the launcher talks to (the local cloud's); None on AWS."""
+    home_region: str = ""
+    """The control plane's region: where the tenants' secrets live (their ``valueFrom`` ARNs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +290,9 @@ class BatchSubmission:
     tenant: str
     job_role: str
     tags: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[tuple[str, str], ...] = ()
+    """``(ENV_NAME, secret ARN)``: names only, resolved by ECS with ``execution_role`` at start."""
+    execution_role: str = ""
 
 
 def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> BatchSubmission:
@@ -266,6 +329,10 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         "endpoint_url": settings.endpoint_url,
     }
     image = spec.image or settings.base_image
+    secrets = batch_secrets(dict(spec.secrets), job.tenant, settings)
+    if secrets and spec.code is not None:
+        # ECS puts them in the container's environment; the launcher passes these names on to the job.
+        launch["secret_env"] = [env_name for env_name, _ in secrets]
     command = tuple(spec.command) if spec.image else LAUNCH_COMMAND
     env = {**spec.env, **berth_env, "BERTH_LAUNCH": json.dumps(launch, separators=(",", ":"))}
     r = spec.resources
@@ -274,7 +341,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         queue=placement.queue,
         name=name,
         image=image,
-        definition=job_definition_name(image, job.tenant),
+        definition=job_definition_name(image, job.tenant, secrets),
         command=command,
         environment=env,
         gpus=r.gpus // r.nodes,
@@ -287,6 +354,10 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         if settings.account
         else "",
         tags={**berth_env, "berth:tenant": job.tenant},
+        secrets=secrets,
+        execution_role=f"arn:{settings.partition}:iam::{settings.account}:role/{execution_role_name(job.tenant)}"
+        if secrets
+        else "",
     )
 
 
@@ -300,8 +371,11 @@ __all__ = [
     "CloudSettings",
     "CloudThrottled",
     "CloudUnavailable",
+    "SecretScopeError",
     "SubmitRequest",
     "batch_job_name",
+    "batch_secrets",
+    "execution_role_name",
     "failed_outcome",
     "job_definition_name",
     "parse_batch_job_name",

@@ -218,5 +218,7 @@ def cloud_dispatch_service() -> CloudDispatchService | None:
             account=cfg.account_id,
             partition=cfg.partition,
             endpoint_url=cfg.batch_endpoint_url or None,
+            # the tenants' secrets live in the control plane's region (Lambda sets AWS_REGION)
+            home_region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "",
         ),
     )

@@ -26,6 +26,7 @@ from berth.domain.cloud import (
     CloudSettings,
     CloudThrottled,
     CloudUnavailable,
+    SecretScopeError,
     SubmitRequest,
     batch_job_name,
     failed_outcome,
@@ -95,7 +96,9 @@ class CloudDispatchService:
         """Submit the attempt's Batch job once. Returns what happened: ``submitted``, ``exists``
         (submitted before: a redelivery), ``stale`` (the attempt is over), ``canceled``, ``failed``
         (the region's API refused or is down: the attempt fails as ``CloudApiError`` and is
-        re-placed elsewhere). Raises ``CloudThrottled``: the request stays on the queue."""
+        re-placed elsewhere), ``refused`` (the spec names a secret outside its tenant's prefix: the
+        attempt fails as ``InvalidSpec``, nothing is submitted). Raises ``CloudThrottled``: the
+        request stays on the queue."""
         for _ in range(RETRIES):
             job = self.jobs.get(request.job_id)
             placement = None if job is None else cloud_attempt(job)
@@ -109,12 +112,14 @@ class CloudDispatchService:
                 return "canceled"
             name = batch_job_name(job.id, job.attempts)
             try:
+                batch_request = submission(job, placement, self.settings)
+            except SecretScopeError as exc:
+                if token:
+                    self.tokens.fail(token, Failure.INVALID_SPEC.error_name, exc.message)
+                return "refused"
+            try:
                 found = self.batch.find(placement.region, placement.queue, name)
-                batch_id = (
-                    found[0].batch_job_id
-                    if found
-                    else self.batch.submit(submission(job, placement, self.settings))
-                )
+                batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
             except CloudThrottled:
                 # Still throttled after the adapter's backoff: part of the region's live signal, and
                 # the request stays on the queue (redelivered later, never dropped).

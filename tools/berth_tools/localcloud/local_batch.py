@@ -29,6 +29,15 @@ DescribeJobs and in the events from RUNNING on. TerminateJob (and CancelJob
 before start) stops it: SIGTERM to the group, SIGKILL after `TERMINATE_GRACE_S`, FAILED with the
 given reason. `attemptDurationSeconds` is enforced (`Job attempt duration exceeded timeout`).
 
+A definition's `secrets` (`[{name, valueFrom: secret ARN}]`) are resolved at STARTING as ECS does,
+with its `executionRoleArn`: the runner assumes that role in moto's STS, asks moto's IAM evaluator
+whether the session may `secretsmanager:GetSecretValue` on the secret's ARN (moto enforces IAM on
+requests only after `set_initial_no_auth_action_count`, never in the local cloud) and reads the value
+with the session's credentials; the values go into the process's environment only. A secret without
+an execution role, not allowed to it, or missing fails the job before it runs, with ECS's
+`ResourceInitializationError: unable to pull secrets or registry auth: ...` as its reason (names,
+never values).
+
 `BERTH_TIME_FACTOR` (default 1) divides the runner's own delays (the capacity statusReason delay, the
 terminate grace); a job's command runs in real time.
 """
@@ -74,6 +83,11 @@ MISCONFIGURATION_REASON = (
     " than that can be met by the CE(s) attached to the job queue."
 )
 TERMINATE_GRACE_S = 2.0
+#: ECS's reason when the execution role could not read a secret of the definition (the task never ran).
+SECRETS_REASON = (
+    "ResourceInitializationError: unable to pull secrets or registry auth: execution resource retrieval "
+    "failed: unable to retrieve secret from asm: {detail}"
+)
 DEFAULT_LOG_GROUP = "/aws/batch/job"
 LAUNCHER_MODULE = "berth_agent.launch"
 _POLL_S = 0.05
@@ -153,6 +167,10 @@ def awslogs_target(
         stream=f"{prefix}/default/{task_id}",
         region=options.get("awslogs-region") or None,
     )
+
+
+class SecretsUnavailable(Exception):
+    """A secret of the job definition could not be read with its execution role (ECS's wording)."""
 
 
 @dataclass
@@ -268,6 +286,11 @@ class LocalBatch:
         try:
             job.job_stopped_reason = None  # a capacity reason no longer holds
             self._set_status(job, "STARTING")
+            try:
+                secret_env = self._secrets(job)
+            except SecretsUnavailable as exc:  # ECS: the task stops before its container starts
+                self._finish(job, success=False, exit_code=None, reason=SECRETS_REASON.format(detail=exc))
+                return
             task_id = uuid.uuid4().hex  # the ECS task the container runs in, on AWS
             target = awslogs_target(job.job_definition.name, job.job_definition.container_properties, task_id)
             shipper = self._shipper(job, target)
@@ -276,7 +299,7 @@ class LocalBatch:
             job._start_attempt()
             if job.latest_attempt is not None:
                 job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
-            argv, env = self._argv_env(job, env, workdir)
+            argv, env = self._argv_env(job, env, workdir, secret_env)
             try:
                 run.handle = ProcessRun(
                     argv,
@@ -395,13 +418,16 @@ class LocalBatch:
         env.update(_env_list((job.container_overrides or {}).get("environment")))
         return env
 
-    def _argv_env(self, job: Any, job_env: dict[str, str], workdir: Path) -> tuple[list[str], dict[str, str]]:
+    def _argv_env(
+        self, job: Any, job_env: dict[str, str], workdir: Path, secret_env: dict[str, str] | None = None
+    ) -> tuple[list[str], dict[str, str]]:
         region = job.backend.region_name
         argv = self._command(job)
         if not argv:
             raise ValueError("the job has no command")
         env = {"PATH": SAFE_PATH, "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
         env.update(job_env)
+        env.update(secret_env or {})
         env.update(
             {
                 "AWS_BATCH_JOB_ID": job.job_id,
@@ -438,6 +464,69 @@ class LocalBatch:
             "AWS_SECRET_ACCESS_KEY": session.secret_access_key,
             "AWS_SESSION_TOKEN": session.session_token,
         }
+
+    def _secrets(self, job: Any) -> dict[str, str]:
+        """The definition's `secrets` read as its execution role (see the module docstring); raises
+        `SecretsUnavailable` naming the secret (never a value)."""
+        props = job.job_definition.container_properties or {}
+        items = props.get("secrets") or []
+        if not items:
+            return {}
+        role_arn = props.get("executionRoleArn")
+        if not role_arn:
+            raise SecretsUnavailable("the job definition names secrets but no executionRoleArn")
+        session = moto_compat.assume_role(
+            job.backend.account_id, job.backend.region_name, job.job_id[:64], str(role_arn), 900
+        )
+        out: dict[str, str] = {}
+        for item in items:
+            env_name, value_from = str(item.get("name", "")), str(item.get("valueFrom", ""))
+            region, secret_id = _secret_location(value_from, job.backend.region_name)
+            arn = self._secret_arn(region, secret_id, job.backend.account_id)
+            if not moto_compat.session_permits(session, "secretsmanager:GetSecretValue", arn or value_from):
+                raise SecretsUnavailable(
+                    f"AccessDeniedException: {session.arn} is not authorized to perform: "
+                    f"secretsmanager:GetSecretValue on resource: {value_from}"
+                )
+            if arn is None:
+                raise SecretsUnavailable(
+                    f"ResourceNotFoundException: Secrets Manager can't find the specified secret {value_from}"
+                )
+            sm = self._session_client("secretsmanager", region, session)
+            try:
+                answer = sm.get_secret_value(SecretId=arn)
+            except ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code", "")
+                raise SecretsUnavailable(f"{code}: the secret {value_from} could not be read") from None
+            if "SecretString" not in answer:
+                raise SecretsUnavailable(f"the secret {value_from} is binary; only string secrets are passed")
+            out[env_name] = str(answer["SecretString"])
+        return out
+
+    def _secret_arn(self, region: str, secret_id: str, account: str) -> str | None:
+        """The secret's full ARN (DescribeSecret, as the runner: names and ARNs, never values), None when
+        it does not exist."""
+        try:
+            arn = self._client("secretsmanager", region).describe_secret(SecretId=secret_id)["ARN"]
+        except ClientError:
+            return None
+        return str(arn) if f":{account}:" in str(arn) else None
+
+    def _session_client(self, service: str, region: str, session: Any) -> Any:
+        """A client into moto signed with an STS session's credentials (not cached: short-lived)."""
+        signed: Any = boto3.session.Session(
+            aws_access_key_id=session.access_key_id,
+            aws_secret_access_key=session.secret_access_key,
+            aws_session_token=session.session_token,
+            region_name=region,
+        )
+        client = signed.client(
+            service,
+            endpoint_url=self.endpoint_url,
+            config=Config(retries={"max_attempts": 2, "mode": "standard"}),
+        )
+        client.meta.events.register("before-send", InProcessTransport(self.endpoint_url, metered=False))
+        return client
 
     def _shipper(self, job: Any, target: LogTarget) -> LogShipper:
         logs = self._client("logs", target.region or job.backend.region_name)
@@ -506,6 +595,15 @@ class _ExistingStreamOk:
 
     def put_log_events(self, **kwargs: Any) -> Any:
         return self._client.put_log_events(**kwargs)
+
+
+def _secret_location(value_from: str, default_region: str) -> tuple[str, str]:
+    """``(region, SecretId)`` of a ``valueFrom``: a Secrets Manager ARN (full or partial, without the
+    ``:json-key:...`` selectors ECS also takes) or a bare name (the job's region)."""
+    if value_from.startswith("arn:") and ":secret:" in value_from:
+        head, _, name = value_from.partition(":secret:")
+        return head.split(":")[3] or default_region, f"{head}:secret:{name.split(':')[0]}"
+    return default_region, value_from
 
 
 def _int(value: str | None, default: int) -> int:

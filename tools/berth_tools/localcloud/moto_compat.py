@@ -409,6 +409,25 @@ SURFACES: tuple[Surface, ...] = (
         Surface(f"moto.batch.models:JobDefinition#{attr}", "read", "the job's container")
         for attr in ("name", "container_properties")
     ),
+    # -- Local AWS Batch: a definition's `secrets`, read as its execution role (local_batch) -------------
+    Surface(
+        "moto.iam.access_control:AssumedRoleAccessKey",
+        "called",
+        "the IAM view of an execution role's STS session",
+        ("account_id", "partition", "access_key_id", "headers"),
+    ),
+    Surface(
+        "moto.iam.access_control:AssumedRoleAccessKey.collect_policies",
+        "called",
+        "the inline and attached policies of the session's role",
+    ),
+    Surface(
+        "moto.iam.access_control:IAMPolicy.is_action_permitted",
+        "called",
+        "may the execution role GetSecretValue on the secret's ARN",
+        ("action", "resource"),
+    ),
+    Surface("moto.sts.models:AssumedRole#partition", "read", "an STS session's partition"),
 )
 
 
@@ -562,6 +581,32 @@ def assume_role(account_id: str, region: str, session_name: str, role_arn: str, 
         duration=duration,
         external_id="",
     )
+
+
+def session_permits(session: Any, action: str, resource: str) -> bool:
+    """Whether the STS `session` (moto's AssumedRole) may do `action` on `resource` as IAM decides: some
+    policy of its role allows it, none denies it, and its session policy (if any) allows it too. moto
+    evaluates policies only for requests once `INITIAL_NO_AUTH_ACTION_COUNT` is reached (never in the
+    local cloud); this asks its evaluator directly. A role that is gone permits nothing."""
+    ac = "moto.iam.access_control"
+    key = surface(f"{ac}:AssumedRoleAccessKey")(
+        session.account_id,
+        session.partition,
+        session.access_key_id,
+        {"X-Amz-Security-Token": session.session_token},
+    )
+    policy_type = surface(f"{ac}:IAMPolicy")
+    result = surface(f"{ac}:PermissionResult")
+    try:
+        policies = key.collect_policies()
+    except Exception:  # the role does not exist (NoSuchEntity)
+        return False
+    verdicts = [policy_type(p).is_action_permitted(action, resource) for p in policies]
+    if result.DENIED in verdicts or result.PERMITTED not in verdicts:
+        return False
+    if session.policy:
+        return bool(policy_type(session.policy).is_action_permitted(action, resource) == result.PERMITTED)
+    return True
 
 
 def iam_users() -> Iterator[tuple[str, Any]]:
