@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from berth_tools.client import BerthClient, ClientConfig, ClientError
-from berth_tools.localcloud.state_dir import parse_exports
+from berth_tools.localcloud import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -70,36 +70,15 @@ class Scenario:
 
 
 def _start_local_cloud(state_dir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    env_file = state_dir / "env"
-    env_file.unlink(missing_ok=True)
     console.print(f"[bold]Starting the local cloud[/] (berth local up --state-dir {state_dir}) …")
     t0 = time.monotonic()
-    log = (state_dir.parent / "demo-local-cloud.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "berth_tools.cli.main",
-            "local",
-            "up",
-            "--state-dir",
-            str(state_dir),
-            # real berth-agent processes: each job runs as a process on its host's simulated GPUs
-            "--agent-kind",
-            "process",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    while not env_file.exists():
-        if proc.poll() is not None:
-            raise SystemExit(f"berth local up exited with {proc.returncode}; see {log.name}")
-        if time.monotonic() - t0 > 180:
-            proc.send_signal(signal.SIGINT)
-            raise SystemExit(f"berth local up was not ready after 180 s; see {log.name}")
-        time.sleep(0.2)
-    env = parse_exports(env_file.read_text())
+    try:
+        # real berth-agent processes: each job runs as a process on its host's simulated GPUs
+        proc, env = launcher.start(
+            state_dir, ["--agent-kind", "process"], state_dir.parent / "demo-local-cloud.log", cwd=ROOT
+        )
+    except launcher.LocalCloudNotReady as exc:
+        raise SystemExit(str(exc)) from exc
     console.print(f"  local cloud ready in {time.monotonic() - t0:.1f}s at {env['BERTH_API_URL']}")
     return proc, env
 
@@ -619,12 +598,7 @@ def main() -> int:
     try:
         run(scenario)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            stopped = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stopped = -9
+        stopped = launcher.stop(proc)
     scenario.results.append(("the local cloud stops cleanly on Ctrl-C", stopped == 0, f"exit {stopped}"))
     table = Table("step", "result", "detail", title="Berth demo")
     for title, ok, detail in scenario.results:

@@ -22,9 +22,7 @@ import contextlib
 import math
 import os
 import re
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,7 +34,7 @@ from typing import Any
 
 from berth.scheduler.policy import SchedulingPolicy, load_policy
 from berth_tools.client import BerthClient, ClientConfig, ClientError
-from berth_tools.localcloud.state_dir import parse_exports
+from berth_tools.localcloud import launcher
 from berth_tools.sim.cluster import ClusterSpec
 from berth_tools.sim.engine import Simulator
 from berth_tools.sim.estimates import EstimateMode
@@ -175,50 +173,17 @@ def start_local_cloud(
     p: ReplayPlan, state_dir: Path, log_path: Path
 ) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     pool = p.cluster.pools[0]
-    env_file = state_dir / "env"
-    log = log_path.open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "berth_tools.cli.main",
-            "local",
-            "up",
-            "--state-dir",
-            str(state_dir),
-            "--agents",
-            str(pool.hosts),
-            "--gpus-per-agent",
-            str(pool.gpus_per_host),
-            "--gpu-type",
-            pool.gpu_type,
-            "--agent-kind",
-            "process",
-            "--quiet",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "BERTH_TIME_FACTOR": str(p.factor)},
-    )
-    t0 = time.monotonic()
-    while not env_file.exists():
-        if proc.poll() is not None:
-            raise ReplayError(f"berth local up exited with {proc.returncode}; see {log_path}")
-        if time.monotonic() - t0 > START_TIMEOUT_S:
-            stop_local_cloud(proc)
-            raise ReplayError(f"berth local up was not ready after {START_TIMEOUT_S:.0f} s; see {log_path}")
-        time.sleep(0.2)
-    return proc, parse_exports(env_file.read_text())
-
-
-def stop_local_cloud(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    args = [
+        "--agents", str(pool.hosts), "--gpus-per-agent", str(pool.gpus_per_host),
+        "--gpu-type", pool.gpu_type, "--agent-kind", "process", "--quiet",
+    ]  # fmt: skip
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return launcher.start(
+            state_dir, args, log_path, env={"BERTH_TIME_FACTOR": str(p.factor)}, timeout_s=START_TIMEOUT_S
+        )
+    except launcher.LocalCloudNotReady as exc:
+        raise ReplayError(str(exc)) from exc
 
 
 def run_service(p: ReplayPlan, env: dict[str, str], deadline_s: float) -> dict[str, Any]:
@@ -309,7 +274,7 @@ def replay(
     try:
         service = run_service(p, env, deadline_s)
     finally:
-        stop_local_cloud(proc)
+        launcher.stop(proc, timeout_s=60)
     diff = service["cloud_share"] - sim["cloud_share"]
     sim_sites, service_sites = sim.pop("site_of"), service.pop("site_of")
     same = sum(1 for j, site in service_sites.items() if sim_sites.get(j) == site)
