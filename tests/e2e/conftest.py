@@ -227,3 +227,15 @@ def start_local_cloud_fixture() -> Iterator[Any]:
     yield start
     for cloud in started:
         cloud.stop()
+
+
+def log_lines(client: ApiClient, job_id: str, attempt: int, count: int, timeout: float = 20) -> list[str]:
+    """An attempt's output lines through the API, polled until there are ``count`` (or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": str(attempt)})
+        assert r.status == 200, r.text
+        lines = [e["message"] for e in r.json()["events"]]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.25)

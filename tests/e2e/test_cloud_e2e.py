@@ -26,7 +26,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from tests.e2e.conftest import ApiClient, LocalCloudProcess, start_local_cloud
+from tests.e2e.conftest import ApiClient, LocalCloudProcess, log_lines, start_local_cloud
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
 #: The policy's circuit rule here: one failure opens a region for a few seconds.
@@ -134,17 +134,6 @@ def _events(client: ApiClient, job_id: str) -> list[dict[str, Any]]:
     return list(client.get(f"/v1/jobs/{job_id}/events").json()["events"])
 
 
-def _log_lines(client: ApiClient, job_id: str, attempt: int, count: int, timeout: float = 20) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": str(attempt)})
-        assert r.status == 200, r.text
-        lines = [e["message"] for e in r.json()["events"]]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.25)
-
-
 def _streams_with(cloud: LocalCloudProcess, message: str, group: str = "/berth/jobs/vision") -> list[str]:
     """The streams of ``group`` holding ``message`` (read with admin credentials, as an operator)."""
     logs = boto3.client(
@@ -215,7 +204,7 @@ def test_burst_to_cloud_while_residency_keeps_a_job_onprem(
     # The queue of the chosen instance type's family only (its compute environment holds no other GPU).
     family = placement["instance_type"].split(".")[0]
     assert queue == f"berth-{region}-{family}-{'spot' if placement['spot'] else 'ondemand'}", placement
-    lines = _log_lines(alice, burst, done["attempts"], 2)
+    lines = log_lines(alice, burst, done["attempts"], 2)
     assert lines == ["hello from the cloud", "epoch 1 done"], lines
     # served from the stream AWS Batch's awslogs driver named (`batch/default/<task id>`), not an
     # on-prem `<job>/<attempt>` one
@@ -265,7 +254,7 @@ def test_spot_interruption_resumes_from_checkpoint(
     running = _wait(alice, job_id, ("RUNNING", *TERMINAL))
     assert running["status"] == "RUNNING" and running["placement"]["spot"], (
         running["reason"],
-        _log_lines(alice, job_id, 1, 1, timeout=1),
+        log_lines(alice, job_id, 1, 1, timeout=1),
     )
 
     # the launcher syncs the checkpoint dir to S3 while the job runs (every 30 s): wait for it
@@ -286,7 +275,7 @@ def test_spot_interruption_resumes_from_checkpoint(
         assert time.monotonic() < deadline, (
             alice.get(f"/v1/jobs/{job_id}").json(),
             s3.list_objects_v2(Bucket=outputs["DataBucketName"]).get("Contents", []),
-            _log_lines(alice, job_id, 1, 1, timeout=1),
+            log_lines(alice, job_id, 1, 1, timeout=1),
         )
         time.sleep(0.25)
     saved = int(s3.get_object(Bucket=outputs["DataBucketName"], Key=key)["Body"].read())
@@ -298,8 +287,8 @@ def test_spot_interruption_resumes_from_checkpoint(
     assert done["attempts"] == 2, done
     retry = [e for e in _events(alice, job_id) if e["to"] == "RETRYING"]
     assert len(retry) == 1 and "SpotInterruption" in retry[0]["reason"], retry
-    first = _log_lines(alice, job_id, 1, 1)
-    second = _log_lines(alice, job_id, 2, 2)
+    first = log_lines(alice, job_id, 1, 1)
+    second = log_lines(alice, job_id, 2, 2)
     assert first[0] == "attempt 1 resumed from step 0", first
     interrupted_at = max(int(line.split()[1]) for line in first if line.startswith("step "))
     assert interrupted_at < STEPS, first  # attempt 1 did not finish

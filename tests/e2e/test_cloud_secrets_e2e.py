@@ -23,7 +23,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from tests.e2e.conftest import ApiClient, LocalCloudProcess, start_local_cloud
+from tests.e2e.conftest import ApiClient, LocalCloudProcess, log_lines, start_local_cloud
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
 VALUE = "e2e-" + secrets.token_hex(12)
@@ -83,17 +83,6 @@ def _wait(client: ApiClient, job_id: str, timeout: float = 90) -> dict[str, Any]
         time.sleep(0.25)
 
 
-def _log_lines(client: ApiClient, job_id: str, attempt: int, count: int, timeout: float = 20) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": str(attempt)})
-        assert r.status == 200, r.text
-        lines = [e["message"] for e in r.json()["events"]]
-        if len(lines) >= count or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.25)
-
-
 def _berth_submit(cloud: LocalCloudProcess, profile: str, spec_file: Path) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "berth_tools.cli.main", "submit", "-f", str(spec_file), "--output", "json"],
@@ -127,10 +116,10 @@ def test_cloud_jobs_see_their_tenants_secret_and_nothing_holds_its_value(
         done = _wait(alice, job_id)
         assert done["status"] == "COMPLETED", (
             done,
-            _log_lines(alice, job_id, done["attempts"], 1, timeout=1),
+            log_lines(alice, job_id, done["attempts"], 1, timeout=1),
         )
         assert done["site"] == "cloud" and done["attempts"] == 1, done
-        assert _log_lines(alice, job_id, 1, 1) == [EXPECTED_LINE]
+        assert log_lines(alice, job_id, 1, 1) == [EXPECTED_LINE]
         answers = [
             done,
             alice.get(f"/v1/jobs/{job_id}/events").json(),
