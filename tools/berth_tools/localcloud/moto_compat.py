@@ -428,6 +428,75 @@ SURFACES: tuple[Surface, ...] = (
         ("action", "resource"),
     ),
     Surface("moto.sts.models:AssumedRole#partition", "read", "an STS session's partition"),
+    # -- emulator hot paths: SQS without walks of the whole queue per message (moto_sqs) ------------------
+    Surface("moto.sqs.models:Queue.attributes", "replaced", "the counts in one pass; none on send/receive"),
+    Surface("moto.sqs.models:Queue.messages", "replaced", "visible messages, one clock reading per call"),
+    Surface(
+        "moto.sqs.models:Queue.add_message", "wrapped", "drops expired messages at the head", ("message",)
+    ),
+    Surface(
+        "moto.sqs.models:Queue.delete_message", "replaced", "by the receipt-handle index", ("receipt_handle",)
+    ),
+    Surface(
+        "moto.sqs.models:SQSBackend.receive_message",
+        "replaced",
+        "moto's algorithm, walking lazily, retention read from the queue, handles indexed",
+        ("queue_name", "count", "wait_seconds_timeout", "visibility_timeout", "message_attribute_names"),
+    ),
+    Surface(
+        "moto.sqs.models:SQSBackend.change_message_visibility",
+        "replaced",
+        "finds the message by the receipt-handle index",
+        ("queue_name", "receipt_handle", "visibility_timeout"),
+    ),
+    Surface(
+        "moto.sqs.models:SQSBackend.is_message_valid_based_on_retention_period",
+        "replaced",
+        "reads the queue's retention instead of computing every attribute",
+        ("queue_name", "message"),
+    ),
+    *(
+        Surface(f"moto.sqs.models:SQSBackend.{name}", "wrapped", "on the hot path: attributes without counts")
+        for name in ("send_message", "_validate_message")
+    ),
+    Surface(
+        "moto.sqs.models:SQSBackend.purge_queue",
+        "wrapped",
+        "clears the receipt-handle index",
+        ("queue_name",),
+    ),
+    Surface("moto.sqs.models:_filter_message_attributes", "called", "a received copy's message attributes"),
+    *(
+        Surface(f"moto.sqs.exceptions:{name}", "read", "raised as moto raises them")
+        for name in ("ReceiptHandleIsInvalid", "InvalidParameterValue")
+    ),
+    *(
+        Surface(f"moto.core.utils:{name}", "called", "moto's clock and names")
+        for name in ("unix_time", "unix_time_millis", "camelcase_to_underscores")
+    ),
+    *(
+        Surface(f"moto.sqs.models:Queue#{attr}", "read", "the queue's messages and settings")
+        for attr in (
+            "_messages",
+            "_pending_messages",
+            "_messages_lock",
+            "deleted_messages",
+            "dead_letter_queue",
+            "fifo_queue",
+        )
+    ),
+    *(
+        Surface(f"moto.sqs.models:Message#{attr}", "read", "a message's visibility, delay, age and handles")
+        for attr in (
+            "visible_at",
+            "delayed_until",
+            "sent_timestamp",
+            "receipt_handle",
+            "_old_receipt_handles",
+            "group_id",
+            "approximate_receive_count",
+        )
+    ),
 )
 
 

@@ -9,7 +9,14 @@ import os
 import urllib.request
 from typing import Any
 
-from berth_tools.localcloud import dynamodb_isolation, local_batch, metering, moto_compat, moto_faithful
+from berth_tools.localcloud import (
+    dynamodb_isolation,
+    local_batch,
+    metering,
+    moto_compat,
+    moto_faithful,
+    moto_sqs,
+)
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -60,6 +67,7 @@ class MotoServer:
         moto_compat.cache_method_names()
         dynamodb_isolation.install()
         moto_faithful.install()
+        moto_sqs.install()  # SQS without a walk of the whole queue per message (emulator hot paths)
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
         )
