@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,12 +21,17 @@ from berth_tools.localcloud import (
     event_sources,
     gateway_config,
     lambda_runtime,
+    local_activity,
+    local_batch,
+    moto_streams,
+    process_tree,
     seed,
     session_tokens,
 )
 from berth_tools.localcloud.cloudformation_deploy import DeployedStack
 from berth_tools.localcloud.front_door import FrontDoor
 from berth_tools.localcloud.moto_server import MotoServer
+from berth_tools.localcloud.process_agents import STOP_TIMEOUT_S as AGENT_DRAIN_S
 from berth_tools.localcloud.process_agents import AgentProcess, AgentStartError, wait_registered
 from berth_tools.localcloud.scripted_agent import HostIdentity, Inventory, ScriptedAgent
 from berth_tools.localcloud.sigv4 import signed_headers
@@ -54,6 +60,23 @@ HANDLER_CONCURRENCY: dict[str, int] = {"berth.handlers.workflow.lambda_handler":
 #: How often the local cloud fires scheduled rules (the scheduler's safety-net timer): the lease
 #: reaper runs in that pass, so it must be short next to the lease.
 LOCAL_TIMER_S = 2.0
+#: With no job in flight (nothing to reap, place or retry) the timer fires this often instead.
+LOCAL_IDLE_TIMER_S = 10.0
+#: The example rule's queue (output JobEventsQueueUrl) has no consumer: in the local cloud it keeps
+#: this many seconds of events (AWS keeps the template's 4 days), so it does not grow for the life of
+#: the local cloud (moto_sqs drops expired messages as new ones arrive).
+LOCAL_EVENTS_RETENTION_S = 300
+
+
+#: Ctrl-C of `berth local up` stops everything within this (issue 19: 10 s); the agents get most of it
+#: (they report their canceled attempts through the API, which stays up meanwhile).
+SHUTDOWN_S = 10.0
+AGENT_STOP_S = 7.0
+
+
+def process_agents_stop_s() -> float:
+    """How long a plain stop (tests, the context manager) lets agents drain before killing them."""
+    return AGENT_DRAIN_S
 
 
 class LocalCloudError(RuntimeError):
@@ -87,6 +110,8 @@ class LocalCloud:
     function_timings: dict[str, str] = field(default_factory=lambda: dict(LOCAL_TIMINGS))
     timer_interval_s: float | None = LOCAL_TIMER_S
     """Scheduled rules fire this often (None: at their own rate)."""
+    idle_timer_interval_s: float | None = LOCAL_IDLE_TIMER_S
+    """While no job is in flight, scheduled rules fire this often (None: always at timer_interval_s)."""
     scheduled_rules: bool = True
     """False: scheduled rules never fire (a benchmark that runs the passes itself)."""
     batch_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -143,6 +168,11 @@ class LocalCloud:
             environment=self.function_timings,
         )
         cloudformation_deploy.verify_stack(session, self.moto.endpoint_url, self.template, self.stack)
+        if "JobEventsQueueUrl" in self.stack.outputs:
+            session.client("sqs", endpoint_url=self.moto.endpoint_url).set_queue_attributes(
+                QueueUrl=self.stack.outputs["JobEventsQueueUrl"],
+                Attributes={"MessageRetentionPeriod": str(LOCAL_EVENTS_RETENTION_S)},
+            )
         t = self._step("deploy", t)
         self._deploy_batch_stacks()
         if self.batch_templates:
@@ -208,17 +238,25 @@ class LocalCloud:
             )
             self._state.write_env(self.exports)
 
-    def stop(self) -> None:
+    def stop(self, *, exiting: bool = False) -> None:
+        """Stop everything this local cloud started. `exiting` (Ctrl-C of `berth local up`): stop now,
+        jobs included, within SHUTDOWN_S, without freeing moto's memory first (the process ends)."""
+        started = time.monotonic()
         if self._state is not None:
             self._state.remove_env()
+        # What is still running at the end is killed, so nothing outlives the local cloud: exiting,
+        # everything below this process (agents, their jobs, Batch job processes, Lambda workers);
+        # otherwise (a test's process may run other things) the agents and what they started.
+        roots = [os.getpid()] if exiting else [a.pid for a in self.process_agents if a.alive()]
+        below = process_tree.identify(
+            [p for root in roots for p in process_tree.descendants(root) if p != os.getpid()]
+        )
+        batch_jobs = threading.Thread(target=local_batch.stop_all, name="stop-batch-jobs", daemon=True)
+        batch_jobs.start()  # the local Batch's jobs are killed while the agents stop theirs
         for agent in self.scripted_agents:
             agent.stop()
         self.scripted_agents = []
-        for process in self.process_agents:  # all drain at once
-            process.terminate()
-        for process in self.process_agents:
-            process.stop(terminated=True)
-        self.process_agents = []
+        self._stop_process_agents(started, now=exiting)
         for poller in self.pollers:
             poller.stop()
         self.pollers = []
@@ -228,9 +266,33 @@ class LocalCloud:
         if self.runtime is not None:
             lambda_runtime.uninstall(self.runtime)
             self.runtime = None
+        batch_jobs.join(timeout=max(0.1, SHUTDOWN_S - (time.monotonic() - started)))
         if self.moto is not None:
-            self.moto.stop()
+            self.moto.stop(reset=not exiting)
             self.moto = None
+        left = process_tree.kill(process_tree.still_running(below))
+        if left:
+            self._say(f"killed {left} process(es) still running at shutdown")
+        self.timings["stop"] = round(time.monotonic() - started, 3)
+
+    def _stop_process_agents(self, started: float, *, now: bool) -> None:
+        """SIGTERM drains an agent (no new work, running attempts may end). Stopping now, a second
+        SIGTERM (sent again each second: two at once may arrive as one) cancels its attempts at once;
+        an agent still running after its share of SHUTDOWN_S is killed."""
+        agents = self.process_agents
+        for process in agents:  # all at once
+            process.terminate()
+        deadline = started + (AGENT_STOP_S if now else process_agents_stop_s())
+        next_signal = time.monotonic() + 1.0
+        while any(a.alive() for a in agents) and time.monotonic() < deadline:
+            if now and time.monotonic() >= next_signal:
+                for process in agents:
+                    process.terminate()
+                next_signal += 1.0
+            time.sleep(0.05)
+        for process in agents:
+            process.stop(timeout_s=0.5, terminated=True)  # SIGKILL what is left
+        self.process_agents = []
 
     def __enter__(self) -> LocalCloud:
         return self.start()
@@ -343,7 +405,7 @@ class LocalCloud:
                 ddb = session.client("dynamodb", endpoint_url=self.endpoint_url)
                 mapping.source_arn = ddb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
                 streams = session.client("dynamodbstreams", endpoint_url=self.endpoint_url)
-                poller: Any = event_sources.StreamPoller(streams, lam, mapping)
+                poller: Any = event_sources.StreamPoller(streams, lam, mapping, signal=moto_streams.SIGNAL)
             else:
                 queue_url = self._physical(source)
                 mapping.source_arn = sqs.get_queue_attributes(
@@ -359,6 +421,7 @@ class LocalCloud:
             if not self.scheduled_rules:
                 continue
             every = self.timer_interval_s or event_sources.schedule_seconds(props["ScheduleExpression"])
+            idle_every = self.idle_timer_interval_s if self.timer_interval_s else None
             for target in props.get("Targets", []):
                 if not (isinstance(target.get("Arn"), dict) and "Fn::GetAtt" in target["Arn"]):
                     continue
@@ -370,9 +433,19 @@ class LocalCloud:
                 def send(url: str = url, body: str = body) -> None:
                     sqs.send_message(QueueUrl=url, MessageBody=body)
 
-                timer = event_sources.ScheduleTimer(send, float(every or 60), lid)
+                timer = event_sources.ScheduleTimer(
+                    send, float(every or 60), lid, active=self._jobs_in_flight(), idle_interval_s=idle_every
+                )
                 timer.start()
                 self.pollers.append(timer)
+
+    def _jobs_in_flight(self) -> Any:
+        """The idle timer's predicate: a job not yet ended in the jobs table (None: no jobs table)."""
+        table = self.stack.outputs.get("JobsTableName") if self.stack is not None else None
+        if table is None:
+            return None
+        account, region = cloudformation_deploy.DEFAULT_ACCOUNT_ID, self.region
+        return lambda: local_activity.jobs_in_flight(account, region, table)
 
     def _deploy_batch_stacks(self) -> None:
         """Each cloud region's Batch stack, into moto in that region (queues must come up VALID)."""

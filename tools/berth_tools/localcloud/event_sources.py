@@ -3,15 +3,22 @@
 moto invokes a mapping's function synchronously inside the write that fed it; AWS polls. These
 pollers poll, through moto's public API like any AWS client:
 
-- ``SqsPoller``: long-polls the queue, gathers up to ``BatchSize`` messages within
+- ``SqsPoller``: long-polls the queue (``LONG_POLL_S``, as Lambda's pollers do: moto answers as soon
+  as a message arrives), gathers up to ``BatchSize`` messages within
   ``MaximumBatchingWindowInSeconds`` of the first, invokes the function once per batch (Lambda's
   Invoke API, so the in-process runtime runs it) and deletes what succeeded; with
   ``ReportBatchItemFailures`` the failed items stay, and a function error makes the batch visible
   again after a short delay.
 - ``StreamPoller``: reads a DynamoDB stream from ``StartingPosition`` and invokes the function per
-  batch, in order, retrying a failed batch up to ``MaximumRetryAttempts``.
+  batch, in order, retrying a failed batch up to ``MaximumRetryAttempts``. Given a ``signal``
+  (``moto_streams.SIGNAL``) it sleeps until a stream write wakes it (at most ``STREAM_IDLE_S``),
+  instead of reading every ``STREAM_POLL_S``.
 - ``ScheduleTimer``: a rule with a ``ScheduleExpression`` puts its target's input on its SQS target
-  every interval (moto never fires scheduled rules); the interval may be shortened for tests.
+  every interval (moto never fires scheduled rules); the interval may be shortened for tests. Given
+  an ``active`` predicate, it fires at ``idle_interval_s`` while the predicate is false (nothing for
+  a pass to do sooner), and at its interval again as soon as it is true.
+
+All of them stop promptly: ``stop()`` wakes whatever they wait on.
 """
 
 from __future__ import annotations
@@ -28,6 +35,14 @@ from typing import Any
 
 #: How long a failed batch stays invisible before it is retried.
 RETRY_DELAY_S = 1
+#: How long an SQS poller's ReceiveMessage waits for a first message (Lambda's pollers use 20 s).
+LONG_POLL_S = 20
+#: How often a stream poller reads its stream without a wake-up signal (and between busy reads).
+STREAM_POLL_S = 0.05
+#: With a signal: the longest a stream poller sleeps without a wake-up (a safety net).
+STREAM_IDLE_S = 5.0
+#: While a batching window is open: how long a poller waits between empty receives.
+WINDOW_POLL_S = 0.25
 
 
 @dataclass
@@ -88,26 +103,28 @@ class SqsPoller(_Loop):
         super().__init__(f"esm-sqs-{mapping.function_name}")
         self.sqs, self.lambda_client, self.queue_url, self.mapping = sqs, lambda_client, queue_url, mapping
         self.batches = 0
+        self.long_poll_s = LONG_POLL_S
 
     def step(self) -> None:
         m = self.mapping
         messages: list[dict[str, Any]] = []
         first_at: float | None = None
         while len(messages) < m.batch_size and not self.stopping.is_set():
-            wait = 1 if first_at is None else max(0.0, m.window_s - (time.monotonic() - first_at))
-            if first_at is not None and wait <= 0:
+            remaining = 0.0 if first_at is None else m.window_s - (time.monotonic() - first_at)
+            if first_at is not None and remaining <= 0 and m.window_s > 0:
                 break
             got = self.sqs.receive_message(
                 QueueUrl=self.queue_url,
                 MaxNumberOfMessages=min(10, m.batch_size - len(messages)),
-                WaitTimeSeconds=int(min(1, max(0, round(wait)))) if first_at is None else 0,
+                WaitTimeSeconds=self.long_poll_s if first_at is None else 0,
                 AttributeNames=["All"],
             ).get("Messages", [])
             if not got:
                 if first_at is None:
                     return
                 if m.window_s > 0:
-                    time.sleep(min(0.05, wait))
+                    # the window stays open: wait for more rather than asking for them 20 times a second
+                    self.stopping.wait(min(WINDOW_POLL_S, max(0.0, remaining)))
                     continue
                 break
             if first_at is None:
@@ -160,11 +177,18 @@ class SqsPoller(_Loop):
 
 
 class StreamPoller(_Loop):
-    def __init__(self, streams: Any, lambda_client: Any, mapping: Mapping) -> None:
+    def __init__(self, streams: Any, lambda_client: Any, mapping: Mapping, signal: Any = None) -> None:
         super().__init__(f"esm-stream-{mapping.function_name}")
         self.streams, self.lambda_client, self.mapping = streams, lambda_client, mapping
+        self.signal = signal  # moto_streams.StreamSignal (None: read every STREAM_POLL_S)
         self.iterators: dict[str, str] = {}
         self.batches = 0
+        self.reads = 0
+
+    def stop(self) -> None:
+        super().stop()
+        if self.signal is not None:
+            self.signal.bump()  # wake it from its wait
 
     def _refresh_shards(self) -> None:
         shards = self.streams.describe_stream(StreamArn=self.mapping.source_arn)["StreamDescription"][
@@ -182,10 +206,12 @@ class StreamPoller(_Loop):
                 )["ShardIterator"]
 
     def step(self) -> None:
+        seen = None if self.signal is None else self.signal.generation  # before the read: no wake-up lost
         if not self.iterators:
             self._refresh_shards()
         busy = False
         for sid, iterator in list(self.iterators.items()):
+            self.reads += 1
             got = self.streams.get_records(ShardIterator=iterator, Limit=self.mapping.batch_size)
             records = got.get("Records", [])
             if records:
@@ -200,8 +226,12 @@ class StreamPoller(_Loop):
                     time.sleep(min(5.0, 0.2 * 2**attempt))
                 self.batches += 1
             self.iterators[sid] = got.get("NextShardIterator") or iterator
-        if not busy:
-            self.stopping.wait(0.05)
+        if busy or self.stopping.is_set():
+            return
+        if self.signal is None or seen is None:
+            self.stopping.wait(STREAM_POLL_S)
+        else:
+            self.signal.wait(seen, STREAM_IDLE_S)
 
 
 _RATE = re.compile(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)")
@@ -214,13 +244,32 @@ def schedule_seconds(expression: str) -> float | None:
 
 
 class ScheduleTimer(_Loop):
-    def __init__(self, send: Callable[[], None], interval_s: float, name: str) -> None:
+    def __init__(
+        self,
+        send: Callable[[], None],
+        interval_s: float,
+        name: str,
+        active: Callable[[], bool] | None = None,
+        idle_interval_s: float | None = None,
+    ) -> None:
         super().__init__(f"rule-{name}")
         self.send, self.interval_s = send, interval_s
+        self.active, self.idle_interval_s = active, idle_interval_s
         self.fired = 0
+        self.skipped = 0
 
     def step(self) -> None:
-        if self.stopping.wait(self.interval_s):
+        if self.active is None or self.idle_interval_s is None or self.idle_interval_s <= self.interval_s:
+            if self.stopping.wait(self.interval_s):
+                return
+            self.send()
+            self.fired += 1
             return
-        self.send()
-        self.fired += 1
+        # Idle: look every interval whether there is anything to do; fire at least every idle interval.
+        since = time.monotonic()
+        while not self.stopping.wait(self.interval_s):
+            if self.active() or time.monotonic() - since >= self.idle_interval_s:
+                self.send()
+                self.fired += 1
+                return
+            self.skipped += 1

@@ -23,31 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from berth_tools.localcloud.process_tree import alive, command_line, descendants
+
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (now)."""
-    tree, found, todo = _children(), [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(tree.get(current, []))
-    return found
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -57,25 +35,6 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.append(pid)
-    return left
 
 
 def measure(seconds: float, agents: int, settle_s: float, extra: list[str]) -> dict[str, Any]:

@@ -485,6 +485,16 @@ SURFACES: tuple[Surface, ...] = (
             "fifo_queue",
         )
     ),
+    # -- emulator hot paths: is any job in flight, read in-process for the idle timer (local_activity) -------
+    Surface("moto.dynamodb.models.dynamo_type:Item#attrs", "read", "a job item's status attribute"),
+    Surface("moto.dynamodb.models.dynamo_type:DynamoType#value", "read", "the status attribute's value"),
+    # -- emulator hot paths: stream pollers woken by stream writes (moto_streams) ---------------------------
+    Surface(
+        "moto.dynamodb.models.table:StreamShard.add",
+        "wrapped",
+        "a stream record wakes the local cloud's stream pollers",
+        ("old", "new"),
+    ),
     *(
         Surface(f"moto.sqs.models:Message#{attr}", "read", "a message's visibility, delay, age and handles")
         for attr in (

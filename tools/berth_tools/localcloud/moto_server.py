@@ -16,6 +16,7 @@ from berth_tools.localcloud import (
     moto_compat,
     moto_faithful,
     moto_sqs,
+    moto_streams,
 )
 
 LOCAL_HOST = "127.0.0.1"
@@ -68,6 +69,7 @@ class MotoServer:
         dynamodb_isolation.install()
         moto_faithful.install()
         moto_sqs.install()  # SQS without a walk of the whole queue per message (emulator hot paths)
+        moto_streams.install()  # stream writes wake the stream pollers
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
         )
@@ -103,10 +105,12 @@ class MotoServer:
             result: dict[str, Any] = json.loads(response.read() or b"{}")
         return result
 
-    def stop(self) -> None:
+    def stop(self, reset: bool = True) -> None:
+        """Stop serving; `reset` first frees moto's state (skipped when the process is exiting anyway)."""
         server, self._server = self._server, None
         if server is not None:
             local_batch.stop_all()
-            with contextlib.suppress(OSError):  # free the memory; a next local cloud starts empty anyway
-                self.reset()
+            if reset:
+                with contextlib.suppress(OSError):  # free the memory; a next local cloud starts empty anyway
+                    self.reset()
             server.stop()
