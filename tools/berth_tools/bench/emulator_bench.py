@@ -11,6 +11,7 @@ load average. CPU ms are medians of the repeats.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -39,8 +40,26 @@ def _aws() -> Iterator[None]:
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
-    with mock_aws():
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         yield
+
+
+@contextmanager
+def _patched(install: Callable[[], Callable[[], None]]) -> Iterator[None]:
+    undo = install()
+    try:
+        yield
+    finally:
+        undo()
+
+
+def _before_after(
+    case: Callable[[], dict[str, float]], install: Callable[[], Callable[[], None]]
+) -> dict[str, Any]:
+    before = case()
+    with _patched(install):
+        after = case()
+    return {"before": before, "after": after}
 
 
 def sqs_case(backlog: int, repeats: int = 5) -> dict[str, float]:
@@ -99,9 +118,75 @@ def run_sqs(backlogs: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def events_case(repeats: int = 5) -> dict[str, float]:
+    """CPU ms of a PutEvents of 10 events that one rule routes to an SQS target (Berth's example rule)."""
+    with _aws():
+        events = boto3.client("events", region_name=REGION)
+        sqs = boto3.client("sqs", region_name=REGION)
+        url = sqs.create_queue(QueueName="events")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        events.put_rule(Name="r", EventPattern=json.dumps({"detail-type": ["Berth Job State Change"]}))
+        events.put_targets(Rule="r", Targets=[{"Id": "q", "Arn": arn}])
+        entries = [
+            {
+                "Source": "berth",
+                "DetailType": "Berth Job State Change",
+                "Detail": json.dumps({"job_id": str(i)}),
+            }
+            for i in range(10)
+        ]
+        put = _cpu_ms(lambda: events.put_events(Entries=entries), repeats)
+    return {"put_events10_ms": put}
+
+
+#: A workflow-sized state machine: a chain of Pass and Choice states (the ASL is parsed per execution).
+def _definition(states: int = 30) -> str:
+    chain: dict[str, Any] = {}
+    for i in range(states):
+        nxt = f"S{i + 1}" if i + 1 < states else "Done"
+        chain[f"S{i}"] = {
+            "Type": "Choice",
+            "Choices": [{"Variable": "$.n", "NumericGreaterThan": 1000, "Next": "Done"}],
+            "Default": f"P{i}",
+        }
+        chain[f"P{i}"] = {"Type": "Pass", "Result": {"i": i}, "ResultPath": "$.last", "Next": nxt}
+    chain["Done"] = {"Type": "Succeed"}
+    return json.dumps({"StartAt": "S0", "States": chain})
+
+
+def sfn_case(repeats: int = 5) -> dict[str, float]:
+    """CPU ms of starting an execution of a 61-state machine and running it to SUCCEEDED."""
+    with _aws():
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        machine = sfn.create_state_machine(
+            name="m", definition=_definition(), roleArn="arn:aws:iam::123456789012:role/sfn"
+        )["stateMachineArn"]
+
+        counter = itertools.count()
+
+        def run() -> None:
+            name = f"e{next(counter)}"  # moto collides executions started without a name
+            execution = sfn.start_execution(stateMachineArn=machine, name=name, input='{"n": 1}')[
+                "executionArn"
+            ]
+            while sfn.describe_execution(executionArn=execution)["status"] == "RUNNING":
+                time.sleep(0.01)
+
+        execution = _cpu_ms(run, repeats)
+    return {"execution_ms": execution}
+
+
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "sqs": lambda: run_sqs([50, 200, 800]),
+    "events": lambda: [{"case": "events", **_before_after(events_case, _install("moto_events"))}],
+    "sfn": lambda: [{"case": "sfn", **_before_after(sfn_case, _install("moto_asl"))}],
 }
+
+
+def _install(module: str) -> Callable[[], Callable[[], None]]:
+    import importlib
+
+    return lambda: importlib.import_module(f"berth_tools.localcloud.{module}").install()
 
 
 def main(argv: list[str] | None = None) -> None:

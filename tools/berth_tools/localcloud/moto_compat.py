@@ -488,6 +488,30 @@ SURFACES: tuple[Surface, ...] = (
     # -- emulator hot paths: is any job in flight, read in-process for the idle timer (local_activity) -------
     Surface("moto.dynamodb.models.dynamo_type:Item#attrs", "read", "a job item's status attribute"),
     Surface("moto.dynamodb.models.dynamo_type:DynamoType#value", "read", "the status attribute's value"),
+    # -- emulator hot paths: parsers built once (moto_events, moto_asl) -------------------------------------
+    Surface(
+        "moto.events.utils:EventTemplateParser.parse",
+        "replaced",
+        "moto's input transformation, each JSONPath compiled once per process instead of per event",
+        ("input_template", "input_paths_map", "event"),
+    ),
+    Surface("moto.events.utils:EventTemplateParser", "read", "its default template, paths and _stringify"),
+    Surface(
+        "moto.stepfunctions.parser.asl.parse.asl_parser:AmazonStateLanguageParser.parse",
+        "wrapped",
+        "a definition's ANTLR parse and program, cached by its text (once per state machine)",
+        ("definition",),
+    ),
+    Surface(
+        "moto.stepfunctions.parser.asl.component.eval_component:EvalComponent.heap_key",
+        "read",
+        "assigned on every component before a cached program is shared by executions",
+    ),
+    Surface(
+        "moto.stepfunctions.parser.asl.component.eval_component:EvalComponent",
+        "read",
+        "the components of a program",
+    ),
     # -- emulator hot paths: stream pollers woken by stream writes (moto_streams) ---------------------------
     Surface(
         "moto.dynamodb.models.table:StreamShard.add",

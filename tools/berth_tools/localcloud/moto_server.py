@@ -13,7 +13,9 @@ from berth_tools.localcloud import (
     dynamodb_isolation,
     local_batch,
     metering,
+    moto_asl,
     moto_compat,
+    moto_events,
     moto_faithful,
     moto_sqs,
     moto_streams,
@@ -70,6 +72,8 @@ class MotoServer:
         moto_faithful.install()
         moto_sqs.install()  # SQS without a walk of the whole queue per message (emulator hot paths)
         moto_streams.install()  # stream writes wake the stream pollers
+        moto_events.install()  # EventBridge input paths compiled once
+        moto_asl.install()  # a state machine's definition parsed once
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
         )
