@@ -176,10 +176,83 @@ def sfn_case(repeats: int = 5) -> dict[str, float]:
     return {"execution_ms": execution}
 
 
+def dynamodb_case(items: int, repeats: int = 5) -> dict[str, float]:
+    """CPU ms of a Query page (Limit 25) of one partition of the table and of a GSI, at `items` items
+    spread over 50 partitions (a jobs table: hash tenant, range job; GSI by status)."""
+    with _aws():
+        ddb = boto3.client("dynamodb", region_name=REGION)
+        ddb.create_table(
+            TableName="t",
+            KeySchema=[
+                {"AttributeName": "pk", "KeyType": "HASH"},
+                {"AttributeName": "sk", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[{"AttributeName": n, "AttributeType": "S"} for n in ("pk", "sk", "status")],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": "by_status",
+                    "KeySchema": [
+                        {"AttributeName": "status", "KeyType": "HASH"},
+                        {"AttributeName": "sk", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        for start in range(0, items, 25):
+            ddb.batch_write_item(
+                RequestItems={
+                    "t": [
+                        {
+                            "PutRequest": {
+                                "Item": {
+                                    "pk": {"S": f"p{i % 50}"},
+                                    "sk": {"S": f"{i:08d}"},
+                                    "status": {"S": "RUNNING" if i % 10 == 0 else "COMPLETED"},
+                                    "pad": {"S": "x" * 200},
+                                }
+                            }
+                        }
+                        for i in range(start, min(items, start + 25))
+                    ]
+                }
+            )
+        table = _cpu_ms(
+            lambda: ddb.query(
+                TableName="t",
+                KeyConditionExpression="pk = :p",
+                ExpressionAttributeValues={":p": {"S": "p7"}},
+                Limit=25,
+            ),
+            repeats,
+        )
+        gsi = _cpu_ms(
+            lambda: ddb.query(
+                TableName="t",
+                IndexName="by_status",
+                KeyConditionExpression="#s = :s",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={":s": {"S": "RUNNING"}},
+                Limit=25,
+            ),
+            repeats,
+        )
+    return {"query_table_page_ms": table, "query_gsi_page_ms": gsi}
+
+
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "sqs": lambda: run_sqs([50, 200, 800]),
     "events": lambda: [{"case": "events", **_before_after(events_case, _install("moto_events"))}],
     "sfn": lambda: [{"case": "sfn", **_before_after(sfn_case, _install("moto_asl"))}],
+    "dynamodb": lambda: [
+        {
+            "case": "dynamodb",
+            "items": n,
+            **_before_after(lambda n=n: dynamodb_case(n), _install("moto_dynamodb_query")),
+        }
+        for n in (1000, 5000)
+    ],
 }
 
 

@@ -488,6 +488,27 @@ SURFACES: tuple[Surface, ...] = (
     # -- emulator hot paths: is any job in flight, read in-process for the idle timer (local_activity) -------
     Surface("moto.dynamodb.models.dynamo_type:Item#attrs", "read", "a job item's status attribute"),
     Surface("moto.dynamodb.models.dynamo_type:DynamoType#value", "read", "the status attribute's value"),
+    Surface("moto.dynamodb.models.dynamo_type:DynamoType#type", "read", "a key attribute's type (S, N, B)"),
+    # -- emulator hot paths: a DynamoDB Query reads its partition (moto_dynamodb_query) --------------------
+    Surface(
+        "moto.dynamodb.models.table:Table.query",
+        "wrapped",
+        "narrows all_items() to the queried partition while moto's query runs",
+        (
+            "hash_key",
+            "range_comparison",
+            "range_objs",
+            "limit",
+            "exclusive_start_key",
+            "scan_index_forward",
+            "projection_expressions",
+            "index_name",
+            "consistent_read",
+            "filter_expression",
+            "hash_key_conditions",
+        ),
+    ),
+    Surface("moto.dynamodb.models.table:Table.all_items", "wrapped", "answers the narrowed candidates"),
     # -- emulator hot paths: parsers built once (moto_events, moto_asl) -------------------------------------
     Surface(
         "moto.events.utils:EventTemplateParser.parse",

@@ -1,0 +1,234 @@
+"""moto_dynamodb_query: a Query that reads only its partition answers exactly what moto's whole-table
+walk answers (table and GSIs, range conditions, both directions, pages, filters, projections), also
+while other threads write."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.dynamodb.models.table import Table
+
+from berth_tools.localcloud import dynamodb_isolation, moto_dynamodb_query
+
+
+@pytest.fixture
+def ddb(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        client.create_table(
+            TableName="jobs",
+            KeySchema=[
+                {"AttributeName": "tenant", "KeyType": "HASH"},
+                {"AttributeName": "job", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[
+                {"AttributeName": "tenant", "AttributeType": "S"},
+                {"AttributeName": "job", "AttributeType": "S"},
+                {"AttributeName": "status", "AttributeType": "S"},
+                {"AttributeName": "prio", "AttributeType": "N"},
+            ],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": "by_status",
+                    "KeySchema": [{"AttributeName": "status", "KeyType": "HASH"}],
+                    "Projection": {"ProjectionType": "ALL"},
+                },
+                {
+                    "IndexName": "by_status_prio",
+                    "KeySchema": [
+                        {"AttributeName": "status", "KeyType": "HASH"},
+                        {"AttributeName": "prio", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                },
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        client.create_table(
+            TableName="hosts",
+            KeySchema=[{"AttributeName": "host", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "host", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        for i in range(120):
+            item = {
+                "tenant": {"S": f"t{i % 4}"},
+                "job": {"S": f"j{i:04d}"},
+                "n": {"N": str(i)},
+            }
+            if i % 7:  # some items have no status: they are not in either index
+                item["status"] = {"S": ("RUNNING", "QUEUED", "COMPLETED")[i % 3]}
+            if i % 5:
+                item["prio"] = {"N": str(i % 6) if i % 2 else f"{i % 6}.0"}  # numbers written two ways
+            client.put_item(TableName="jobs", Item=item)
+        for h in range(5):
+            client.put_item(TableName="hosts", Item={"host": {"S": f"h{h}"}, "gpus": {"N": "8"}})
+        yield client
+
+
+QUERIES: list[dict[str, Any]] = [
+    {"KeyConditionExpression": "tenant = :t", "ExpressionAttributeValues": {":t": {"S": "t1"}}},
+    {"KeyConditionExpression": "tenant = :t", "ExpressionAttributeValues": {":t": {"S": "nobody"}}},
+    {
+        "KeyConditionExpression": "tenant = :t AND job BETWEEN :a AND :b",
+        "ExpressionAttributeValues": {":t": {"S": "t2"}, ":a": {"S": "j0010"}, ":b": {"S": "j0060"}},
+        "ScanIndexForward": False,
+    },
+    {
+        "KeyConditionExpression": "tenant = :t AND begins_with(job, :p)",
+        "ExpressionAttributeValues": {":t": {"S": "t3"}, ":p": {"S": "j00"}},
+        "FilterExpression": "n > :n",
+        "ExpressionAttributeValues_extra": {":n": {"N": "20"}},
+    },
+    {
+        "IndexName": "by_status",
+        "KeyConditionExpression": "#s = :s",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "RUNNING"}},
+    },
+    {
+        "IndexName": "by_status_prio",
+        "KeyConditionExpression": "#s = :s AND prio >= :p",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "QUEUED"}, ":p": {"N": "2"}},
+        "ScanIndexForward": False,
+    },
+    {
+        "IndexName": "by_status_prio",
+        "KeyConditionExpression": "#s = :s AND prio = :p",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "COMPLETED"}, ":p": {"N": "3"}},
+    },
+    {
+        "IndexName": "by_status",
+        "KeyConditionExpression": "#s = :s",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "QUEUED"}},
+        "ProjectionExpression": "job, tenant",
+    },
+]
+
+
+def _pages(client: Any, query: dict[str, Any], limit: int | None, table: str = "jobs") -> list[Any]:
+    args = {k: v for k, v in query.items() if k != "ExpressionAttributeValues_extra"}
+    args["ExpressionAttributeValues"] = {
+        **query["ExpressionAttributeValues"],
+        **query.get("ExpressionAttributeValues_extra", {}),
+    }
+    if limit:
+        args["Limit"] = limit
+    pages, start = [], None
+    while True:
+        answer = client.query(TableName=table, **args, **({"ExclusiveStartKey": start} if start else {}))
+        pages.append((answer["Items"], answer["Count"], answer.get("LastEvaluatedKey")))
+        start = answer.get("LastEvaluatedKey")
+        if not start:
+            return pages
+        assert len(pages) < 200
+
+
+def test_every_query_answers_as_moto_does(ddb: Any) -> None:
+    expected = {(i, limit): _pages(ddb, q, limit) for i, q in enumerate(QUERIES) for limit in (None, 1, 7)}
+    expected["hosts"] = _pages(
+        ddb,
+        {"KeyConditionExpression": "host = :h", "ExpressionAttributeValues": {":h": {"S": "h3"}}},
+        None,
+        "hosts",
+    )
+    undo = moto_dynamodb_query.install()
+    try:
+        before = moto_dynamodb_query.stats["narrowed"]
+        for (i, limit), pages in [(k, v) for k, v in expected.items() if k != "hosts"]:
+            assert _pages(ddb, QUERIES[i], limit) == pages, (QUERIES[i], limit)
+        hosts = {"KeyConditionExpression": "host = :h", "ExpressionAttributeValues": {":h": {"S": "h3"}}}
+        assert _pages(ddb, hosts, None, "hosts") == expected["hosts"]
+        assert moto_dynamodb_query.stats["narrowed"] > before
+        assert sum(len(items) for items, _, _ in expected[(4, None)]) > 10  # the GSI query found something
+    finally:
+        undo()
+
+
+def test_a_scan_in_another_thread_sees_the_whole_table_while_a_query_runs(ddb: Any) -> None:
+    undo = moto_dynamodb_query.install()
+    try:
+        scanned: list[int] = []
+        original = Table.all_items
+
+        def slow_all_items(self: Any) -> list[Any]:  # a scan starts while the query is narrowed
+            if threading.current_thread() is threading.main_thread() and not scanned:
+                worker = threading.Thread(target=lambda: scanned.append(ddb.scan(TableName="jobs")["Count"]))
+                worker.start()
+                worker.join()
+            return list(original(self))
+
+        Table.all_items = slow_all_items  # type: ignore[method-assign]
+        try:
+            q = QUERIES[0]
+            ddb.query(
+                TableName="jobs",
+                KeyConditionExpression=q["KeyConditionExpression"],
+                ExpressionAttributeValues=q["ExpressionAttributeValues"],
+            )
+        finally:
+            Table.all_items = original  # type: ignore[method-assign]
+        assert scanned == [120]
+    finally:
+        undo()
+
+
+def test_queries_stay_correct_while_other_threads_write(ddb: Any) -> None:
+    undo_isolation = dynamodb_isolation.install()
+    undo = moto_dynamodb_query.install()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def writer(w: int) -> None:
+        i = 0
+        while not stop.is_set():
+            key = {"tenant": {"S": "t9"}, "job": {"S": f"w{w}-{i % 50:03d}"}}
+            try:
+                if i % 3 == 2:
+                    ddb.delete_item(TableName="jobs", Key=key)
+                else:
+                    ddb.put_item(
+                        TableName="jobs", Item={**key, "status": {"S": "RUNNING"}, "n": {"N": str(i)}}
+                    )
+                    ddb.update_item(
+                        TableName="jobs",
+                        Key=key,
+                        UpdateExpression="SET #s = :s",
+                        ExpressionAttributeNames={"#s": "status"},
+                        ExpressionAttributeValues={":s": {"S": "QUEUED"}},
+                    )
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(40):
+            for q in (QUERIES[0], QUERIES[4]):
+                for items, _, _ in _pages(ddb, q, 9):
+                    for item in items:  # what a page holds matches its key condition, whatever is written
+                        if "IndexName" in q:
+                            assert item["status"] == {"S": "RUNNING"}
+                        else:
+                            assert item["tenant"] == {"S": "t1"}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        undo()
+        undo_isolation()
+    assert not errors, errors
+    assert _pages(ddb, QUERIES[0], None) == _pages(ddb, QUERIES[0], None)  # still answers after the writes
