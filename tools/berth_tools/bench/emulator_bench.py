@@ -11,6 +11,7 @@ load average. CPU ms are medians of the repeats.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -249,7 +250,7 @@ CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
         {
             "case": "dynamodb",
             "items": n,
-            **_before_after(lambda n=n: dynamodb_case(n), _install("moto_dynamodb_query")),
+            **_before_after(functools.partial(dynamodb_case, n), _install("moto_dynamodb_query")),
         }
         for n in (1000, 5000)
     ],
