@@ -74,11 +74,6 @@ SHUTDOWN_S = 10.0
 AGENT_STOP_S = 7.0
 
 
-def process_agents_stop_s() -> float:
-    """How long a plain stop (tests, the context manager) lets agents drain before killing them."""
-    return AGENT_DRAIN_S
-
-
 class LocalCloudError(RuntimeError):
     pass
 
@@ -282,7 +277,7 @@ class LocalCloud:
         agents = self.process_agents
         for process in agents:  # all at once
             process.terminate()
-        deadline = started + (AGENT_STOP_S if now else process_agents_stop_s())
+        deadline = started + (AGENT_STOP_S if now else AGENT_DRAIN_S)  # a plain stop lets them drain
         next_signal = time.monotonic() + 1.0
         while any(a.alive() for a in agents) and time.monotonic() < deadline:
             if now and time.monotonic() >= next_signal:
