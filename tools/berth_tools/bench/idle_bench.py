@@ -1,6 +1,6 @@
 """Idle cost and Ctrl-C time of `berth local up`, measured from outside (a benchmark, not a test).
 
-    python -m berth_tools.localcloud.idle_bench [--seconds 60] [--agents 4] [-- extra `local up` args]
+    python -m berth_tools.bench.idle_bench [--seconds 60] [--agents 4] [-- extra `local up` args]
 
 Starts `berth local up --state-dir <fresh temp dir>`, waits until its `env` file exists (the cloud is
 ready), lets it settle, then samples the CPU time (user + system, from /proc) of the local cloud's
