@@ -190,3 +190,44 @@ def _queues() -> list[Any]:
     from moto.sqs.models import sqs_backends
 
     return list(sqs_backends["123456789012"]["us-east-1"].queues.values())
+
+
+def test_concurrent_senders_and_consumers_lose_nothing_and_get_nothing_twice(sqs: Any) -> None:
+    import threading
+
+    url = sqs.create_queue(QueueName="busy", Attributes={"VisibilityTimeout": "300"})["QueueUrl"]
+    sent = [f"m{i}" for i in range(300)]
+    got: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def send(part: list[str]) -> None:
+        try:
+            for body in part:
+                sqs.send_message(QueueUrl=url, MessageBody=body)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def consume(stop: threading.Event) -> None:
+        try:
+            while not stop.is_set() or counts(sqs, url)[0]:
+                for m in receive(sqs, url):
+                    sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+                    with lock:
+                        got.append(m["Body"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    done = threading.Event()
+    senders = [threading.Thread(target=send, args=(sent[i::3],)) for i in range(3)]
+    consumers = [threading.Thread(target=consume, args=(done,)) for _ in range(3)]
+    for t in senders + consumers:
+        t.start()
+    for t in senders:
+        t.join()
+    done.set()
+    for t in consumers:
+        t.join()
+    assert not errors, errors
+    assert sorted(got) == sorted(sent)  # each message once: none lost, none delivered twice
+    assert counts(sqs, url) == (0, 0, 0)

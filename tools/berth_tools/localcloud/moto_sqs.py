@@ -205,7 +205,10 @@ def _receive_message(
                         queue._messages.remove(message)
                     _forget_handles(queue, message)
             for message in to_dlq:
-                queue._messages.remove(message)
+                with queue._messages_lock:
+                    if message not in queue._messages:
+                        continue  # deleted meanwhile
+                    queue._messages.remove(message)
                 _forget_handles(queue, message)
                 queue.dead_letter_queue.add_message(message)
             if not result:
@@ -224,7 +227,9 @@ def _delete_message(original: Callable[..., None]) -> Callable[..., None]:
         message = _find(self, receipt_handle)
         if message is None:
             raise receipt_invalid()
-        self._messages = [m for m in self._messages if m is not message]
+        with self._messages_lock:  # in place: a send appending meanwhile is not lost (moto rebuilt the list)
+            if message in self._messages:
+                self._messages.remove(message)
         self.pending_messages.discard(message)
         self.deleted_messages.update(message.all_receipt_handles)
         _forget_handles(self, message)
