@@ -205,7 +205,7 @@ def test_concurrent_senders_and_consumers_lose_nothing_and_get_nothing_twice(sqs
         try:
             for body in part:
                 sqs.send_message(QueueUrl=url, MessageBody=body)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     def consume(stop: threading.Event) -> None:
@@ -215,7 +215,7 @@ def test_concurrent_senders_and_consumers_lose_nothing_and_get_nothing_twice(sqs
                     sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
                     with lock:
                         got.append(m["Body"])
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     done = threading.Event()
