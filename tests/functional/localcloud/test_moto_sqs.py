@@ -231,3 +231,19 @@ def test_concurrent_senders_and_consumers_lose_nothing_and_get_nothing_twice(sqs
     assert not errors, errors
     assert sorted(got) == sorted(sent)  # each message once: none lost, none delivered twice
     assert counts(sqs, url) == (0, 0, 0)
+
+
+def test_deleted_handles_are_remembered_but_not_forever(sqs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(moto_sqs, "DELETED_HANDLES_KEPT", 3)
+    url = sqs.create_queue(QueueName="q")["QueueUrl"]
+    handles = []
+    for i in range(5):
+        sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")
+    for m in receive(sqs, url):
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        handles.append(m["ReceiptHandle"])
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=handles[-1])  # a recent one: success again
+    queue = next(q for q in _queues() if q.name == "q")
+    assert len(queue._berth_deleted) == 3 and not queue.deleted_messages
+    with pytest.raises(ClientError):  # the oldest is forgotten: invalid, as an unknown handle
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=handles[0])

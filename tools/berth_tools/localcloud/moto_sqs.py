@@ -17,7 +17,9 @@ The patch (``install()``, declared in ``moto_compat.SURFACES``):
   after ``maxReceiveCount``, delay, long polling), walking the queue lazily until ``count`` messages
   are found, one clock reading per pass, the retention period read from the queue (not by computing
   every attribute) and expired messages dropped, as SQS deletes them (moto marked one received and
-  stopped). Receipt handles are indexed, so delete and change-visibility find their message directly.
+  stopped). Receipt handles are indexed, so delete and change-visibility find their message directly;
+  the handles of deleted messages are remembered for the last ``DELETED_HANDLES_KEPT`` (moto's set of
+  them grew with every message for the life of the process).
 - retention is enforced on send too: messages past ``MessageRetentionPeriod`` are dropped from the
   head of the queue (amortised O(1)), so a queue nobody reads stays bounded by its retention, as in SQS.
 """
@@ -25,6 +27,7 @@ The patch (``install()``, declared in ``moto_compat.SURFACES``):
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from copy import deepcopy
@@ -33,6 +36,8 @@ from typing import Any
 from berth_tools.localcloud import moto_compat
 
 _M = "moto.sqs.models"
+#: Receipt handles of deleted messages remembered per queue (deleting again answers success).
+DELETED_HANDLES_KEPT = 20_000
 _hot = threading.local()
 
 
@@ -138,6 +143,13 @@ def _forget_handles(queue: Any, message: Any) -> None:
             del index[handle]
 
 
+def _deleted(queue: Any) -> OrderedDict[str, None]:
+    kept: OrderedDict[str, None] | None = queue.__dict__.get("_berth_deleted")
+    if kept is None:
+        kept = queue.__dict__["_berth_deleted"] = OrderedDict()
+    return kept
+
+
 def _find(queue: Any, receipt_handle: str) -> Any | None:
     """The message of `queue` that ever had `receipt_handle` (None: none has)."""
     message = _handles(queue).get(receipt_handle)
@@ -222,7 +234,8 @@ def _delete_message(original: Callable[..., None]) -> Callable[..., None]:
     receipt_invalid = moto_compat.surface("moto.sqs.exceptions:ReceiptHandleIsInvalid")
 
     def delete_message(self: Any, receipt_handle: str) -> None:
-        if receipt_handle in self.deleted_messages:
+        deleted = _deleted(self)
+        if receipt_handle in deleted or receipt_handle in self.deleted_messages:
             return  # deleted before: SQS answers success again
         message = _find(self, receipt_handle)
         if message is None:
@@ -231,7 +244,10 @@ def _delete_message(original: Callable[..., None]) -> Callable[..., None]:
             if message in self._messages:
                 self._messages.remove(message)
         self.pending_messages.discard(message)
-        self.deleted_messages.update(message.all_receipt_handles)
+        for handle in message.all_receipt_handles:  # remembered, but not forever (moto's set grows)
+            deleted[handle] = None
+        while len(deleted) > DELETED_HANDLES_KEPT:
+            deleted.popitem(last=False)
         _forget_handles(self, message)
 
     delete_message._berth_original = original  # type: ignore[attr-defined]
