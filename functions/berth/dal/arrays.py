@@ -100,6 +100,7 @@ class DynamoArrayRepository:
         counter = self._Tenant.active_jobs
         row = self._Array(
             array.id,
+            kind="array",
             tenant=array.tenant,
             created_key=f"{iso(array.created_at)}#{array.id}",
             owner=array.owner,

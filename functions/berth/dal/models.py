@@ -321,7 +321,7 @@ class ArrayRow(Model):
         table_name = "unset"
 
     job_id = UnicodeAttribute(hash_key=True)
-    kind = UnicodeAttribute(default="array")
+    kind = UnicodeAttribute(null=True)  # "array" (a job row read through this model has none)
     tenant = UnicodeAttribute()
     created_key = UnicodeAttribute()
     owner = UnicodeAttribute()

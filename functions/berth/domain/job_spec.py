@@ -239,6 +239,8 @@ class ArraySpec(Strict):
                         json_schema_extra={
                             "propertyNames": {"pattern": PARAM_NAME_RE},
                             "maxProperties": MAX_PARAM_KEYS,
+                            "description": "One task's parameters: names distinct ignoring case (each "
+                            "becomes BERTH_PARAM_<NAME>); all parameters at most 3 MB as JSON",
                         }
                     ),
                 ]
