@@ -34,6 +34,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
             pass_trigger().request("array expansion continues")
     report = scheduler_service().run_pass()
     out = report.as_dict()
+    if expander.stats.get("starts_failed"):
+        logger.warning("array task executions not started", extra={"error": expander.last_error})
     logger.info("scheduling pass", extra={"triggers": len(records), "arrays": expander.stats, **out})
     metrics.add_metric("JobsPlaced", MetricUnit.Count, report.placed)
     metrics.add_metric("JobsPending", MetricUnit.Count, report.pending)

@@ -194,6 +194,7 @@ class ArrayExpander:
     workers: int = 8
     monotonic: Callable[[], float] = time.monotonic
     stats: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
 
     def run(self) -> bool:
         """Work on every array with work left until the budget is spent; True when work remains."""
@@ -263,12 +264,15 @@ class ArrayExpander:
         def start(tid: str) -> None:
             try:
                 executions.start(tid, self.workflow_input(tid))
-            except StoreUnavailable:
+            except StoreUnavailable as exc:
                 # The task is stored QUEUED; the pass's repair_executions starts it later.
                 self.stats["starts_failed"] = self.stats.get("starts_failed", 0) + 1
+                self.last_error = str(exc)
 
+        # The first start builds the client (botocore's client creation is not thread-safe).
+        start(ids[0])
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            list(pool.map(start, ids))
+            list(pool.map(start, ids[1:]))
 
     def _cancel(self, array: JobArray) -> None:
         start, stop = array.canceled_upto, min(array.size, array.canceled_upto + CHUNK)
