@@ -40,7 +40,10 @@ def run_array(
     timeout_s: float = 900.0,
     meter: Callable[[bool], dict[str, Any]] | None = None,
     poll_s: float = 1.0,
+    cancel_at_once: bool = False,
 ) -> dict[str, Any]:
+    """``cancel_at_once``: cancel right after the submit, so the expander creates every task
+    CANCELED (no execution, nothing runs): the submit and the bulk cancel alone."""
     client = client_factory()
     if meter is not None:
         meter(True)
@@ -54,6 +57,8 @@ def run_array(
         report["submit_aws_calls"] = _calls(m)
         report["submit_dynamodb_write_units"] = m.get("dynamodb", {}).get("write_units", 0)
     deadline = t0 + timeout_s
+    if cancel_at_once:
+        client.cancel(arr["id"])
     while True:
         got = client.get(arr["id"])
         if got["array"]["created"] >= size:
@@ -65,7 +70,8 @@ def run_array(
     report["expand_s"] = round(time.monotonic() - t0, 2)
     report["counts_at_expanded"] = got["array"]["counts"]
     c0 = time.monotonic()
-    client.cancel(arr["id"])
+    if not cancel_at_once:
+        client.cancel(arr["id"])
     while True:
         got = client.get(arr["id"])
         counts = got["array"]["counts"]

@@ -158,6 +158,12 @@ def array(
     size: Annotated[int, typer.Option("-n", "--size", min=1, max=10_000, help="Tasks in the array")] = 10_000,
     gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU model of the tasks")] = "A100",
     timeout_s: Annotated[float, typer.Option("--timeout", min=1, help="Give up waiting after")] = 900.0,
+    cancel_at_once: Annotated[
+        bool,
+        typer.Option(
+            "--cancel-at-once", help="Cancel right after the submit: every task is created CANCELED"
+        ),
+    ] = False,
     endpoint_url: Annotated[
         str | None,
         typer.Option(
@@ -181,7 +187,12 @@ def array(
 
     with api_errors(output):
         report = run_array(
-            lambda: client_for(api_url, profile), size, gpu_type=gpu_type, timeout_s=timeout_s, meter=meter
+            lambda: client_for(api_url, profile),
+            size,
+            gpu_type=gpu_type,
+            timeout_s=timeout_s,
+            meter=meter,
+            cancel_at_once=cancel_at_once,
         )
     render(output, report, _table)
 
