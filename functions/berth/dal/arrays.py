@@ -260,6 +260,7 @@ class DynamoArrayRepository:
                 for row in self._Array.batch_get(array_ids[i : i + BATCH_GET], consistent_read=consistent):
                     if row.kind == "array":
                         parents[row.job_id] = row
+            counters = [c for c in counters if c.split("#", 1)[0] in parents]
             for i in range(0, len(counters), BATCH_GET):
                 for c in self._Counter.batch_get(counters[i : i + BATCH_GET], consistent_read=consistent):
                     a = c.job_id.split("#", 1)[0]
