@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
 #: How long `berth local up` may take to be ready (BERTH_E2E_READY_S raises it on a loaded machine).
 READY_TIMEOUT_S = float(os.environ.get("BERTH_E2E_READY_S", "60"))
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = float(os.environ.get("BERTH_E2E_STOP_S", "30"))
 PROFILES = ("alice", "bob", "admin")
 
 
