@@ -156,6 +156,7 @@ def build_launch(
         credentials=dict(credentials or {}),
         secrets=dict(secrets or {}),
         rendezvous=claim.rendezvous(),
+        array_env={} if spec.array_task is None else spec.array_task.env(),
         limits=Limits(
             cpus=spec.resources.cpu,
             memory_gib=spec.resources.memory_gib,

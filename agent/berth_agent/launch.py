@@ -88,6 +88,8 @@ class LaunchSpec:
     endpoint_url: str | None = None
     sync_interval_s: float = DEFAULT_SYNC_INTERVAL_S
     grace_s: float = DEFAULT_GRACE_S
+    array_env: Mapping[str, str] = field(default_factory=dict)
+    """An array task's ``BERTH_ARRAY_*`` / ``BERTH_PARAM_*`` variables."""
     secret_env: tuple[str, ...] = ()
     """Names of variables ECS resolved from Secrets Manager (the values never sit in the spec)."""
 
@@ -108,6 +110,11 @@ class LaunchSpec:
                 isinstance(k, str) and isinstance(v, str) for k, v in env.items()
             ):
                 raise LaunchSpecError("env must map strings to strings")
+            array_env = obj.get("array_env") or {}
+            if not isinstance(array_env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in array_env.items()
+            ):
+                raise LaunchSpecError("array_env must map strings to strings")
             code = obj.get("code")
             code_uri = code_digest = None
             if code is not None:
@@ -135,6 +142,7 @@ class LaunchSpec:
                 tenant=str(obj["tenant"]),
                 command=tuple(command),
                 env=env,
+                array_env=array_env,
                 code_uri=code_uri,
                 code_digest=code_digest,
                 data=data,
@@ -257,6 +265,7 @@ class Launcher:
                 checkpoint_dir=dirs.checkpoints,
                 credentials={k: v for k, v in self.environ.items() if k in CREDENTIAL_KEYS},
                 secrets={n: self.environ[n] for n in spec.secret_env},
+                array_env=dict(spec.array_env),
             )
             syncs = PeriodicSync(self._syncs(dirs), spec.sync_interval_s)
             try:

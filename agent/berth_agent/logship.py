@@ -65,7 +65,8 @@ def log_group(tenant: str, prefix: str = "/berth/jobs") -> str:
 
 
 def log_stream(job_id: str, attempt: int) -> str:
-    return f"{job_id}/{attempt}"
+    """``<job id>/<attempt>``; an array task's ``:`` becomes ``_`` (CloudWatch refuses ``:``)."""
+    return f"{job_id.replace(':', '_')}/{attempt}"
 
 
 class LogsClient(Protocol):

@@ -82,8 +82,11 @@ class TableAccess:
 #: The API function's DynamoDB use, table by table (``tests/infra`` holds its own copy to compare).
 #: Transactions (TransactWriteItems) are authorised per item by PutItem/UpdateItem.
 API_TABLE_ACCESS: dict[str, TableAccess] = {
-    # create/save jobs (transactions), read one job
-    "jobs": TableAccess(("dynamodb:GetItem", "dynamodb:PutItem")),
+    # create/save jobs (transactions), read one job; arrays: the parent's cancel flag and its tasks'
+    # counter shards (UpdateItem), its tasks and counters (BatchGetItem)
+    "jobs": TableAccess(
+        ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
+    ),
     # GET /v1/jobs: the by_tenant and by_tenant_status GSIs; explain: the queue (by_status)
     "jobs_indexes": TableAccess(("dynamodb:Query",)),
     # append events (in the job's transaction), read a job's history
@@ -91,11 +94,12 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
     # read membership, tenants, quotas, the pagination-token key
     "tenants_read": TableAccess(("dynamodb:GetItem", "dynamodb:BatchGetItem")),
     # quotas, data grants and active-job counters (TENANT#), registered datasets (DATASET#),
-    # rate-limit windows (RATE#), the token key (KEY#), the policy and offers versions (DOC#); never
+    # rate-limit windows (RATE#), the token key (KEY#), the policy and offers versions (DOC#), the
+    # arrays with work for the expander (ARRAYS#PENDING); never
     # membership rows (PRINCIPAL#): no route writes them, so no logic bug can mint an admin.
     "tenants_write": TableAccess(
         ("dynamodb:PutItem", "dynamodb:UpdateItem"),
-        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*"),
+        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*", "ARRAYS#*"),
     ),
     # feasibility at submit, explain and capacity read the fleet; an admin's drain sets a host's
     # drain request (HostRepository.request_drain, a conditional UpdateItem of that flag); holds and

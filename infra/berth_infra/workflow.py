@@ -309,6 +309,26 @@ class JobWorkflow(Construct):
             {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUNTIMES#*"]}},
         )
         self.scheduler_fn.allow("Executions", ["states:StartExecution"], [sm_arn])
+        # Job arrays (berth.logic.arrays): every writer of a task's state moves its array's counter
+        # shard (<array id>#c<k>) in the same transaction; the scheduler's Lambda runs the expander:
+        # it reads the list of arrays with work (ARRAYS#PENDING), creates tasks in chunks
+        # (BatchWriteItem of jobs and first events), advances the parent and gives back the active-job
+        # counts of tasks created canceled.
+        counter_shards = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["*#c*"]}}
+        for fn in (self.workflow_fn, self.agent_fn, self.batch_submit_fn, self.batch_events_fn):
+            fn.allow("ArrayCounts", ["dynamodb:UpdateItem"], [arns["jobs"]], counter_shards)
+        self.scheduler_fn.allow(
+            "ArrayTasks",
+            ["dynamodb:BatchWriteItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem"],
+            [arns["jobs"]],
+        )
+        self.scheduler_fn.allow("ArrayEvents", ["dynamodb:BatchWriteItem"], [arns["job_events"]])
+        self.scheduler_fn.allow(
+            "ArrayList",
+            ["dynamodb:UpdateItem"],
+            [arns["tenants"]],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["ARRAYS#*", "TENANT#*"]}},
+        )
         self.notifier_fn.allow("Publish", ["events:PutEvents"], [self.bus.event_bus_arn])
         # The usage ledger: the workflow writes an attempt's final record, the scheduler running
         # attempts' records and reads tenants' months (their cloud spend against the budget).

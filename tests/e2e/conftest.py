@@ -39,8 +39,9 @@ from berth_tools.localcloud.state_dir import parse_exports
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "cdk.out" / "Berth.template.json"
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
+#: How long `berth local up` may take to be ready (BERTH_E2E_READY_S raises it on a loaded machine).
+READY_TIMEOUT_S = float(os.environ.get("BERTH_E2E_READY_S", "60"))
+STOP_TIMEOUT_S = float(os.environ.get("BERTH_E2E_STOP_S", "30"))
 PROFILES = ("alice", "bob", "admin")
 
 

@@ -247,7 +247,12 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
     "berth.handlers.api.lambda_handler": {
         ("*", None): {"xray:PutTraceSegments", "xray:PutTelemetryRecords"},
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
-        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobsTableName", None): {
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:BatchGetItem",
+        },
         ("JobsTableName/index/by_tenant", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
@@ -258,7 +263,7 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         # quotas, membership, documents; explain and capacity read the run-time histories (RUNTIMES#)
         ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
-        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*"): {
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*,ARRAYS#*"): {
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
         },
@@ -284,6 +289,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         # jobs.get; jobs.update (a put) and jobs.save (a transaction: job put + event put)
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        # an array task's change moves its array's counter shard in the same transaction
+        ("JobsTableName", "*#c*"): {"dynamodb:UpdateItem"},
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         # classify (FAILED/CANCELED) and finalize (COMPLETED) decrement the tenant's active jobs
         ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
@@ -307,9 +314,17 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         # jobs.get (orphans), jobs.update (reasons, stop), jobs.save (QUEUED -> STARTING: never a
         # terminal transition, so no tenant counter)
-        ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        ("JobsTableName", None): {
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:BatchWriteItem",
+            "dynamodb:BatchGetItem",
+            "dynamodb:UpdateItem",
+        },
         ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
-        ("JobEventsTableName", None): {"dynamodb:PutItem"},
+        ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:BatchWriteItem"},
+        # the array expander (berth.logic.arrays): the list of arrays with work, tasks created canceled
+        ("TenantsTableName", "ARRAYS#*,TENANT#*"): {"dynamodb:UpdateItem"},
         # quotas, registered datasets, the stored policy and offers (DOC#), run-time histories
         ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
         # list_hosts, get, hold/release/mark_lost
@@ -340,6 +355,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
     "berth.handlers.batch_submit.lambda_handler": {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        # an array task's change moves its array's counter shard in the same transaction
+        ("JobsTableName", "*#c*"): {"dynamodb:UpdateItem"},
         ("TenantsTableName", None): {"dynamodb:GetItem"},
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
         # fails the dispatch token of an attempt whose region refused the submit, or was canceled
@@ -361,6 +378,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         # jobs.save STARTING -> RUNNING (job + event), jobs.update (the Batch job id adopted)
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        # an array task's change moves its array's counter shard in the same transaction
+        ("JobsTableName", "*#c*"): {"dynamodb:UpdateItem"},
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         ("TenantsTableName", None): {"dynamodb:GetItem"},
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
@@ -381,6 +400,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         # jobs.get, jobs.update (claim, report), jobs.save (STARTING -> RUNNING only)
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        # an array task's change moves its array's counter shard in the same transaction
+        ("JobsTableName", "*#c*"): {"dynamodb:UpdateItem"},
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         # the caller's PRINCIPAL# membership row (role host)
         ("TenantsTableName", None): {"dynamodb:GetItem"},

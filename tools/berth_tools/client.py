@@ -162,10 +162,16 @@ class BerthClient:
     def get(self, job_id: str) -> Any:
         return self.call("GET", f"/v1/jobs/{_seg(job_id)}")
 
-    def list(self, status: str | None = None, limit: int = 50, next_token: str | None = None) -> Any:
-        return self.call(
-            "GET", "/v1/jobs", query={"status": status, "limit": limit, "next_token": next_token}
-        )
+    def list(
+        self,
+        status: str | None = None,
+        limit: int = 50,
+        next_token: str | None = None,
+        array: str | None = None,
+    ) -> Any:
+        """A page of the tenant's jobs (an array is one row), or with ``array`` of that array's tasks."""
+        query = {"status": status, "limit": limit, "next_token": next_token, "array": array}
+        return self.call("GET", "/v1/jobs", query=query)
 
     def cancel(self, job_id: str) -> Any:
         return self.call("POST", f"/v1/jobs/{_seg(job_id)}/cancel")

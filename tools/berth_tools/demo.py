@@ -327,6 +327,60 @@ def run(s: Scenario) -> None:
             wait_for(ids[key], is_("CANCELED"), 30)
         return f"{ids['sweep']} CANCELED at once; history {' , '.join(moves)} (and the blockers canceled)"
 
+    def sweep() -> str:
+        spec = _yaml(EXAMPLES / "sweep.yaml")
+        spec["array"] = {"parameters": [{"lr": round(0.0001 * (i + 1), 4), "batch": 32} for i in range(50)]}
+        t0 = time.monotonic()
+        code, arr, err = s.cli("alice", "submit", "-f", spec_file("sweep-50.yaml", spec))
+        accepted_s = time.monotonic() - t0
+        assert code == 0 and arr["array"]["size"] == 50, (code, arr, err)
+        array_id = arr["id"]
+        seen: list[str] = []
+        deadline = time.monotonic() + 120
+        while True:  # progress: what berth submit --wait draws as a bar
+            counts = alice.get(array_id)["array"]["counts"]
+            line = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            if not seen or seen[-1] != line:
+                seen.append(line)
+                console.print(f"  [dim]{array_id}: {line}[/]")
+            if counts.get("COMPLETED", 0) >= 3:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(1)
+        task = alice.get(f"{array_id}:0")
+        assert task["spec"]["command"][-2:] == ["0.0001", "32"], task["spec"]["command"]
+        want = "trial 0/50: lr=0.0001 batch=32 (env lr=0.0001)"
+        deadline = time.monotonic() + 60
+        while True:
+            lines = [e["message"] for e in alice.logs(f"{array_id}:0")["events"]]
+            if want in lines:
+                break
+            assert time.monotonic() < deadline, lines
+            time.sleep(1)
+        code, listed, err = s.cli("alice", "ls", "--array", array_id, "--limit", "100")
+        assert code == 0 and len(listed["jobs"]) == 50, (code, err)
+        code, out, err = s.cli("alice", "cancel", array_id)
+        assert code == 0 and out["id"] == array_id, (code, out, err)
+        deadline = time.monotonic() + 120
+        while True:
+            counts = alice.get(array_id)["array"]["counts"]
+            if sum(counts.get(k, 0) for k in ("COMPLETED", "FAILED", "CANCELED")) == 50:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(1)
+        console.print(f"  [dim]{array_id}: {counts}[/]")
+        assert set(counts) <= {"COMPLETED", "CANCELED"} and counts.get("CANCELED", 0) >= 1, counts
+        code, rows, _ = s.cli("alice", "ls")
+        row = next(j for j in rows["jobs"] if j["id"] == array_id)
+        assert row["array"]["counts"] == counts and not any(
+            j["id"].startswith(array_id + ":") for j in rows["jobs"]
+        )
+        return (
+            f"one submit of a 50-task array {array_id} answered in {accepted_s:.1f}s (CLI included); "
+            f"tasks ran with their BERTH_PARAM_*; one bulk cancel: {counts.get('COMPLETED', 0)} COMPLETED, "
+            f"{counts['CANCELED']} CANCELED; berth ls shows it as one row"
+        )
+
     def bad_spec() -> str:
         before = len(alice.list(limit=100)["jobs"])
         code, out, _ = s.cli("alice", "submit", "-f", str(EXAMPLES / "bad-shell-command.yaml"))
@@ -547,6 +601,7 @@ def run(s: Scenario) -> None:
         ("with the V100 hosts full, berth explain says why a job waits", waits_and_explains),
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
         ("alice cancels a queued job", cancel),
+        ("a 50-task sweep: one submit, its progress, one bulk cancel", sweep),
         ("a bad spec is refused with a clear message", bad_spec),
         ("a job no host or cloud offer could ever take is refused at submit", infeasible),
         ("berth capacity shows the fleet", capacity),

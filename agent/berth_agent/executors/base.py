@@ -132,11 +132,17 @@ class Launch:
     secrets: Mapping[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous | None = None
     limits: Limits = Limits()
+    array_env: Mapping[str, str] = field(default_factory=dict)
+    """``BERTH_ARRAY_*`` and ``BERTH_PARAM_*`` of an array task (from its spec's ``array_task``)."""
 
     @property
     def name(self) -> str:
         """A name for the run (container, Kubernetes Job): unique per attempt, DNS-label safe."""
-        return f"berth-{self.job_id}-{self.attempt}".lower().replace("_", "-")[:63]
+        return f"berth-{self.job_id}-{self.attempt}".lower().replace("_", "-").replace(":", "-")[:63]
+
+
+#: The only reserved names a launch may carry from the control plane's spec (an array task's place).
+ARRAY_ENV_PREFIXES = ("BERTH_ARRAY_", "BERTH_PARAM_")
 
 
 def _reserved(key: str) -> bool:
@@ -162,6 +168,9 @@ def job_environment(
         if key not in CREDENTIAL_KEYS:
             raise ValueError(f"{key} is not a credential variable")
         env[key] = value
+    for key, value in launch.array_env.items():
+        if key.startswith(ARRAY_ENV_PREFIXES):
+            env[key] = value
     env["BERTH_JOB_ID"] = launch.job_id
     env["BERTH_ATTEMPT"] = str(launch.attempt)
     if output_dir is not None:

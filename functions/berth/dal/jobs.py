@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from pynamodb.connection import Connection
 from pynamodb.transactions import TransactWrite
 
+from berth.dal.arrays import counter_move
 from berth.dal.errors import translated
-from berth.dal.models import JobEventRow, JobRow, claim_model, event_model, job_model, tenant_model
+from berth.dal.models import (
+    JobEventRow,
+    JobRow,
+    array_counter_model,
+    claim_model,
+    event_model,
+    job_model,
+    tenant_model,
+)
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.tenants import TENANT
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded, StoreUnavailable
@@ -20,6 +29,10 @@ from berth.domain.placement import Site
 from berth.domain.ports import Page
 from berth.domain.status import JobStatus
 from berth.domain.workflow import RunState
+
+
+class ArrayReader(Protocol):
+    def get_many(self, array_ids: list[str]) -> list[Any]: ...
 
 
 def _failed_items(exc: Exception) -> set[int]:
@@ -48,10 +61,13 @@ class DynamoJobRepository:
         tenants_table: str,
         idempotency_table: str | None = None,
         tokens: PageTokenCodec | None = None,
+        arrays: ArrayReader | None = None,
     ) -> None:
+        self._arrays = arrays
         self._Job = job_model(jobs_table)
         self._Event = event_model(events_table)
         self._Tenant = tenant_model(tenants_table)
+        self._Counter = array_counter_model(jobs_table)
         self._Claim = None if idempotency_table is None else claim_model(idempotency_table)
         self._tokens = tokens or PageTokenCodec(DynamoSigningKey(tenants_table))
         self._conn = Connection()
@@ -60,7 +76,8 @@ class DynamoJobRepository:
     def _row(self, job: Job) -> JobRow:
         return self._Job(
             job_id=job.id,
-            tenant=job.tenant,
+            tenant=None if job.spec.array_task else job.tenant,
+            task_tenant=job.tenant if job.spec.array_task else None,
             tenant_status=_tenant_status(job.tenant, job.status),
             created_key=_created_key(job),
             owner=job.owner,
@@ -78,11 +95,20 @@ class DynamoJobRepository:
             run=job.run.model_dump(mode="json", exclude_defaults=True) or None,
         )
 
+    def job_of(self, row: JobRow) -> Job:
+        return self._job(row)
+
+    def row_of(self, job: Job) -> JobRow:
+        return self._row(job)
+
+    def event_row_of(self, event: JobEvent, job: Job) -> JobEventRow:
+        return self._event_row(event, job)
+
     @staticmethod
     def _job(row: JobRow) -> Job:
         return Job(
             id=row.job_id,
-            tenant=row.tenant,
+            tenant=row.tenant or row.task_tenant,
             owner=row.owner,
             actor=row.actor,
             status=JobStatus(row.status),
@@ -166,6 +192,10 @@ class DynamoJobRepository:
             tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
             if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
                 tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
+            task = job.spec.array_task
+            if task is not None and event.from_ is not None and event.from_ is not job.status:
+                # The array's counts move with the task, in the same transaction (dal/arrays.py).
+                counter_move(tx, self._Counter, task.array_id, task.index, event.from_, job.status)
 
     def update(self, job: Job) -> None:
         """Store a new version of the job without a status change (no event), conditional on the
@@ -177,9 +207,11 @@ class DynamoJobRepository:
     def get(self, job_id: str) -> Job | None:
         with translated(f"read job {job_id}"):
             try:
-                return self._job(self._Job.get(job_id, consistent_read=True))
+                row = self._Job.get(job_id, consistent_read=True)
             except self._Job.DoesNotExist:
                 return None
+        # An array's parent shares the table and has no status (dal/arrays.py reads it).
+        return None if row.status is None else self._job(row)
 
     def events(self, job_id: str) -> list[JobEvent]:
         with translated(f"read events of {job_id}"):
@@ -211,8 +243,17 @@ class DynamoJobRepository:
                     limit=limit,
                     last_evaluated_key=start,
                 )
-            jobs = [self._job(r) for r in result]
+            rows = list(result)
             last = result.last_evaluated_key
+        # An array is one row of its tenant's listing (its parent has no status; its tasks are not
+        # in by_tenant); its counts come with it.
+        parents = [r.job_id for r in rows if r.status is None]
+        arrays = {a.id: a for a in self._arrays.get_many(parents)} if parents and self._arrays else {}
+        jobs: list[Any] = [
+            self._job(r) if r.status is not None else arrays[r.job_id]
+            for r in rows
+            if r.status is not None or r.job_id in arrays
+        ]
         return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
 
     def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:

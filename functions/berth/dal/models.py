@@ -23,7 +23,10 @@ class JobRow(Model):
         table_name = "unset"
 
     job_id = UnicodeAttribute(hash_key=True)
-    tenant = UnicodeAttribute()
+    # An array task keeps its tenant in ``task_tenant`` instead, so it stays out of ``by_tenant``
+    # (a tenant's listing shows its array as one row; docs/api.md).
+    tenant = UnicodeAttribute(null=True)
+    task_tenant = UnicodeAttribute(null=True)
     tenant_status = UnicodeAttribute()
     created_key = UnicodeAttribute()
     owner = UnicodeAttribute()
@@ -307,3 +310,89 @@ def circuits_model(table_name: str) -> type[CircuitsRow]:
 @cache
 def runtimes_model(table_name: str) -> type[RuntimesRow]:
     return _bind(RuntimesRow, table_name)  # type: ignore[return-value]
+
+
+# -- job arrays (dal/arrays.py): items of the Jobs table beside the jobs -----------------------------
+class ArrayRow(Model):
+    """An array's parent, keyed by its id. It has ``tenant`` and ``created_key`` (so ``by_tenant``
+    lists it) but no ``status`` or ``tenant_status`` (so no scheduler index holds it)."""
+
+    class Meta:
+        table_name = "unset"
+
+    job_id = UnicodeAttribute(hash_key=True)
+    kind = UnicodeAttribute(null=True)  # "array" (a job row read through this model has none)
+    tenant = UnicodeAttribute()
+    created_key = UnicodeAttribute()
+    owner = UnicodeAttribute()
+    actor = UnicodeAttribute(null=True)
+    spec = JSONAttribute()
+    size = NumberAttribute()
+    #: ``[start index of each parameter chunk]`` (empty: no parameters).
+    chunks = JSONAttribute(null=True)
+    expanded = NumberAttribute(default=0)
+    cancel_requested = BooleanAttribute(default=False)
+    cancel_reason = UnicodeAttribute(null=True)
+    canceled_upto = NumberAttribute(default=0)
+    created_at = UTCDateTimeAttribute()
+    updated_at = UTCDateTimeAttribute()
+
+
+class ArrayChunkRow(Model):
+    """``<array id>#p<k>``: the parameters of tasks ``start..start+len-1``."""
+
+    class Meta:
+        table_name = "unset"
+
+    job_id = UnicodeAttribute(hash_key=True)
+    start = NumberAttribute()
+    params = JSONAttribute()
+
+
+class ArrayCounterRow(Model):
+    """``<array id>#c<k>``: net moves into (+) and out of (-) each status of the array's tasks whose
+    index is k modulo the shard count, written in the same transaction as each task's change."""
+
+    class Meta:
+        table_name = "unset"
+
+    job_id = UnicodeAttribute(hash_key=True)
+    QUEUED = NumberAttribute(null=True)
+    STARTING = NumberAttribute(null=True)
+    RUNNING = NumberAttribute(null=True)
+    RETRYING = NumberAttribute(null=True)
+    COMPLETED = NumberAttribute(null=True)
+    FAILED = NumberAttribute(null=True)
+    CANCELING = NumberAttribute(null=True)
+    CANCELED = NumberAttribute(null=True)
+
+
+class PendingArraysRow(Model):
+    """``ARRAYS#PENDING`` in the Tenants table: the arrays the expander has work on (tasks to create
+    or a bulk cancel to carry out)."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    arrays = UnicodeSetAttribute(null=True)
+
+
+@cache
+def array_model(table_name: str) -> type[ArrayRow]:
+    return _bind(ArrayRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def array_chunk_model(table_name: str) -> type[ArrayChunkRow]:
+    return _bind(ArrayChunkRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def array_counter_model(table_name: str) -> type[ArrayCounterRow]:
+    return _bind(ArrayCounterRow, table_name)  # type: ignore[return-value]
+
+
+@cache
+def pending_arrays_model(table_name: str) -> type[PendingArraysRow]:
+    return _bind(PendingArraysRow, table_name)  # type: ignore[return-value]

@@ -64,7 +64,10 @@ class SfnExecutions:
     def start(self, job_id: str, payload: dict[str, Any]) -> None:
         try:
             self._sfn.start_execution(
-                stateMachineArn=self.state_machine_arn, name=job_id, input=json.dumps(payload)
+                stateMachineArn=self.state_machine_arn,
+                # execution names refuse ':' (an array task's id): it becomes '_'
+                name=job_id.replace(":", "_"),
+                input=json.dumps(payload),
             )
         except ClientError as exc:
             if _code(exc) == "ExecutionAlreadyExists":

@@ -43,13 +43,14 @@ LAUNCH_COMMAND = ("python", "-m", "berth_agent.launch")
 
 
 def batch_job_name(job_id: str, attempt: int) -> str:
-    return f"{job_id}-a{attempt}"
+    """``<job id>-a<attempt>``; an array task's ``:`` becomes ``_`` (Batch names allow neither ``:``)."""
+    return f"{job_id.replace(':', '_')}-a{attempt}"
 
 
 def parse_batch_job_name(name: str) -> tuple[str, int] | None:
     """``(job_id, attempt)`` of a Batch job Berth submitted, else None."""
     m = _JOB_NAME_RE.fullmatch(name or "")
-    return None if m is None else (m["job"], int(m["attempt"]))
+    return None if m is None else (m["job"].replace("_", ":"), int(m["attempt"]))
 
 
 def job_definition_name(image: str, tenant: str, secrets: tuple[tuple[str, str], ...] = ()) -> str:
@@ -308,6 +309,9 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         "BERTH_ATTEMPT": str(attempt),
         "BERTH_TENANT": job.tenant,
     }
+    tags = dict(berth_env)
+    array_env = {} if spec.array_task is None else spec.array_task.env()
+    berth_env.update(array_env)
     code: dict[str, str] | None = None
     if spec.code is not None:
         digest = parse_digest(spec.code)
@@ -320,6 +324,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         "tenant": job.tenant,
         "command": list(spec.command),
         "env": dict(spec.env),
+        "array_env": array_env,
         "code": code,
         "data": [{"source": d.source, "mount": d.mount} for d in spec.data],
         "outputs": {"bucket": settings.data_bucket, "prefix": outputs},
@@ -353,7 +358,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         job_role=f"arn:{settings.partition}:iam::{settings.account}:role/{job_role_name(job.tenant)}"
         if settings.account
         else "",
-        tags={**berth_env, "berth:tenant": job.tenant},
+        tags={**tags, "berth:tenant": job.tenant},
         secrets=secrets,
         execution_role=f"arn:{settings.partition}:iam::{settings.account}:role/{execution_role_name(job.tenant)}"
         if secrets

@@ -17,6 +17,7 @@ from typing import Any
 from berth.domain.errors import ValidationFailed
 from berth.domain.job import Job, new_job
 from berth.domain.job_spec import JobSpec
+from berth.domain.observability import log_stream
 from berth.domain.storage import (
     DataGrants,
     Dataset,
@@ -79,7 +80,7 @@ def session_policy(
             "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
             "Resource": [
                 f"arn:{scope.partition}:logs:{scope.region}:{scope.account}:log-group:"
-                f"{scope.log_group_prefix}/{tenant}:log-stream:{job.id}/{attempt}"
+                f"{scope.log_group_prefix}/{tenant}:log-stream:{log_stream(job.id, attempt)}"
             ],
         },
     ]
@@ -140,7 +141,7 @@ def session_policy_json(policy: dict[str, Any]) -> str:
 
 def session_name(job: Job, attempt: int) -> str:
     """RoleSessionName: the job and attempt, within STS's 64 characters of [\\w+=,.@-]."""
-    return f"{job.id}.{attempt}"[:64]
+    return f"{job.id.replace(':', '_')}.{attempt}"[:64]
 
 
 def credential_seconds(remaining_lease_s: float) -> int:

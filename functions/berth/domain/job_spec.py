@@ -5,6 +5,7 @@ Contract: ../../docs/api.md and the product brief. Unknown fields are rejected.
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Annotated, Self
@@ -204,6 +205,106 @@ class RetryPolicy(Strict):
     max_attempts: Annotated[int, Field(strict=True, ge=1, le=10), INTEGRAL] = 3
 
 
+MAX_ARRAY_SIZE = 10_000
+#: A parameter's name: it becomes ``BERTH_PARAM_<NAME>`` (upper-cased) and ``{name}`` in the command.
+PARAM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+MAX_PARAM_KEYS = 32
+MAX_PARAM_VALUE_LEN = 1024
+#: All parameters of one array, as compact JSON: they are stored with the array in one transaction.
+MAX_PARAMETERS_BYTES = 3_000_000
+
+ParamText = Annotated[str, Field(max_length=MAX_PARAM_VALUE_LEN, json_schema_extra=NO_NUL)]
+ParamValue = ParamText | int | float | bool
+
+
+class ArraySpec(Strict):
+    """``size`` identical tasks, or one task per entry of ``parameters`` (exactly one of the two)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["size"], "not": {"required": ["parameters"]}},
+                {"required": ["parameters"], "not": {"required": ["size"]}},
+            ]
+        }
+    )
+
+    size: Annotated[int, Field(strict=True, ge=1, le=MAX_ARRAY_SIZE), INTEGRAL] | SkipJsonSchema[None] = None
+    parameters: (
+        Annotated[
+            list[
+                Annotated[
+                    dict[str, ParamValue],
+                    Field(
+                        json_schema_extra={
+                            "propertyNames": {"pattern": PARAM_NAME_RE},
+                            "maxProperties": MAX_PARAM_KEYS,
+                            "description": "One task's parameters: names distinct ignoring case (each "
+                            "becomes BERTH_PARAM_<NAME>); all parameters at most 3 MB as JSON",
+                        }
+                    ),
+                ]
+            ],
+            Field(min_length=1, max_length=MAX_ARRAY_SIZE),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _param_names(cls, v: list[dict[str, object]] | None) -> list[dict[str, object]] | None:
+        for i, entry in enumerate(v or []):
+            if len(entry) > MAX_PARAM_KEYS:
+                raise ValueError(f"parameters[{i}] has more than {MAX_PARAM_KEYS} names")
+            for key, value in entry.items():
+                if not re.fullmatch(PARAM_NAME_RE, key):
+                    raise ValueError(
+                        f"parameters[{i}]: name {key!r} must match {PARAM_NAME_RE} "
+                        "(it becomes the variable BERTH_PARAM_<NAME>)"
+                    )
+                if isinstance(value, str) and "\x00" in value:
+                    raise ValueError(f"parameters[{i}].{key} contains a NUL byte")
+            if len({k.upper() for k in entry}) != len(entry):
+                raise ValueError(f"parameters[{i}]: names differ only in case (BERTH_PARAM_ is upper-case)")
+        return v
+
+    @model_validator(mode="after")
+    def _size_xor_parameters(self) -> Self:
+        if (self.size is None) == (self.parameters is None):
+            raise ValueError("an array has exactly one of 'size' or 'parameters'")
+        if self.parameters is not None:
+            packed = len(json.dumps(self.parameters, separators=(",", ":")))
+            if packed > MAX_PARAMETERS_BYTES:
+                raise ValueError(
+                    f"parameters are {packed} bytes as JSON; at most {MAX_PARAMETERS_BYTES} (store large "
+                    "inputs in S3 and pass their keys)"
+                )
+        return self
+
+    @property
+    def count(self) -> int:
+        return self.size if self.parameters is None else len(self.parameters)  # type: ignore[return-value]
+
+
+class ArrayTask(Strict):
+    """Set by Berth on each task of an array (never by a user): where it sits in its array."""
+
+    array_id: str
+    index: Annotated[int, Field(ge=0, lt=MAX_ARRAY_SIZE)]
+    size: Annotated[int, Field(ge=1, le=MAX_ARRAY_SIZE)]
+    params: dict[str, str] = Field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """The variables the task's process sees on top of its spec's ``env``."""
+        out = {
+            "BERTH_ARRAY_ID": self.array_id,
+            "BERTH_ARRAY_INDEX": str(self.index),
+            "BERTH_ARRAY_SIZE": str(self.size),
+        }
+        out.update({f"BERTH_PARAM_{k.upper()}": v for k, v in self.params.items()})
+        return out
+
+
 class JobSpec(Strict):
     """A training job as submitted. Exactly one of ``image`` or ``code``; a code bundle needs a
     command; data mounts are distinct."""
@@ -262,6 +363,12 @@ class JobSpec(Strict):
     ) = None
     """The user's guess of the run time: a hint for placement (burst wait, spot, cost), never a
     limit (``timeout_minutes`` is the limit). The scheduler calibrates it per tenant."""
+    array: (
+        Annotated[ArraySpec, Field(description="Run this spec as an array of tasks (docs/api.md)")]
+        | SkipJsonSchema[None]
+    ) = None
+    array_task: SkipJsonSchema[ArrayTask | None] = None
+    """Set by Berth on each task of an array; a submitted spec that sets it is refused."""
 
     @field_validator("expected_duration_minutes")
     @classmethod

@@ -43,7 +43,8 @@ def log_group(tenant: str, prefix: str = LOG_GROUP_PREFIX) -> str:
 
 
 def log_stream(job_id: str, attempt: int) -> str:
-    return f"{job_id}/{attempt}"
+    """``<job id>/<attempt>``; an array task's ``:`` becomes ``_`` (CloudWatch refuses ``:``)."""
+    return f"{job_id.replace(':', '_')}/{attempt}"
 
 
 #: What CloudWatch Logs accepts as a stream name: 1 to 512 characters, no ``:`` or ``*``.

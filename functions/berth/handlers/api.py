@@ -32,10 +32,12 @@ from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
+from berth.domain.arrays import ARRAY_ID_RE
 from berth.domain.errors import (
     DomainError,
     IdempotencyMismatch,
     InvalidRequest,
+    NotFound,
     RequestInProgress,
 )
 from berth.domain.fleet import HOST_ID_RE
@@ -49,6 +51,7 @@ from berth.handlers import runtime, schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import per_environment, settings
+from berth.logic.arrays import ArrayService
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
@@ -154,7 +157,10 @@ def _idempotent_submit() -> Any:
             role=Role(request["role"]),
             actor=request["actor"],
         )
-        job = _services()[0].submit(caller, JobSpec.model_validate(request["spec"]), request["key"])
+        spec = JobSpec.model_validate(request["spec"])
+        if spec.array is not None:
+            return {"job_id": _arrays().submit(caller, spec, request["key"]).id}
+        job = _services()[0].submit(caller, spec, request["key"])
         return {"job_id": job.id}
 
     return submit_once, config
@@ -175,9 +181,11 @@ def _json(status: int, body: Any) -> Response[Any]:
 # -- jobs -----------------------------------------------------------------------------------------
 @app.post(
     "/v1/jobs",
-    summary="Submit a training job",
+    summary="Submit a training job or a job array",
     description="Optional `Idempotency-Key` header: the same key and body return the same job; "
-    "the same key with another body answers 409.",
+    "the same key with another body answers 409. A spec with `array` is stored whole (or refused "
+    "whole) and answered at once with the array; its tasks `<array id>:<i>` are created in the "
+    "background.",
     responses={
         201: {"description": "Job accepted", "content": {"application/json": {"model": schemas.JobOut}}},
         **schemas.error_responses(400, 403, 409, 415, 422, 429),
@@ -189,8 +197,10 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     caller = _caller()
     jobs, _ = _services()
     key = app.current_event.headers.get("Idempotency-Key")
+    if spec.array_task is not None:
+        raise InvalidRequest("array_task is set by Berth on an array's tasks; submit an 'array' instead")
     if key is None:
-        job = jobs.submit(caller, spec)
+        job = _arrays().submit(caller, spec) if spec.array is not None else jobs.submit(caller, spec)
     else:
         if not key or len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
             raise InvalidRequest(f"Idempotency-Key must be 1..{IDEMPOTENCY_KEY_MAX} printable characters")
@@ -213,8 +223,10 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
             raise RequestInProgress(
                 "a request with this Idempotency-Key is still in progress; retry shortly"
             ) from exc
-        job = jobs.get(caller, job_id)
+        job = _job_or_array(caller, job_id)
     metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
+    if spec.array is not None:
+        metrics.add_metric(name="ArrayTasksSubmitted", unit=MetricUnit.Count, value=spec.array.count)
     logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
     return _json(201, job.public())
 
@@ -238,17 +250,56 @@ def list_jobs(
             pattern=TENANT_RE, description="Whose jobs (default: the caller's tenant; others: admins only)"
         ),
     ] = None,
+    array: Annotated[
+        str | None,
+        Query(
+            pattern=ARRAY_ID_RE,
+            description="List this array's created tasks in index order instead (`status` and `tenant` "
+            "do not apply; `next_token` is the next index)",
+        ),
+    ] = None,
 ) -> Response[Any]:
+    if array is not None:
+        if status is not None or tenant is not None:
+            raise InvalidRequest("array cannot be combined with status or tenant")
+        tasks, token = _arrays().tasks(_caller(), array, limit, next_token)
+        return _json(200, {"jobs": [j.public() for j in tasks], "next_token": token})
     page = _services()[0].list_jobs(_caller(), status, limit, next_token, tenant=tenant)
     return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
 
 
-JobId = Annotated[str, Path(pattern=r"^j-[0-9a-z]{26}$", description="Job id")]
+JobId = Annotated[
+    str, Path(pattern=r"^j-[0-9a-z]{26}(:[0-9]{1,5})?$", description="Job, array or array task id")
+]
+
+
+@per_environment
+def _arrays() -> ArrayService:
+    cfg = settings()
+    return ArrayService(
+        arrays=runtime.array_repository(),
+        tenants=DynamoTenantRepository(cfg.tenants_table),
+        clock=_now,
+        jobs=_services()[0],
+        trigger=runtime.pass_trigger() if cfg.scheduler_queue_url else None,
+        idempotency_ttl=timedelta(seconds=cfg.idempotency_ttl_s),
+    )
+
+
+def _job_or_array(caller: Caller, job_id: str) -> Any:
+    """The job, else the array of that id (an array's parent is not a job); 404 for neither."""
+    try:
+        return _services()[0].get(caller, job_id)
+    except NotFound:
+        array = _arrays().find(caller, job_id) if ":" not in job_id else None
+        if array is None:
+            raise
+        return array
 
 
 @app.get(
     "/v1/jobs/<job_id>",
-    summary="Get a job",
+    summary="Get a job, an array (with `array: {size, counts, created}`) or an array task",
     responses={
         200: {"description": "The job", "content": {"application/json": {"model": schemas.JobOut}}},
         **schemas.error_responses(403, 404, 422, 429),
@@ -256,14 +307,15 @@ JobId = Annotated[str, Path(pattern=r"^j-[0-9a-z]{26}$", description="Job id")]
     tags=["jobs"],
 )
 def get_job(job_id: JobId) -> Response[Any]:
-    return _json(200, _services()[0].get(_caller(), job_id).public())
+    return _json(200, _job_or_array(_caller(), job_id).public())
 
 
 @app.post(
     "/v1/jobs/<job_id>/cancel",
-    summary="Cancel a job",
+    summary="Cancel a job or a whole array",
     description="Queued jobs become CANCELED at once; placed ones CANCELING until the executor stops "
-    "them. Repeating a cancel is harmless.",
+    "them. Repeating a cancel is harmless. An array's id cancels every task not yet ended, created or "
+    "not: the answer is the array, and its counts move as the expander reaches each task.",
     responses={
         202: {"description": "Cancel accepted", "content": {"application/json": {"model": schemas.JobOut}}},
         **schemas.error_responses(403, 404, 409, 422, 429),
@@ -271,7 +323,14 @@ def get_job(job_id: JobId) -> Response[Any]:
     tags=["jobs"],
 )
 def cancel_job(job_id: JobId) -> Response[Any]:
-    return _json(202, _services()[0].cancel(_caller(), job_id).public())
+    caller = _caller()
+    try:
+        return _json(202, _services()[0].cancel(caller, job_id).public())
+    except NotFound:
+        if ":" in job_id:
+            raise
+    # An array: every task not yet ended is canceled, created or not (in the background).
+    return _json(202, _arrays().cancel(caller, job_id).public())
 
 
 @app.get(

@@ -7,6 +7,7 @@ import os
 import secrets
 from datetime import UTC, datetime
 
+from berth.dal.arrays import DynamoArrayRepository
 from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
 from berth.dal.circuits import DynamoCircuitRepository
 from berth.dal.credentials import StsCredentialVendor
@@ -32,12 +33,14 @@ from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
 from berth.handlers.settings import per_environment, settings
 from berth.logic.agent import AgentService
+from berth.logic.arrays import ArrayExpander
 from berth.logic.cloud_dispatch import CloudDispatchService
 from berth.logic.cloud_sweep import CloudSweep
 from berth.logic.credentials import CredentialService
+from berth.logic.jobs import JobService
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
-from berth.logic.workflow import WorkflowService, WorkflowSettings
+from berth.logic.workflow import WorkflowHooks, WorkflowService, WorkflowSettings
 
 
 def now() -> datetime:
@@ -49,7 +52,42 @@ def job_repository() -> DynamoJobRepository:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
     return DynamoJobRepository(
-        cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table, tokens
+        cfg.jobs_table,
+        cfg.job_events_table,
+        cfg.tenants_table,
+        cfg.idempotency_table,
+        tokens,
+        arrays=array_repository(),
+    )
+
+
+@per_environment
+def array_repository() -> DynamoArrayRepository:
+    cfg = settings()
+    return DynamoArrayRepository(
+        cfg.jobs_table, cfg.job_events_table, cfg.tenants_table, cfg.idempotency_table
+    )
+
+
+@per_environment
+def array_expander() -> ArrayExpander:
+    """The expander the scheduler's Lambda runs before each pass (logic/arrays.py)."""
+    hooks = WorkflowHooks(
+        tokens=task_tokens(),
+        executions=executions(),
+        settings=workflow_settings(),
+        trigger=pass_trigger() if settings().scheduler_queue_url else None,
+    )
+    jobs = JobService(
+        jobs=job_repository(), tenants=tenant_repository(), clock=now, on_canceled=hooks.canceled
+    )
+    return ArrayExpander(
+        arrays=array_repository(),
+        jobs=jobs,
+        executions=executions(),
+        clock=now,
+        workflow_input=workflow_settings().execution_input,
+        budget_s=settings().array_budget_s,
     )
 
 

@@ -4,13 +4,15 @@ a burst of triggers arrives as a few batches, so it costs a few passes."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from berth.handlers.runtime import scheduler_service
+from berth.domain.errors import DomainError, StoreUnavailable
+from berth.handlers.runtime import array_expander, pass_trigger, scheduler_service
 
 logger = Logger()
 metrics = Metrics(namespace="Berth")
@@ -20,9 +22,21 @@ metrics = Metrics(namespace="Berth")
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     records = event.get("Records") or []
+    expander = array_expander()
+    try:
+        more = expander.run()
+    except DomainError as exc:  # the store is down: the pass says so too; the next one resumes
+        logger.warning("array expansion stopped", extra={"error": str(exc)})
+        more = True
+    if more:
+        # Work left on an array: the next invocation goes on with it (else the timer's does).
+        with contextlib.suppress(StoreUnavailable):
+            pass_trigger().request("array expansion continues")
     report = scheduler_service().run_pass()
     out = report.as_dict()
-    logger.info("scheduling pass", extra={"triggers": len(records), **out})
+    if expander.stats.get("starts_failed"):
+        logger.warning("array task executions not started", extra={"error": expander.last_error})
+    logger.info("scheduling pass", extra={"triggers": len(records), "arrays": expander.stats, **out})
     metrics.add_metric("JobsPlaced", MetricUnit.Count, report.placed)
     metrics.add_metric("JobsPending", MetricUnit.Count, report.pending)
     metrics.add_metric("PassSeconds", MetricUnit.Seconds, report.load_s + report.decide_s + report.apply_s)

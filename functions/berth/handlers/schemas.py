@@ -13,6 +13,14 @@ from berth.domain.status import JobStatus
 from berth.domain.storage import BUNDLE_MAX_BYTES
 
 
+class ArrayOut(BaseModel):
+    size: int = Field(description="How many tasks")
+    counts: dict[str, int] = Field(
+        description="Tasks per status (created or not: a task not yet created is QUEUED)"
+    )
+    created: int = Field(description="How many tasks exist as jobs so far")
+
+
 class JobOut(BaseModel):
     id: str
     tenant: str
@@ -29,6 +37,7 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+    array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
 
 
 class BundleIn(BaseModel):

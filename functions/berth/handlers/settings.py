@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     orphan_grace_s: int = 120
     #: A queued job without a placement wait this long after submit gets its execution (re)started.
     execution_repair_s: int = 30
+    #: Seconds of each scheduler invocation given to the array expander before the pass.
+    array_budget_s: float = 15.0
     #: Whether cloud offers are part of the fleet. The stack sets it false (``-c berth:cloudEnabled``)
     #: until it deploys a cloud dispatcher (AWS Batch): then nothing is placed in, or accepted for, the
     #: cloud, and feasibility, explain and capacity say so.

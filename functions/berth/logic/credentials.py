@@ -36,5 +36,5 @@ class CredentialService:
             session_name(job, attempt),
             session_policy_json(policy),
             credential_seconds(remaining_lease_s),
-            source_identity=job.id,
+            source_identity=job.id.replace(":", "_"),
         )

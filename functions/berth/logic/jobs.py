@@ -11,6 +11,7 @@ from berth.domain.errors import (
     Conflict,
     Forbidden,
     IdempotencyMismatch,
+    InvalidRequest,
     NotFound,
     QuotaExceeded,
 )
@@ -50,6 +51,8 @@ class JobService:
     def submit(self, caller: Caller, spec: JobSpec, idempotency_key: str | None = None) -> Job:
         """Create a job. With an ``idempotency_key`` the key is claimed in the job's own transaction:
         a retry after a commit whose answer was lost returns that job (another spec: 409)."""
+        if spec.array_task is not None:
+            raise InvalidRequest("array_task is set by Berth on an array's tasks; submit an 'array' instead")
         quota = self.tenants.quota(caller.tenant) or Quota()
         if self.access is not None:
             self.access(spec, caller.tenant)
@@ -108,7 +111,7 @@ class JobService:
         self.get(caller, job_id)
         return self.jobs.events(job_id)
 
-    def cancel(self, caller: Caller, job_id: str) -> Job:
+    def cancel(self, caller: Caller, job_id: str, reason: str | None = None) -> Job:
         """Cancel a job; safe to repeat (a job already canceling or canceled is returned as is).
 
         Lost races (another writer moved the job) are retried against the fresh record.
@@ -118,12 +121,17 @@ class JobService:
             if job.status in (JobStatus.CANCELING, JobStatus.CANCELED):
                 return job
             target = cancel_target(job.status)
-            reason = (
-                f"canceled by {caller.name}"
-                if target is JobStatus.CANCELED
-                else (f"cancel requested by {caller.name}; waiting for the executor to stop it")
-            )
-            nxt, event = job.transition(target, reason, self.clock())
+            if reason is not None:  # a bulk cancel of an array's tasks names its own
+                text = (
+                    reason
+                    if target is JobStatus.CANCELED
+                    else f"{reason}; waiting for the executor to stop it"
+                )
+            elif target is JobStatus.CANCELED:
+                text = f"canceled by {caller.name}"
+            else:
+                text = f"cancel requested by {caller.name}; waiting for the executor to stop it"
+            nxt, event = job.transition(target, text, self.clock())
             try:
                 self.jobs.save(nxt, event)
             except Conflict:

@@ -154,7 +154,51 @@ def replay(
     render(output, report, _table)
 
 
+def array(
+    size: Annotated[int, typer.Option("-n", "--size", min=1, max=10_000, help="Tasks in the array")] = 10_000,
+    gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU model of the tasks")] = "A100",
+    timeout_s: Annotated[float, typer.Option("--timeout", min=1, help="Give up waiting after")] = 900.0,
+    cancel_at_once: Annotated[
+        bool,
+        typer.Option(
+            "--cancel-at-once", help="Cancel right after the submit: every task is created CANCELED"
+        ),
+    ] = False,
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint-url", envvar="AWS_ENDPOINT_URL", help="The local cloud's AWS endpoint, for its meter"
+        ),
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Submit one array of N tasks: time to accept it, to create every task, to bulk-cancel it; with
+    the local cloud's meter, AWS calls of the submit and per task, and the cost per 1,000 tasks."""
+    from berth_tools.bench.array_bench import run_array
+
+    meter = None
+    if endpoint_url:
+        from berth_tools.localcloud.metering import read_meter
+
+        def meter(reset: bool) -> dict[str, Any]:
+            return read_meter(endpoint_url, reset=reset)
+
+    with api_errors(output):
+        report = run_array(
+            lambda: client_for(api_url, profile),
+            size,
+            gpu_type=gpu_type,
+            timeout_s=timeout_s,
+            meter=meter,
+            cancel_at_once=cancel_at_once,
+        )
+    render(output, report, _table)
+
+
 def register(bench_app: typer.Typer) -> None:
+    bench_app.command("array")(array)
     bench_app.command("e2e")(e2e)
     bench_app.command("pass")(pass_)
     bench_app.command("replay")(replay)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
@@ -48,9 +50,24 @@ def _where(job: dict[str, Any]) -> str:
     return "-"
 
 
+def _counts(job: dict[str, Any]) -> str:
+    """An array's task counts, e.g. ``3 RUNNING, 7 QUEUED`` (in status order)."""
+    counts = (job.get("array") or {}).get("counts") or {}
+    return ", ".join(f"{counts[s]} {_status(s)}" for s in STATUS_STYLE if counts.get(s)) or "-"
+
+
 def _job_table(job: dict[str, Any]) -> None:
     t = Table(show_header=False, box=None, pad_edge=False)
     res = job["spec"].get("resources", {})
+    array = job.get("array")
+    extra = (
+        []
+        if not array
+        else [("tasks", f"{array['size']} ({array['created']} created)"), ("counts", _counts(job))]
+    )
+    task = job["spec"].get("array_task")
+    if task:
+        extra = [("array", f"{task['array_id']} task {task['index']} of {task['size']}")]
     for k, v in [
         ("id", job["id"]),
         ("name", job["spec"]["name"]),
@@ -61,9 +78,10 @@ def _job_table(job: dict[str, Any]) -> None:
         ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),
         ("where", _where(job)),
         ("attempts", str(job["attempts"])),
-        ("cost", f"${job['cost_usd']:.2f}"),
+        ("cost", f"${job['cost_usd']:.2f}" if not array else "per task (berth ls --array)"),
         ("created", job["created_at"]),
         ("updated", job["updated_at"]),
+        *extra,
     ]:
         t.add_row(f"[bold]{k}[/]", v)
     console.print(t)
@@ -91,6 +109,9 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Same key and spec give the same job")
     ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait until it ends (an array: a progress bar of its tasks)")
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -115,7 +136,45 @@ def submit(
                 err=True,
             )
         job = client.submit(spec, idempotency_key)
-    render(output, job, lambda j: console.print(f"submitted [bold]{j['id']}[/] ({_status(j['status'])})"))
+        if output is not OutputFormat.JSON:
+            console.print(f"submitted [bold]{job['id']}[/] ({_status(job['status'])})")
+        if wait:
+            job = wait_for(client, job, progress=output is not OutputFormat.JSON)
+    if output is OutputFormat.JSON:
+        emit_json(job)
+    elif wait:
+        _job_table(job)
+
+
+#: How often ``--wait`` polls the job.
+WAIT_POLL_S = 2.0
+_ENDED = ("COMPLETED", "FAILED", "CANCELED")
+
+
+def wait_for(client: BerthClient, job: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Poll ``job`` until it ends; an array shows one bar of ended tasks and its counts by status."""
+    if not job.get("array"):
+        while job["status"] not in _ENDED:
+            time.sleep(WAIT_POLL_S)
+            job = client.get(job["id"])
+        return job
+    size = job["array"]["size"]
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+    )
+    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+        task = bar.add_task(job["id"], total=size, counts=_counts(job))
+        while True:
+            counts = job["array"]["counts"]
+            ended = sum(counts.get(s, 0) for s in _ENDED)
+            bar.update(task, completed=ended, counts=_counts(job))
+            if ended >= size:
+                return job
+            time.sleep(WAIT_POLL_S)
+            job = client.get(job["id"])
 
 
 def status(
@@ -132,6 +191,7 @@ def status(
 
 def ls(
     status_filter: Annotated[str | None, typer.Option("--status", help="Only jobs in this status")] = None,
+    array: Annotated[str | None, typer.Option("--array", help="List this array's tasks instead")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="Page size")] = 50,
     all_pages: Annotated[bool, typer.Option("--all", help="Follow next_token to the end")] = False,
     next_token: Annotated[str | None, typer.Option("--next-token", help="Continue a listing")] = None,
@@ -139,18 +199,20 @@ def ls(
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """List your team's jobs, newest first."""
+    """List your team's jobs, newest first (an array is one row with its task counts); with
+    ``--array ID``, that array's tasks in index order."""
+    status_q = status_filter.upper() if status_filter else None
     with api_errors(output):
         client = client_for(api_url, profile)
-        page = client.list(status_filter.upper() if status_filter else None, limit, next_token)
+        page = client.list(status_q, limit, next_token, array=array)
         jobs = list(page["jobs"])
         while all_pages and page.get("next_token"):
-            page = client.list(status_filter.upper() if status_filter else None, limit, page["next_token"])
+            page = client.list(status_q, limit, page["next_token"], array=array)
             jobs.extend(page["jobs"])
     result = {"jobs": jobs, "next_token": None if all_pages else page.get("next_token")}
 
     def table(data: dict[str, Any]) -> None:
-        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE", "COST USD", "CREATED", "REASON")
+        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE / TASKS", "COST USD", "CREATED", "REASON")
         for j in data["jobs"]:
             res = j["spec"].get("resources", {})
             t.add_row(
@@ -158,10 +220,10 @@ def ls(
                 j["spec"]["name"],
                 _status(j["status"]),
                 f"{res.get('gpus', 1)}x{res.get('gpu_type', '?')}",
-                _where(j),
-                f"{j.get('cost_usd', 0.0):.2f}",
+                _counts(j) if j.get("array") else _where(j),
+                f"{j.get('cost_usd', 0.0):.2f}" if not j.get("array") else "-",
                 j["created_at"],
-                j["reason"],
+                escape(j["reason"]),
             )
         console.print(t)
         if data.get("next_token"):
@@ -176,7 +238,8 @@ def cancel(
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Cancel a job (queued jobs stop at once; running ones once their executor confirms)."""
+    """Cancel a job (queued jobs stop at once; running ones once their executor confirms), or every
+    task of an array that has not ended."""
     with api_errors(output):
         job = client_for(api_url, profile).cancel(job_id)
     render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({escape(j['reason'])})"))
