@@ -88,7 +88,7 @@ def test_snapshot_holds_pending_and_placed_jobs_and_quotas(world) -> None:  # ty
     moved, ev = placed.transition(JobStatus.STARTING, "placed", NOW, site=Site.ONPREM, placement=where)
     source.jobs.save(moved, ev)
     snapshot, _, pending = source.snapshot()
-    assert [p.job_id for p in snapshot.pending] == [queued.id] == [j.id for j in pending]
+    assert [p.job_id for p in snapshot.pending] == [queued.id] == [e.job_id for e in pending]
     (running,) = snapshot.running
     assert running.job_id == placed.id and running.hosts == (("live", 2),) and running.site is Site.ONPREM
     vision = snapshot.tenants["vision"]
