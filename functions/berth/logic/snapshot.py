@@ -65,10 +65,10 @@ RUNNING_STATUSES = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
 class QueueLimits:
     """How much of the queue index one pass reads (docs/scheduling.md, "What a pass reads").
 
-    Each tenant with active jobs gets an equal share of ``read_budget`` entries (at least
-    ``min_head``), and what shallow queues leave is shared among the deeper ones; when the tenants
-    are more than ``read_budget // min_head``, or reading takes longer than ``read_deadline_s``, the
-    pass reads the heads of as many as fit, round-robin from where the previous pass stopped."""
+    Each tenant with active jobs gets its first ``min_head`` entries read, then what is left of
+    ``read_budget`` is shared equally among the deeper queues; when the tenants are more than
+    ``read_budget // min_head``, or reading takes longer than ``read_deadline_s``, the pass reads the
+    heads of as many as fit, round-robin from where the previous pass stopped."""
 
     read_budget: int = 20_000
     min_head: int = 40
@@ -111,22 +111,24 @@ def read_queue(
     start = next((i for i, t in enumerate(tenants) if t > cursor.after), 0)
     order = tenants[start:] + tenants[:start]
     chosen = order[:fit]
-    per = max(limits.min_head, limits.read_budget // len(chosen))
     deadline = monotonic() + limits.read_deadline_s
     heads: dict[str, list[QueueEntry]] = {}
     deep: list[str] = []
+    # First every chosen tenant's head (``min_head``), then what is left of the budget shared among
+    # the deeper queues: a deep backlog is read after every other tenant's head, never before.
     for tenant in chosen:
         if heads and monotonic() > deadline:
             break
-        head = jobs.queue_head(tenant, per)
+        head = jobs.queue_head(tenant, limits.min_head)
         heads[tenant] = head.entries
         if head.more:
             deep.append(tenant)
     left = limits.read_budget - sum(len(v) for v in heads.values())
     if deep and left >= len(deep) and monotonic() <= deadline:
-        # What the shallow queues left, shared among the deep ones (one more read each).
-        more = per + left // len(deep)
+        more = limits.min_head + left // len(deep)
         for tenant in list(deep):
+            if monotonic() > deadline:
+                break
             head = jobs.queue_head(tenant, more)
             heads[tenant] = head.entries
             if not head.more:
