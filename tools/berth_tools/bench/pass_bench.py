@@ -95,6 +95,14 @@ def seed_store(hosts: int, pending: int, seed: int = 0) -> None:
             created = now - timedelta(seconds=pending - i)
             job, _ = new_job(new_job_id(created), TENANTS[i % len(TENANTS)], "bench", spec, created)
             batch.save(jobs._row(job))
+    # The tenants' active-job counters and directory key, as the jobs' own creation leaves them (the
+    # pass reads the queue of each tenant with active jobs).
+    from berth.dal.models import tenant_model
+
+    Tenant = tenant_model(settings().tenants_table)
+    for t, tenant in enumerate(TENANTS):
+        count = len(range(t, pending, len(TENANTS)))
+        Tenant("TENANT#" + tenant).update(actions=[Tenant.active_jobs.add(count), Tenant.directory.set("T")])
 
 
 def run_pass_bench(template: Path, hosts: int, pending: int, seed: int = 0) -> dict[str, Any]:
