@@ -63,7 +63,9 @@ def test_the_index_attributes_move_with_the_status_in_the_same_write(repo: Dynam
     item = _item(job.id)
     shard = item["queue_pk"]["S"].rsplit("#", 1)
     assert shard[0] == "vision" and 0 <= int(shard[1]) < QUEUE_SHARDS
-    assert item["queue_sk"]["S"] == f"1#{NOW.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}#{job.id}"
+    assert (
+        item["queue_sk"]["S"] == f"1#{NOW.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}#{job.id}"
+    )
     assert "placed_status" not in item
     where = OnPremPlacement(pool="p", gpu_type="A100", hosts=(HostGpus(host_id="h", gpus=2),))
     nxt, ev = job.transition(JobStatus.STARTING, "placed", NOW, site=Site.ONPREM, placement=where)

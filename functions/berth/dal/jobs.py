@@ -321,7 +321,9 @@ class DynamoJobRepository:
             pending: list[str] = ids[i : i + BATCH_GET_KEYS]
             for attempt in range(BATCH_GET_ROUNDS):
                 with translated("read jobs"):
-                    data = conn.batch_get_item([{"job_id": k} for k in pending], consistent_read=True)
+                    # pynamodb's typing says str; its connection takes {attribute: value} maps
+                    keys: list[Any] = [{"job_id": k} for k in pending]
+                    data = conn.batch_get_item(keys, consistent_read=True)
                 for raw in data.get("Responses", {}).get(self._jobs_table, []):
                     job = self._job(self._Job.from_raw_data(raw))
                     found[job.id] = job

@@ -24,7 +24,12 @@ from .test_scheduler_service import _world
 
 def _spec(gpus: int) -> JobSpec:
     return JobSpec.model_validate(
-        {"name": "t", "image": "busybox", "command": ["true"], "resources": {"gpu_type": "A100", "gpus": gpus}}
+        {
+            "name": "t",
+            "image": "busybox",
+            "command": ["true"],
+            "resources": {"gpu_type": "A100", "gpus": gpus},
+        }
     )
 
 
