@@ -154,3 +154,30 @@ def test_a_pass_reads_full_items_only_for_the_jobs_it_places(store: Store) -> No
     report = scheduler.run_pass()
     assert report.placed == 4 and report.pending == 50
     assert store.jobs.reads["get_many_keys"] == 4 and store.jobs.reads["get_many"] == 1
+
+
+def test_reading_past_the_deadline_leaves_the_rest_to_the_next_pass(store: Store) -> None:
+    """Each read of a tenant's head takes 'a second' (a clock advanced by the reads): with a 2.5 s
+    deadline a pass reads three tenants' heads, and the next pass starts with the fourth."""
+    from berth.logic.snapshot import QueueCursor, read_queue
+
+    for i, tenant in enumerate(("a", "b", "c", "d", "e")):
+        _seed(store, _jobs(tenant, 2, gpus=1, start_ms=10 * i))
+    t = [0.0]
+    real = store.jobs.queue_head
+
+    class Slow:
+        def __getattr__(self, name: str) -> object:
+            return getattr(store.jobs, name)
+
+        def queue_head(self, tenant: str, limit: int) -> object:
+            t[0] += 1.0
+            return real(tenant, limit)
+
+    limits = QueueLimits(read_budget=100, min_head=10, read_deadline_s=2.5)
+    cursor = QueueCursor()
+    first = read_queue(Slow(), limits, cursor, {}, lambda: t[0])  # type: ignore[arg-type]
+    assert sorted({e.tenant for e in first.entries}) == ["a", "b", "c"]
+    assert first.skipped_tenants == ("d", "e") and first.unread == {"d": 2, "e": 2}
+    second = read_queue(Slow(), limits, cursor, {}, lambda: t[0])  # type: ignore[arg-type]
+    assert sorted({e.tenant for e in second.entries}) == ["a", "d", "e"]
