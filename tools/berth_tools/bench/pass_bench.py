@@ -36,6 +36,10 @@ def _function_environment(cloud: LocalCloud, name: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": "bench",
         # The seeded jobs have no workflow executions; the pass must not start 10,000 of them.
         "BERTH_EXECUTION_REPAIR_S": str(10**9),
+        # moto's Query walks and copies the whole table per page (BRIEF): on a loaded machine reading
+        # 10,000 entries takes longer than the 10 s a pass gives itself on AWS; the emulator's cost
+        # must not cut the read (what was not read is printed as ``not_considered``).
+        "BERTH_QUEUE_READ_DEADLINE_S": "600",
     }
 
 
