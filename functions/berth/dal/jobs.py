@@ -264,6 +264,8 @@ class DynamoJobRepository:
             last = result.last_evaluated_key
         # The indexes hold keys only: the page's items in one BatchGetItem (a job that ended or moved
         # meanwhile shows as it is now; one deleted meanwhile is left out).
+        # Strongly consistent: an item the index already lists is never missed by an eventually
+        # consistent read that lags it.
         found = self.get_many(ids)
         jobs = [found[i] for i in ids if i in found and found[i].tenant == tenant]
         if status is not None:
@@ -311,7 +313,7 @@ class DynamoJobRepository:
         entries.sort(key=lambda e: e.sort_key)
         return QueueHead(entries=entries[:limit], more=more or len(entries) > limit)
 
-    def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
+    def get_many(self, job_ids: Iterable[str], consistent: bool = True) -> dict[str, Job]:
         """BatchGetItem, 100 keys a call; keys DynamoDB leaves unprocessed (throttling) are asked for
         again with a growing pause, at most ``BATCH_GET_ROUNDS`` times, then StoreUnavailable."""
         ids = list(dict.fromkeys(job_ids))
@@ -323,7 +325,7 @@ class DynamoJobRepository:
                 with translated("read jobs"):
                     # pynamodb's typing says str; its connection takes {attribute: value} maps
                     keys: list[Any] = [{"job_id": k} for k in pending]
-                    data = conn.batch_get_item(keys, consistent_read=True)
+                    data = conn.batch_get_item(keys, consistent_read=consistent)
                 for raw in data.get("Responses", {}).get(self._jobs_table, []):
                     job = self._job(self._Job.from_raw_data(raw))
                     found[job.id] = job
