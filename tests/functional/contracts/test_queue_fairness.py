@@ -148,7 +148,7 @@ def test_a_pass_reads_full_items_only_for_the_jobs_it_places(store: Store) -> No
     from tests.unit.fakes import FakeJobs
 
     if not isinstance(store.jobs, FakeJobs):
-        pytest.skip("the fake counts its reads; DynamoDB's are counted in test_queue_index_dynamo")
+        pytest.skip("only the fake counts its reads (BatchGetItem itself: test_queue_index_dynamo)")
     scheduler, _, _ = _world(store, gpus_per_host=2, hosts=2)
     _seed(store, _jobs("vision", 50, gpus=1))
     report = scheduler.run_pass()
