@@ -82,13 +82,17 @@ class TableAccess:
 #: The API function's DynamoDB use, table by table (``tests/infra`` holds its own copy to compare).
 #: Transactions (TransactWriteItems) are authorised per item by PutItem/UpdateItem.
 API_TABLE_ACCESS: dict[str, TableAccess] = {
-    # create/save jobs (transactions), read one job; arrays: the parent's cancel flag and its tasks'
+    # create/save jobs (transactions), read one job (and GET /v1/jobs reads a page's items with
+    # BatchGetItem: its indexes hold keys only); arrays: the parent's cancel flag and its tasks'
     # counter shards (UpdateItem), its tasks and counters (BatchGetItem)
     "jobs": TableAccess(
         ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem")
     ),
-    # GET /v1/jobs: the by_tenant and by_tenant_status GSIs; explain: the queue (by_status)
+    # GET /v1/jobs: the by_tenant and by_tenant_status GSIs; explain: the queue (by_queue) and the
+    # placed jobs (by_placed)
     "jobs_indexes": TableAccess(("dynamodb:Query",)),
+    # explain: the tenants with jobs (by_directory)
+    "tenants_indexes": TableAccess(("dynamodb:Query",)),
     # append events (in the job's transaction), read a job's history
     "job_events": TableAccess(("dynamodb:PutItem", "dynamodb:Query")),
     # read membership, tenants, quotas, the pagination-token key
@@ -308,6 +312,7 @@ class ApiFunction(Construct):
             "jobs_indexes": [f"{jobs_arn}/index/{name}" for name in tables.jobs_index_names],
             "job_events": [tables.job_events.table_arn],
             "tenants_read": [tables.tenants.table_arn],
+            "tenants_indexes": [f"{tables.tenants.table_arn}/index/{n}" for n in tables.tenants_index_names],
             "tenants_write": [tables.tenants.table_arn],
             "idempotency": [tables.idempotency.table_arn],
             "hosts": [tables.hosts.table_arn],

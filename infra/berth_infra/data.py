@@ -44,19 +44,33 @@ class DataTables(Construct):
         super().__init__(scope, construct_id)
 
         # Jobs: one item per job. GSIs serve `GET /v1/jobs` per tenant, optionally filtered by status
-        # (`tenant_status` = "<tenant>#<STATUS>"), and the scheduler's queue over all tenants
-        # (`by_status`); `created_key` sorts newest/oldest and is unique.
+        # (`tenant_status` = "<tenant>#<STATUS>"; keys only, the page is read with BatchGetItem), the
+        # scheduler's queue (`by_queue`: sparse, only QUEUED jobs carry `queue_pk` = "<tenant>#<shard>",
+        # ordered by `queue_sk` = "<priority>#<created>#<id>", projecting the compact entry the core
+        # reads) and the jobs holding capacity (`by_placed`: sparse, `placed_status`). `created_key`
+        # sorts newest/oldest and is unique. docs/scheduling.md, "The queue index".
         self.jobs = _table(self, "JobsTable", partition_key="job_id")
-        self.jobs_index_names = ("by_tenant", "by_tenant_status", "by_status")
-        for index_name, partition in zip(
-            self.jobs_index_names, ("tenant", "tenant_status", "status"), strict=True
-        ):
+        self.jobs_index_names = ("by_tenant", "by_tenant_status", "by_queue", "by_placed")
+        for index_name, partition in (("by_tenant", "tenant"), ("by_tenant_status", "tenant_status")):
             self.jobs.add_global_secondary_index(
                 index_name=index_name,
                 partition_key=ddb.Attribute(name=partition, type=_S),
                 sort_key=ddb.Attribute(name="created_key", type=_S),
-                projection_type=ddb.ProjectionType.ALL,
+                projection_type=ddb.ProjectionType.KEYS_ONLY,
             )
+        self.jobs.add_global_secondary_index(
+            index_name="by_queue",
+            partition_key=ddb.Attribute(name="queue_pk", type=_S),
+            sort_key=ddb.Attribute(name="queue_sk", type=_S),
+            projection_type=ddb.ProjectionType.INCLUDE,
+            non_key_attributes=["version", "reason", "queue_entry"],
+        )
+        self.jobs.add_global_secondary_index(
+            index_name="by_placed",
+            partition_key=ddb.Attribute(name="placed_status", type=_S),
+            sort_key=ddb.Attribute(name="created_key", type=_S),
+            projection_type=ddb.ProjectionType.ALL,
+        )
 
         # Job events: the state history of a job, ordered by a per-job sequence number.
         # Its stream is the notifications' outbox: the notifier publishes each new event row.
@@ -71,6 +85,15 @@ class DataTables(Construct):
         # Tenants: tenant records, quotas and principal mappings (single-table style, generic `pk`), and
         # the per-tenant rate-limit windows (RATE#...), which expire through TTL.
         self.tenants = _table(self, "TenantsTable", partition_key="pk", ttl_attribute="expires_at")
+        # `by_directory` (sparse, keys only): every TENANT# item carries `directory` = "T", set once, so
+        # the scheduler lists the tenants in one Query without scanning the table's other items.
+        self.tenants.add_global_secondary_index(
+            index_name="by_directory",
+            partition_key=ddb.Attribute(name="directory", type=_S),
+            sort_key=ddb.Attribute(name="pk", type=_S),
+            projection_type=ddb.ProjectionType.KEYS_ONLY,
+        )
+        self.tenants_index_names = ("by_directory",)
 
         # Hosts: the on-prem fleet, one item per host (inventory, health, lease, the set of free GPU
         # UUIDs and each running attempt's hold; a GPU moves between them in one conditional write).

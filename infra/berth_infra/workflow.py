@@ -296,7 +296,17 @@ class JobWorkflow(Construct):
         self.scheduler_fn.allow(
             "Hosts", ["dynamodb:Scan", "dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]]
         )
-        self.scheduler_fn.allow("Queue", ["dynamodb:Query"], [f"{arns['jobs']}/index/by_status"])
+        # the queue index and the placed jobs (docs/scheduling.md); the full items of the jobs being
+        # placed (BatchGetItem); a queued job's reason alone (UpdateItem of `reason`)
+        self.scheduler_fn.allow(
+            "Queue",
+            ["dynamodb:Query"],
+            [f"{arns['jobs']}/index/by_queue", f"{arns['jobs']}/index/by_placed"],
+        )
+        self.scheduler_fn.allow("JobsRead", ["dynamodb:BatchGetItem", "dynamodb:UpdateItem"], [arns["jobs"]])
+        self.scheduler_fn.allow(
+            "TenantDirectory", ["dynamodb:Query"], [f"{arns['tenants']}/index/by_directory"]
+        )
         # TenantsRead: quotas, and the run-time histories of the tenants with jobs (RUNTIMES#, one
         # BatchGetItem a pass; berth.logic.runtimes). Only the workflow writes them (finalize).
         self.scheduler_fn.allow(

@@ -34,20 +34,28 @@ def _s(name: str) -> dict[str, str]:
 def create_tables(ddb: Any) -> None:
     """The key schemas of infra/berth_infra (tests/infra asserts the template has the same)."""
     pay = {"BillingMode": "PAY_PER_REQUEST"}
-    gsi = [
-        {
+
+    def index(name: str, hk: str, rk: str, projection: dict[str, Any]) -> dict[str, Any]:
+        return {
             "IndexName": name,
             "KeySchema": [
                 {"AttributeName": hk, "KeyType": "HASH"},
-                {"AttributeName": "created_key", "KeyType": "RANGE"},
+                {"AttributeName": rk, "KeyType": "RANGE"},
             ],
-            "Projection": {"ProjectionType": "ALL"},
+            "Projection": projection,
         }
-        for name, hk in (
-            ("by_tenant", "tenant"),
-            ("by_tenant_status", "tenant_status"),
-            ("by_status", "status"),
-        )
+
+    keys_only = {"ProjectionType": "KEYS_ONLY"}
+    gsi = [
+        index("by_tenant", "tenant", "created_key", keys_only),
+        index("by_tenant_status", "tenant_status", "created_key", keys_only),
+        index(
+            "by_queue",
+            "queue_pk",
+            "queue_sk",
+            {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["version", "reason", "queue_entry"]},
+        ),
+        index("by_placed", "placed_status", "created_key", {"ProjectionType": "ALL"}),
     ]
     ddb.create_table(
         TableName=TABLES["BERTH_JOBS_TABLE"],
@@ -56,8 +64,10 @@ def create_tables(ddb: Any) -> None:
             _s("job_id"),
             _s("tenant"),
             _s("tenant_status"),
-            _s("status"),
             _s("created_key"),
+            _s("queue_pk"),
+            _s("queue_sk"),
+            _s("placed_status"),
         ],
         GlobalSecondaryIndexes=gsi,
         **pay,
@@ -74,7 +84,8 @@ def create_tables(ddb: Any) -> None:
     ddb.create_table(
         TableName=TABLES["BERTH_TENANTS_TABLE"],
         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-        AttributeDefinitions=[_s("pk")],
+        AttributeDefinitions=[_s("pk"), _s("directory")],
+        GlobalSecondaryIndexes=[index("by_directory", "directory", "pk", keys_only)],
         **pay,
     )
     ddb.create_table(

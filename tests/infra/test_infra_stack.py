@@ -102,16 +102,25 @@ def test_jobs_table_schema(synthesized: Synthesized) -> None:
         "job_id": "S",
         "tenant": "S",
         "tenant_status": "S",
-        "status": "S",
         "created_key": "S",
+        "queue_pk": "S",
+        "queue_sk": "S",
+        "placed_status": "S",
     }
     gsis = {g["IndexName"]: g for g in props["GlobalSecondaryIndexes"]}
-    assert set(gsis) == {"by_tenant", "by_tenant_status", "by_status"}
-    assert _key_schema(gsis["by_status"]) == [("status", "HASH"), ("created_key", "RANGE")]
+    assert set(gsis) == {"by_tenant", "by_tenant_status", "by_queue", "by_placed"}
     assert _key_schema(gsis["by_tenant"]) == [("tenant", "HASH"), ("created_key", "RANGE")]
     assert _key_schema(gsis["by_tenant_status"]) == [("tenant_status", "HASH"), ("created_key", "RANGE")]
-    for gsi in gsis.values():
-        assert gsi["Projection"] == {"ProjectionType": "ALL"}
+    # the queue index: sparse, per tenant and shard, only what the pass reads (docs/scheduling.md)
+    assert _key_schema(gsis["by_queue"]) == [("queue_pk", "HASH"), ("queue_sk", "RANGE")]
+    assert gsis["by_queue"]["Projection"] == {
+        "ProjectionType": "INCLUDE",
+        "NonKeyAttributes": ["version", "reason", "queue_entry"],
+    }
+    assert _key_schema(gsis["by_placed"]) == [("placed_status", "HASH"), ("created_key", "RANGE")]
+    assert gsis["by_placed"]["Projection"] == {"ProjectionType": "ALL"}
+    for name in ("by_tenant", "by_tenant_status"):
+        assert gsis[name]["Projection"] == {"ProjectionType": "KEYS_ONLY"}
 
 
 def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> None:
@@ -121,7 +130,11 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
 
     tenants = _table_by_output(synthesized, "TenantsTableName")["Properties"]
     assert _key_schema(tenants) == [("pk", "HASH")]
-    assert _attr_types(tenants) == {"pk": "S"}
+    assert _attr_types(tenants) == {"pk": "S", "directory": "S"}
+    [directory] = tenants["GlobalSecondaryIndexes"]
+    assert directory["IndexName"] == "by_directory"
+    assert _key_schema(directory) == [("directory", "HASH"), ("pk", "RANGE")]
+    assert directory["Projection"] == {"ProjectionType": "KEYS_ONLY"}
 
     hosts = _table_by_output(synthesized, "HostsTableName")["Properties"]
     assert _key_schema(hosts) == [("host_id", "HASH")]
@@ -137,7 +150,7 @@ def test_job_events_tenants_idempotency_schemas(synthesized: Synthesized) -> Non
     assert _key_schema(idem) == [("id", "HASH")]
     assert _attr_types(idem) == {"id": "S"}
     assert idem["TimeToLiveSpecification"] == {"AttributeName": "expiration", "Enabled": True}
-    for props in (events, tenants):
+    for props in (events, idem):
         assert "GlobalSecondaryIndexes" not in props
 
 
@@ -255,7 +268,10 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         },
         ("JobsTableName/index/by_tenant", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_tenant_status", None): {"dynamodb:Query"},
-        ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
+        # explain reads the queue as a pass does
+        ("JobsTableName/index/by_queue", None): {"dynamodb:Query"},
+        ("JobsTableName/index/by_placed", None): {"dynamodb:Query"},
+        ("TenantsTableName/index/by_directory", None): {"dynamodb:Query"},
         # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request
         ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:UpdateItem"},
         # GET /v1/tenants/{tenant}/usage
@@ -321,7 +337,10 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
             "dynamodb:BatchGetItem",
             "dynamodb:UpdateItem",
         },
-        ("JobsTableName/index/by_status", None): {"dynamodb:Query"},
+        # the queue index and the placed jobs; the tenants with jobs (by_directory)
+        ("JobsTableName/index/by_queue", None): {"dynamodb:Query"},
+        ("JobsTableName/index/by_placed", None): {"dynamodb:Query"},
+        ("TenantsTableName/index/by_directory", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:BatchWriteItem"},
         # the array expander (berth.logic.arrays): the list of arrays with work, tasks created canceled
         ("TenantsTableName", "ARRAYS#*,TENANT#*"): {"dynamodb:UpdateItem"},

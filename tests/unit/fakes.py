@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,10 +21,13 @@ from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
-from berth.domain.ports import Member, Page, UploadTicket
+from berth.domain.ports import Member, Page, QueueHead, UploadTicket
+from berth.domain.queue import QueueEntry, queue_entry
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role, canonical_principal
+
+PLACED = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING})
 
 
 class FakeTenantTable:
@@ -46,6 +50,8 @@ class FakeJobs:
         #: Called inside save() before the version check, to simulate a racing writer.
         self.before_save: Callable[[Job], None] | None = None
         self.claims: dict[str, tuple[str, SubmitClaim]] = {}
+        #: Reads by kind (the scheduler's queue reads are counted, as calls would be on DynamoDB).
+        self.reads: Counter[str] = Counter()
 
     def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self.table.lock:
@@ -59,6 +65,7 @@ class FakeJobs:
             if item.get("active_jobs", 0) >= max_active:
                 raise QuotaExceeded(f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})")
             item["active_jobs"] = item.get("active_jobs", 0) + 1
+            item["directory"] = "T"
             self.jobs[job.id] = job
             self.history[job.id] = [event]
             if claim is not None:
@@ -117,11 +124,49 @@ class FakeJobs:
             item = self.table.items.get("TENANT#" + tenant, {})
             return int(item.get("active_jobs", 0))
 
-    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
-        rows = sorted(
+    def list_placed(self, status: JobStatus) -> list[Job]:
+        if status not in PLACED:
+            raise ValueError(f"{status} jobs hold no capacity; by_placed does not index them")
+        self.reads["list_placed"] += 1
+        return sorted(
             (j for j in self.jobs.values() if j.status == status), key=lambda j: (j.created_at, j.id)
         )
-        return rows[:limit]
+
+    def queued_tenants(self) -> dict[str, int]:
+        with self.table.lock:
+            counts = {
+                pk.removeprefix("TENANT#"): int(item.get("active_jobs", 0))
+                for pk, item in self.table.items.items()
+                if pk.startswith("TENANT#") and item.get("directory")
+            }
+        return {t: n for t, n in sorted(counts.items()) if n > 0}
+
+    def queue_head(self, tenant: str, limit: int) -> QueueHead:
+        """The first ``limit`` of the tenant's queued jobs in the index's order (one read per shard,
+        as the DynamoDB repository's Queries)."""
+        self.reads["queue_head"] += 1
+        entries = sorted(
+            (
+                queue_entry(j)
+                for j in self.jobs.values()
+                if j.tenant == tenant and j.status is JobStatus.QUEUED
+            ),
+            key=lambda e: e.sort_key,
+        )
+        return QueueHead(entries=entries[:limit], more=len(entries) > limit)
+
+    def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
+        ids = list(dict.fromkeys(job_ids))
+        self.reads["get_many"] += (len(ids) + 99) // 100
+        self.reads["get_many_keys"] += len(ids)
+        return {i: self.jobs[i] for i in ids if i in self.jobs}
+
+    def set_reason(self, entry: QueueEntry, reason: str) -> None:
+        with self.table.lock:
+            stored = self.jobs.get(entry.job_id)
+            if stored is None or stored.version != entry.version or stored.status is not JobStatus.QUEUED:
+                raise Conflict("version moved")
+            self.jobs[entry.job_id] = stored.model_copy(update={"reason": reason})
 
 
 class FakeHosts:
@@ -301,7 +346,7 @@ class FakeTenants:
                 "unique_id": unique_id,
             }
             if Role(role) is not Role.HOST:
-                self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant})
+                self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant, "directory": "T"})
 
     def quota(self, tenant: str) -> Quota | None:
         item = self.table.items.get("TENANT#" + tenant)

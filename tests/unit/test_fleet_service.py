@@ -88,7 +88,7 @@ def test_snapshot_holds_pending_and_placed_jobs_and_quotas(world) -> None:  # ty
     moved, ev = placed.transition(JobStatus.STARTING, "placed", NOW, site=Site.ONPREM, placement=where)
     source.jobs.save(moved, ev)
     snapshot, _, pending = source.snapshot()
-    assert [p.job_id for p in snapshot.pending] == [queued.id] == [j.id for j in pending]
+    assert [p.job_id for p in snapshot.pending] == [queued.id] == [e.job_id for e in pending]
     (running,) = snapshot.running
     assert running.job_id == placed.id and running.hosts == (("live", 2),) and running.site is Site.ONPREM
     vision = snapshot.tenants["vision"]
@@ -124,3 +124,28 @@ def test_feasibility_names_the_rule_and_reuses_the_fleet_briefly(world) -> None:
     clock.now = NOW + timedelta(seconds=6)
     svc.check(_spec(gpus=2), "vision")
     assert hosts.scans == 2
+
+
+def test_explain_of_a_job_behind_the_read_budget_says_it_was_not_considered(world) -> None:  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    from berth.domain.tenancy import Caller, Role
+    from berth.logic.jobs import JobService
+    from berth.logic.snapshot import QueueLimits
+
+    _, source, _, clock = world
+    ids = []
+    for i in range(4):
+        job, ev = new_job(new_job_id(NOW + timedelta(seconds=i)), "vision", "arn:x", _spec(gpus=1), NOW)
+        source.jobs.create(job, ev, max_active=10)
+        ids.append(job.id)
+    limited = FleetService(replace(source, queue=QueueLimits(read_budget=2, min_head=2)), cache_s=0.0)
+    caller = Caller("arn:x", "vision", Role.MEMBER)
+    jobs = JobService(source.jobs, source.tenants, clock)
+    head = limited.explain(jobs, caller, ids[0])
+    assert head["outcome"] in {"onprem", "pending"}
+    assert head["explanation"]["not_considered"] == 2 and head["explanation"]["tenant_not_considered"] == 2
+    behind = limited.explain(jobs, caller, ids[3])
+    assert behind["outcome"] == "not-considered"
+    assert behind["explanation"]["tenant_not_considered"] == 2 and behind["explanation"]["tenant_read"] == 2
+    assert "behind the first 2" in behind["explanation"]["summary"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from pynamodb.connection import Connection
@@ -11,6 +13,7 @@ from pynamodb.transactions import TransactWrite
 from berth.dal.arrays import counter_move
 from berth.dal.errors import translated
 from berth.dal.models import (
+    QUEUE_PROJECTION,
     JobEventRow,
     JobRow,
     array_counter_model,
@@ -20,13 +23,23 @@ from berth.dal.models import (
     tenant_model,
 )
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
-from berth.dal.tenants import TENANT
+from berth.dal.tenants import DIRECTORY, TENANT
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded, StoreUnavailable
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent, iso
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import Site
-from berth.domain.ports import Page
+from berth.domain.ports import Page, QueueHead
+from berth.domain.queue import (
+    QUEUE_SHARDS,
+    QueueEntry,
+    entry_document,
+    entry_from_document,
+    queue_entry,
+    queue_partition,
+    queue_shard,
+    queue_sort_key,
+)
 from berth.domain.status import JobStatus
 from berth.domain.workflow import RunState
 
@@ -53,6 +66,14 @@ def _created_key(job: Job) -> str:
     return f"{iso(job.created_at)}#{job.id}"
 
 
+#: Statuses in which a job holds capacity (the sparse ``by_placed`` index).
+PLACED = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING})
+#: BatchGetItem takes at most this many keys per call.
+BATCH_GET_KEYS = 100
+#: Rounds of BatchGetItem for the keys DynamoDB left unprocessed (throttled) before giving up.
+BATCH_GET_ROUNDS = 8
+
+
 class DynamoJobRepository:
     def __init__(
         self,
@@ -62,8 +83,13 @@ class DynamoJobRepository:
         idempotency_table: str | None = None,
         tokens: PageTokenCodec | None = None,
         arrays: ArrayReader | None = None,
+        shards: int = QUEUE_SHARDS,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._arrays = arrays
+        self._shards = shards
+        self._sleep = sleep
+        self._jobs_table = jobs_table
         self._Job = job_model(jobs_table)
         self._Event = event_model(events_table)
         self._Tenant = tenant_model(tenants_table)
@@ -93,6 +119,7 @@ class DynamoJobRepository:
             cost_usd=job.cost_usd,
             version=job.version,
             run=job.run.model_dump(mode="json", exclude_defaults=True) or None,
+            **self._index_keys(job),
         )
 
     def job_of(self, row: JobRow) -> Job:
@@ -103,6 +130,20 @@ class DynamoJobRepository:
 
     def event_row_of(self, event: JobEvent, job: Job) -> JobEventRow:
         return self._event_row(event, job)
+
+    def _index_keys(self, job: Job) -> dict[str, Any]:
+        """The sparse indexes' attributes: the queue entry while QUEUED, the placed status while the
+        job holds capacity; absent otherwise (so the item leaves the index in the same write)."""
+        if job.status is JobStatus.QUEUED:
+            entry = queue_entry(job)
+            return {
+                "queue_pk": queue_partition(job.tenant, queue_shard(job.id, self._shards)),
+                "queue_sk": queue_sort_key(job),
+                "queue_entry": entry_document(entry),
+            }
+        if job.status in PLACED:
+            return {"placed_status": str(job.status)}
+        return {}
 
     @staticmethod
     def _job(row: JobRow) -> Job:
@@ -147,7 +188,8 @@ class DynamoJobRepository:
                 tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
                 tx.update(
                     self._Tenant(TENANT + job.tenant),
-                    actions=[counter.add(1)],
+                    # the directory key is set once per tenant (the same value after that: no index write)
+                    actions=[counter.add(1), self._Tenant.directory.set(DIRECTORY)],
                     condition=counter.does_not_exist() | (counter < max_active),
                 )
                 if claim is not None:
@@ -243,25 +285,104 @@ class DynamoJobRepository:
                     limit=limit,
                     last_evaluated_key=start,
                 )
-            rows = list(result)
+            ids = [r.job_id for r in result]
             last = result.last_evaluated_key
-        # An array is one row of its tenant's listing (its parent has no status; its tasks are not
-        # in by_tenant); its counts come with it.
-        parents = [r.job_id for r in rows if r.status is None]
+        # The indexes hold keys only: the page's items in one BatchGetItem (a job that ended or moved
+        # meanwhile shows as it is now; one deleted meanwhile is left out).
+        # Strongly consistent: an item the index already lists is never missed by an eventually
+        # consistent read that lags it.
+        found = self.get_many(ids)
+        # An array is one row of its tenant's listing (its parent has no status, so get_many leaves
+        # it out; its tasks are not in by_tenant); its counts come with it.
+        parents = [i for i in ids if i not in found] if status is None else []
         arrays = {a.id: a for a in self._arrays.get_many(parents)} if parents and self._arrays else {}
-        jobs: list[Any] = [
-            self._job(r) if r.status is not None else arrays[r.job_id]
-            for r in rows
-            if r.status is not None or r.job_id in arrays
-        ]
+        jobs: list[Any] = []
+        for i in ids:
+            if i in found and found[i].tenant == tenant:
+                if status is None or found[i].status is status:
+                    jobs.append(found[i])
+            elif i in arrays and arrays[i].tenant == tenant:
+                jobs.append(arrays[i])
         return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
 
-    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
+    def list_placed(self, status: JobStatus) -> list[Job]:
+        if status not in PLACED:
+            raise ValueError(f"{status} jobs hold no capacity; by_placed does not index them")
         with translated(f"list {status} jobs"):
-            result = self._Job.by_status.query(  # type: ignore[attr-defined]
-                str(status), scan_index_forward=True, limit=limit
-            )
+            # pynamodb follows LastEvaluatedKey to the end: every placed job, no cap.
+            result = self._Job.by_placed.query(str(status), scan_index_forward=True)  # type: ignore[attr-defined]
             return [self._job(r) for r in result]
+
+    def queued_tenants(self) -> dict[str, int]:
+        Tenant = self._Tenant
+        with translated("list tenants"):
+            keys = [r.pk for r in Tenant.by_directory.query(DIRECTORY)]  # type: ignore[attr-defined]
+            counts: dict[str, int] = {}
+            for row in Tenant.batch_get(keys, attributes_to_get=["pk", "active_jobs"]):
+                active = int(row.active_jobs or 0)
+                if active > 0:
+                    counts[row.pk.removeprefix(TENANT)] = active
+        return dict(sorted(counts.items()))
+
+    def queue_head(self, tenant: str, limit: int) -> QueueHead:
+        """One Query per shard for its first ``limit`` entries; the tenant's first ``limit`` are among
+        them, merged in queue order."""
+        entries: list[QueueEntry] = []
+        more = False
+        with translated(f"read the queue of {tenant}"):
+            for shard in range(self._shards):
+                result = self._Job.by_queue.query(  # type: ignore[attr-defined]
+                    queue_partition(tenant, shard),
+                    scan_index_forward=True,
+                    limit=limit,
+                    attributes_to_get=["job_id", "queue_pk", "queue_sk", *QUEUE_PROJECTION],
+                )
+                rows = list(result)
+                more = more or result.last_evaluated_key is not None
+                entries.extend(
+                    entry_from_document(r.job_id, tenant, int(r.version), r.reason, r.queue_entry)
+                    for r in rows
+                )
+        entries.sort(key=lambda e: e.sort_key)
+        return QueueHead(entries=entries[:limit], more=more or len(entries) > limit)
+
+    def get_many(self, job_ids: Iterable[str], consistent: bool = True) -> dict[str, Job]:
+        """BatchGetItem, 100 keys a call; keys DynamoDB leaves unprocessed (throttling) are asked for
+        again with a growing pause, at most ``BATCH_GET_ROUNDS`` times, then StoreUnavailable."""
+        ids = list(dict.fromkeys(job_ids))
+        found: dict[str, Job] = {}
+        conn = self._Job._get_connection()
+        for i in range(0, len(ids), BATCH_GET_KEYS):
+            pending: list[str] = ids[i : i + BATCH_GET_KEYS]
+            for attempt in range(BATCH_GET_ROUNDS):
+                with translated("read jobs"):
+                    # pynamodb's typing says str; its connection takes {attribute: value} maps
+                    keys: list[Any] = [{"job_id": k} for k in pending]
+                    data = conn.batch_get_item(keys, consistent_read=consistent)
+                for raw in data.get("Responses", {}).get(self._jobs_table, []):
+                    row = self._Job.from_raw_data(raw)
+                    if row.status is None:
+                        continue  # an array's parent (dal/arrays.py reads it)
+                    job = self._job(row)
+                    found[job.id] = job
+                left = data.get("UnprocessedKeys", {}).get(self._jobs_table, {}).get("Keys", [])
+                pending = [k["job_id"]["S"] for k in left]
+                if not pending:
+                    break
+                self._sleep(min(1.0, 0.05 * 2**attempt))
+            else:
+                raise StoreUnavailable(f"read jobs: {len(pending)} keys left unprocessed (throttled)")
+        return found
+
+    def set_reason(self, entry: QueueEntry, reason: str) -> None:
+        """One UpdateItem of ``reason`` only: the version stays (no other writer's state is at stake;
+        a concurrent status change wins), and no index but ``by_queue`` (a small entry) is written."""
+        Job = self._Job
+        with translated(f"update reason of {entry.job_id}"):
+            Job(entry.job_id).update(
+                actions=[Job.reason.set(reason)],
+                condition=(Job.version == entry.version) & (Job.status == str(JobStatus.QUEUED)),
+            )
 
     def count_active(self, tenant: str) -> int:
         with translated(f"count active jobs of {tenant}"):

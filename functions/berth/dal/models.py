@@ -14,7 +14,7 @@ from pynamodb.attributes import (
     UnicodeSetAttribute,
     UTCDateTimeAttribute,
 )
-from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
+from pynamodb.indexes import AllProjection, GlobalSecondaryIndex, IncludeProjection, KeysOnlyProjection
 from pynamodb.models import Model
 
 
@@ -43,12 +43,22 @@ class JobRow(Model):
     version = NumberAttribute()
     #: The workflow's run state (``berth.domain.workflow.RunState``): tokens, lease, ranks.
     run = JSONAttribute(null=True)
+    #: Set only while QUEUED (the sparse ``by_queue`` index): ``<tenant>#<shard>``, the queue order,
+    #: and the compact entry the pass reads (``berth.domain.queue``).
+    queue_pk = UnicodeAttribute(null=True)
+    queue_sk = UnicodeAttribute(null=True)
+    queue_entry = JSONAttribute(null=True)
+    #: Set only while the job holds capacity (STARTING, RUNNING, CANCELING): the sparse ``by_placed``.
+    placed_status = UnicodeAttribute(null=True)
 
 
 class ByTenant(GlobalSecondaryIndex["JobRow"]):
+    """A tenant's jobs, newest first (``GET /v1/jobs``): keys only, the page is read with BatchGetItem,
+    so no update of a job rewrites a copy here unless its key moves."""
+
     class Meta:
         index_name = "by_tenant"
-        projection = AllProjection()
+        projection = KeysOnlyProjection()
 
     tenant = UnicodeAttribute(hash_key=True)
     created_key = UnicodeAttribute(range_key=True)
@@ -57,20 +67,37 @@ class ByTenant(GlobalSecondaryIndex["JobRow"]):
 class ByTenantStatus(GlobalSecondaryIndex["JobRow"]):
     class Meta:
         index_name = "by_tenant_status"
-        projection = AllProjection()
+        projection = KeysOnlyProjection()
 
     tenant_status = UnicodeAttribute(hash_key=True)
     created_key = UnicodeAttribute(range_key=True)
 
 
-class ByStatus(GlobalSecondaryIndex["JobRow"]):
-    """Every tenant's jobs in one status, oldest first: the scheduler's queue."""
+#: What ``by_queue`` projects besides the keys.
+QUEUE_PROJECTION = ("version", "reason", "queue_entry")
+
+
+class ByQueue(GlobalSecondaryIndex["JobRow"]):
+    """The queue index: queued jobs only (sparse), per tenant and shard, in queue order, with the
+    compact entry the scheduler core reads."""
 
     class Meta:
-        index_name = "by_status"
+        index_name = "by_queue"
+        projection = IncludeProjection(list(QUEUE_PROJECTION))
+
+    queue_pk = UnicodeAttribute(hash_key=True)
+    queue_sk = UnicodeAttribute(range_key=True)
+
+
+class ByPlaced(GlobalSecondaryIndex["JobRow"]):
+    """Jobs holding capacity (sparse), by status, oldest first: the pass's running set (whole items:
+    the pass writes their cost and stop directives under their version)."""
+
+    class Meta:
+        index_name = "by_placed"
         projection = AllProjection()
 
-    status = UnicodeAttribute(hash_key=True)
+    placed_status = UnicodeAttribute(hash_key=True)
     created_key = UnicodeAttribute(range_key=True)
 
 
@@ -104,6 +131,18 @@ class TenantRow(Model):
     grants = JSONAttribute(null=True)
     #: DATASET#<name> items: the registered dataset.
     dataset = JSONAttribute(null=True)
+    #: TENANT# items: ``"T"``, the key of the sparse ``by_directory`` index (the tenants that have
+    #: submitted; set once, so the index is written once per tenant).
+    directory = UnicodeAttribute(null=True)
+
+
+class ByDirectory(GlobalSecondaryIndex["TenantRow"]):
+    class Meta:
+        index_name = "by_directory"
+        projection = KeysOnlyProjection()
+
+    directory = UnicodeAttribute(hash_key=True)
+    pk = UnicodeAttribute(range_key=True)
 
 
 class DocumentRow(Model):
@@ -236,7 +275,8 @@ def job_model(table_name: str) -> type[JobRow]:
         for name, base in (
             ("by_tenant", ByTenant),
             ("by_tenant_status", ByTenantStatus),
-            ("by_status", ByStatus),
+            ("by_queue", ByQueue),
+            ("by_placed", ByPlaced),
         )
     }
     return _bind(JobRow, table_name, **indexes)  # type: ignore[return-value]
@@ -249,7 +289,8 @@ def event_model(table_name: str) -> type[JobEventRow]:
 
 @cache
 def tenant_model(table_name: str) -> type[TenantRow]:
-    return _bind(TenantRow, table_name)  # type: ignore[return-value]
+    index = type(f"ByDirectory_{table_name}", (ByDirectory,), {"Meta": type("Meta", (ByDirectory.Meta,), {})})
+    return _bind(TenantRow, table_name, by_directory=index())  # type: ignore[return-value]
 
 
 @cache

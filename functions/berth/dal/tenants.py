@@ -13,6 +13,8 @@ from berth.domain.tenancy import Quota, Role, canonical_principal
 PRINCIPAL = "PRINCIPAL#"
 TENANT = "TENANT#"
 DATASET = "DATASET#"
+#: The ``directory`` value of every TENANT# item (the sparse ``by_directory`` index's one key).
+DIRECTORY = "T"
 
 
 class DynamoTenantRepository:
@@ -37,7 +39,9 @@ class DynamoTenantRepository:
             if Role(role) is Role.HOST:
                 return  # a host's row names its host id, not a tenant
             try:
-                self._Row(TENANT + tenant, tenant=tenant).save(condition=self._Row.pk.does_not_exist())
+                self._Row(TENANT + tenant, tenant=tenant, directory=DIRECTORY).save(
+                    condition=self._Row.pk.does_not_exist()
+                )
             except PutError as exc:  # the tenant record already exists: keep its quota
                 if exc.cause_response_code != "ConditionalCheckFailedException":
                     raise

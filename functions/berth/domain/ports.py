@@ -13,6 +13,7 @@ from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogPage, MetricSample, StoredSample
+from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
@@ -33,6 +34,15 @@ class Member:
     #: same name has another one and is refused until re-registered (None: recorded before unique ids
     #: were; refused too, until re-registered).
     unique_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """The first ``limit`` entries of a tenant's queue (over all its shards, in queue order), and
+    whether more are queued behind them."""
+
+    entries: list[QueueEntry]
+    more: bool
 
 
 class JobRepository(Protocol):
@@ -62,8 +72,24 @@ class JobRepository(Protocol):
     def count_active(self, tenant: str) -> int:
         """The tenant's jobs not yet in a terminal state."""
 
-    def list_by_status(self, status: JobStatus, limit: int) -> list[Job]:
-        """Every tenant's jobs in ``status``, oldest first, at most ``limit`` (the scheduler's view)."""
+    def list_placed(self, status: JobStatus) -> list[Job]:
+        """Every tenant's jobs in ``status`` (STARTING, RUNNING or CANCELING: a placed job holds
+        capacity), oldest first, all of them (paginated to the end: usage is never under-counted)."""
+
+    def queued_tenants(self) -> dict[str, int]:
+        """Each tenant that may have queued jobs, with its active-job count (queued, retrying and
+        placed jobs; from the counters kept in the jobs' transactions)."""
+
+    def queue_head(self, tenant: str, limit: int) -> QueueHead:
+        """The first ``limit`` entries of the tenant's queue index (priority, then submit time)."""
+
+    def get_many(self, job_ids: Iterable[str]) -> dict[str, Job]:
+        """The full jobs of these ids (absent ids are left out); StoreUnavailable if the store keeps
+        refusing part of the batch."""
+
+    def set_reason(self, entry: QueueEntry, reason: str) -> None:
+        """Store a queued job's reason alone (no new version, no event), conditional on the job still
+        being queued at the entry's version; Conflict otherwise."""
 
 
 class HostRepository(Protocol):

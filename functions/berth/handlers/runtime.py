@@ -39,7 +39,7 @@ from berth.logic.cloud_sweep import CloudSweep
 from berth.logic.credentials import CredentialService
 from berth.logic.jobs import JobService
 from berth.logic.scheduler_service import SchedulerService
-from berth.logic.snapshot import SnapshotSource
+from berth.logic.snapshot import QueueLimits, SnapshotSource
 from berth.logic.workflow import WorkflowHooks, WorkflowService, WorkflowSettings
 
 
@@ -133,6 +133,11 @@ def snapshot_source() -> SnapshotSource:
         circuits=DynamoCircuitRepository(cfg.tenants_table),
         runtimes=DynamoRuntimeHistory(cfg.tenants_table),
         capacity=CloudCapacity.from_json(cfg.cloud_capacity) if cfg.cloud_capacity else None,
+        queue=QueueLimits(
+            read_budget=cfg.queue_read_budget,
+            min_head=cfg.queue_min_head,
+            read_deadline_s=cfg.queue_read_deadline_s,
+        ),
     )
 
 

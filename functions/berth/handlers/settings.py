@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     execution_repair_s: int = 30
     #: Seconds of each scheduler invocation given to the array expander before the pass.
     array_budget_s: float = 15.0
+    #: The queue index a pass reads (``berth.logic.snapshot.QueueLimits``; docs/scheduling.md): entries
+    #: per pass, the least read of each tenant, and how long reading may take before the pass goes on
+    #: with what it read (the rest is read round-robin by the next passes).
+    queue_read_budget: int = 20_000
+    queue_min_head: int = 40
+    queue_read_deadline_s: float = 10.0
     #: Whether cloud offers are part of the fleet. The stack sets it false (``-c berth:cloudEnabled``)
     #: until it deploys a cloud dispatcher (AWS Batch): then nothing is placed in, or accepted for, the
     #: cloud, and feasibility, explain and capacity say so.

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, ValidationFailed
 from berth.domain.fleet import StoredDocument
 from berth.domain.job_spec import JobSpec
+from berth.domain.status import JobStatus
 from berth.domain.storage import dataset_names
 from berth.domain.tenancy import Caller
 from berth.logic.jobs import JobService
@@ -28,7 +29,7 @@ from berth.logic.snapshot import (
     undeployed,
 )
 from berth.scheduler.circuit import CircuitBoard
-from berth.scheduler.explain import explain_job
+from berth.scheduler.explain import explain_job, not_considered
 from berth.scheduler.feasibility import check_feasible
 from berth.scheduler.policy import load_policy
 
@@ -170,7 +171,8 @@ class FleetService:
         try:
             explanation = explain_job(snapshot, fleet.policy, now, job.id)
         except KeyError:
-            out.update(outcome="not-pending", explanation=None)
+            unread = not_considered(snapshot, job.tenant) if job.status is JobStatus.QUEUED else None
+            out.update(outcome="not-pending" if unread is None else "not-considered", explanation=unread)
             return out
         out.update(
             outcome=explanation.outcome,

@@ -30,6 +30,7 @@ from berth.domain.ports import (
     TaskTokens,
     UsageLedger,
 )
+from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.cloud_sweep import CloudSweep, SweepReport
@@ -52,6 +53,10 @@ class PassReport:
     """What one pass did, with the time each phase took (``berth bench pass`` prints it)."""
 
     pending: int = 0
+    """Queued jobs the pass read (the heads of the tenants' queues)."""
+    not_considered: int = 0
+    """Queued (or retrying) jobs the pass did not read: deeper than its read budget, or of tenants
+    it did not reach (round-robin); the next passes read them as the heads drain."""
     running: int = 0
     hosts: int = 0
     placed: int = 0
@@ -105,10 +110,11 @@ class SchedulerService:
         now = self.clock()
         report.lost_hosts = self.reap_lost_hosts(now)
         inputs = self.source.pass_inputs()
-        report.pending, report.running = len(inputs.pending_jobs), len(inputs.running_jobs)
+        report.pending, report.running = len(inputs.pending), len(inputs.running_jobs)
+        report.not_considered = sum(inputs.snapshot.unread.values())
         report.hosts = len(inputs.fleet.records)
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
-        report.executions_restarted = self.repair_executions(inputs.pending_jobs, now)
+        report.executions_restarted = self.repair_executions(inputs.pending, now)
         report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
         if self.cloud is not None:
             board = CircuitBoard(inputs.fleet.circuits, now.timestamp(), inputs.fleet.policy.circuit)
@@ -118,11 +124,15 @@ class SchedulerService:
         t1 = time.perf_counter()
         decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
         t2 = time.perf_counter()
-        by_id = {j.id: j for j in inputs.pending_jobs}
+        by_id = {e.job_id: e for e in inputs.pending}
         rates = inputs.fleet.policy.accounting
+        # The full items only of the jobs being placed (the queue index holds what the core reads).
+        full = self.source.hydrate(a.job_id for a in decisions.placements if a.job_id in by_id)
         for assignment in decisions.placements:
-            job = by_id.get(assignment.job_id)
-            if job is None:
+            job = full.get(assignment.job_id)
+            if job is None or job.status is not S.QUEUED:
+                if assignment.job_id in by_id:
+                    report.skipped += 1  # canceled or placed since the index was read
                 continue
             if self.apply_placement(job, assignment, now, rates):
                 report.placed += 1
@@ -164,7 +174,7 @@ class SchedulerService:
         if not lost:
             return lost
         for status in (S.STARTING, S.RUNNING, S.CANCELING):
-            for job in self.jobs.list_by_status(status, 10_000):
+            for job in self.jobs.list_placed(status):
                 p = job.placement
                 if isinstance(p, OnPremPlacement) and any(h.host_id in lost for h in p.hosts):
                     token = job.run.dispatch_token
@@ -195,18 +205,18 @@ class SchedulerService:
                     released += int(self.hosts.release(rec.host_id, key))
         return released
 
-    def repair_executions(self, pending: list[Job], now: datetime) -> int:
+    def repair_executions(self, pending: list[QueueEntry], now: datetime) -> int:
         """Queued jobs whose execution never parked a placement token (its start was lost) get one;
         a start for a job that has an execution is refused by name, so this is always safe."""
         if self.executions is None:
             return 0
         restarted = 0
-        for job in pending:
+        for entry in pending:
             if (
-                job.run.placement_token is None
-                and (now - job.updated_at).total_seconds() >= self.execution_repair_s
+                entry.awaiting_execution
+                and (now - entry.updated_at).total_seconds() >= self.execution_repair_s
             ):
-                self.executions.start(job.id, self.settings.execution_input(job.id))
+                self.executions.start(entry.job_id, self.settings.execution_input(entry.job_id))
                 restarted += 1
         return restarted
 
@@ -356,21 +366,23 @@ class SchedulerService:
         heartbeat (a third of ``heartbeat_s``), then the host stops it and reports."""
         return self.settings.heartbeat_s / 3 + 5.0
 
-    def write_reasons(self, pending: dict[str, Job], decisions: Any) -> int:
+    def write_reasons(self, pending: dict[str, QueueEntry], decisions: Any) -> int:
         """Store each pending job's reason (no event: the status did not change) when the rules that
         keep it waiting changed. The detail (free GPU counts, waits) moves every pass; ``explain``
         renders it live, so rewriting thousands of items per pass for it would buy nothing."""
         written = 0
         for job_id, text in decisions.reasons.items():
-            job = pending.get(job_id)
-            if job is None:
+            entry = pending.get(job_id)
+            if entry is None:
                 continue
             rules = ", ".join(dict.fromkeys(str(r) for r in decisions.outcomes[job_id].rules))
             prefix = f"waiting for placement ({rules})"
-            if job.reason.startswith(prefix + ":"):
+            if entry.reason.startswith(prefix + ":"):
                 continue
             try:
-                self.jobs.update(job.updated(job.updated_at, reason=f"{prefix}: {text}"))
+                # The reason alone (no new version, no event): the queue entry's copy is the only
+                # index write (docs/scheduling.md).
+                self.jobs.set_reason(entry, f"{prefix}: {text}")
             except Conflict:
                 continue
             written += 1

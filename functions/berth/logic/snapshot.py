@@ -13,8 +13,9 @@ an offer nothing can run.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -34,6 +35,7 @@ from berth.domain.ports import (
     TenantRepository,
     UsageLedger,
 )
+from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.storage import Dataset, dataset_names
 from berth.domain.tenancy import Quota
@@ -54,12 +56,92 @@ from berth.scheduler.snapshot import (
 
 POLICY = "policy"
 OFFERS = "offers"
-#: Statuses the scheduler places (pending; a RETRYING job waits out its backoff first) and those
-#: holding capacity (running).
-PENDING_STATUSES = (JobStatus.QUEUED,)
+#: Statuses holding capacity (running). The scheduler places QUEUED jobs (a RETRYING job waits out
+#: its backoff first), read from the queue index (``QueueLimits``); every running job is read.
 RUNNING_STATUSES = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
-#: The most jobs of one status a snapshot reads.
-MAX_JOBS_PER_STATUS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """How much of the queue index one pass reads (docs/scheduling.md, "What a pass reads").
+
+    Each tenant with active jobs gets its first ``min_head`` entries read, then what is left of
+    ``read_budget`` is shared equally among the deeper queues; when the tenants are more than
+    ``read_budget // min_head``, or reading takes longer than ``read_deadline_s``, the pass reads the
+    heads of as many as fit, round-robin from where the previous pass stopped."""
+
+    read_budget: int = 20_000
+    min_head: int = 40
+    read_deadline_s: float = 10.0
+
+
+@dataclass
+class QueueCursor:
+    """Where the next round-robin read starts (the first tenant after ``after``, by name). Kept by the
+    scheduler's process (one pass at a time); a cold start begins at the first tenant."""
+
+    after: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRead:
+    """What a pass read of the queue: the entries, and per tenant how many of its active jobs it did
+    not read (counted from the tenant's active-job counter; only for tenants it read in part or not
+    at all), with the tenants it did not reach this pass."""
+
+    entries: list[QueueEntry]
+    unread: dict[str, int]
+    skipped_tenants: tuple[str, ...] = ()
+
+
+def read_queue(
+    jobs: JobRepository,
+    limits: QueueLimits,
+    cursor: QueueCursor,
+    placed_by_tenant: dict[str, int],
+    monotonic: Callable[[], float] = time.monotonic,
+) -> QueueRead:
+    """The heads of the tenants' queues, within ``limits`` (``placed_by_tenant``: each tenant's jobs
+    holding capacity, so what its active-job count leaves unread is known)."""
+    active = jobs.queued_tenants()
+    tenants = sorted(active)
+    if not tenants:
+        return QueueRead([], {})
+    fit = max(1, limits.read_budget // max(1, limits.min_head))
+    start = next((i for i, t in enumerate(tenants) if t > cursor.after), 0)
+    order = tenants[start:] + tenants[:start]
+    chosen = order[:fit]
+    deadline = monotonic() + limits.read_deadline_s
+    heads: dict[str, list[QueueEntry]] = {}
+    deep: list[str] = []
+    # First every chosen tenant's head (``min_head``), then what is left of the budget shared among
+    # the deeper queues: a deep backlog is read after every other tenant's head, never before.
+    for tenant in chosen:
+        if heads and monotonic() > deadline:
+            break
+        head = jobs.queue_head(tenant, limits.min_head)
+        heads[tenant] = head.entries
+        if head.more:
+            deep.append(tenant)
+    left = limits.read_budget - sum(len(v) for v in heads.values())
+    if deep and left >= len(deep) and monotonic() <= deadline:
+        more = limits.min_head + left // len(deep)
+        for tenant in list(deep):
+            if monotonic() > deadline:
+                break
+            head = jobs.queue_head(tenant, more)
+            heads[tenant] = head.entries
+            if not head.more:
+                deep.remove(tenant)
+    skipped = tuple(t for t in order if t not in heads)
+    if skipped:
+        cursor.after = next(reversed(heads))
+    unread: dict[str, int] = {}
+    for tenant in (*deep, *skipped):
+        n = active[tenant] - placed_by_tenant.get(tenant, 0) - len(heads.get(tenant, ()))
+        if n > 0:
+            unread[tenant] = n
+    return QueueRead([e for v in heads.values() for e in v], dict(sorted(unread.items())), skipped)
 
 
 class OfferModel(BaseModel):
@@ -188,6 +270,32 @@ def pending_job(job: Job) -> PendingJob:
     return pending
 
 
+def pending_entry(entry: QueueEntry) -> PendingJob:
+    """A queue index entry as the scheduler sees it (the same as ``pending_job`` of its full job)."""
+    return PendingJob(
+        job_id=entry.job_id,
+        tenant=entry.tenant,
+        gpu_type=entry.gpu_type,
+        gpus=entry.gpus,
+        submitted_at=entry.created_at.timestamp(),
+        nodes=entry.nodes,
+        cpu=entry.cpu,
+        memory_gib=entry.memory_gib,
+        placement=entry.placement,
+        regions=entry.regions,
+        spot=entry.spot,
+        priority=entry.priority,
+        max_hourly_usd=entry.max_hourly_usd,
+        max_cost_usd=entry.max_cost_usd,
+        expected_duration_s=entry.expected_duration_s,
+        family=entry.family,
+        timeout_s=entry.timeout_s,
+        datasets=entry.datasets,
+        avoid_hosts=entry.avoid_hosts,
+        avoid_regions=entry.avoid_regions,
+    )
+
+
 def running_job(job: Job) -> RunningJob | None:
     """A placed job as capacity it holds (None: not placed)."""
     p = job.placement
@@ -263,6 +371,9 @@ class SnapshotSource:
     capacity: CloudCapacity | None = None
     """The instance types the deployed Batch compute environments hold (None: no restriction); offers
     of anything else are dropped, from the default document and from a stored one alike."""
+    queue: QueueLimits = field(default_factory=QueueLimits)
+    cursor: QueueCursor = field(default_factory=QueueCursor)
+    monotonic: Callable[[], float] = time.monotonic
 
     def cloud_spend(self, tenant: str) -> float:
         """What the tenant's cloud attempts cost this month (UTC), running ones so far included."""
@@ -320,10 +431,14 @@ class SnapshotSource:
             circuits=self.circuit_records(),
         )
 
-    def snapshot(self) -> tuple[Snapshot, Fleet, list[Job]]:
-        """The whole queue and fleet as the scheduler sees it now (and the pending jobs' records)."""
+    def snapshot(self) -> tuple[Snapshot, Fleet, list[QueueEntry]]:
+        """The queue (as a pass reads it) and fleet as the scheduler sees it now, with the entries."""
         inputs = self.pass_inputs()
-        return inputs.snapshot, inputs.fleet, inputs.pending_jobs
+        return inputs.snapshot, inputs.fleet, inputs.pending
+
+    def hydrate(self, job_ids: Iterable[str]) -> dict[str, Job]:
+        """The full items of the jobs about to be placed (BatchGetItem), read only for them."""
+        return self.jobs.get_many(job_ids)
 
     def tenant_state(self, tenant: str) -> TenantState:
         """The tenant as the scheduler sees it; the ledger is read only when it has a cloud budget."""
@@ -332,28 +447,42 @@ class SnapshotSource:
         return tenant_state(tenant, quota, self.cloud_spend(tenant) if budgeted else 0.0)
 
     def pass_inputs(self) -> PassInputs:
-        """Everything a scheduling pass reads, with the job records behind the snapshot."""
-        pending_jobs = [j for s in PENDING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
-        running_jobs = [j for s in RUNNING_STATUSES for j in self.jobs.list_by_status(s, MAX_JOBS_PER_STATUS)]
-        names = {n for j in (*pending_jobs, *running_jobs) for n in dataset_names(j.spec)}
+        """Everything a scheduling pass reads: every running job (whole), the heads of the tenants'
+        queues (compact entries, ``read_queue``), the fleet and the tenants."""
+        running_jobs = [j for s in RUNNING_STATUSES for j in self.jobs.list_placed(s)]
+        placed: dict[str, int] = {}
+        for j in running_jobs:
+            placed[j.tenant] = placed.get(j.tenant, 0) + 1
+        queue = read_queue(self.jobs, self.queue, self.cursor, placed, self.monotonic)
+        pending = queue.entries
+        names = {n for e in pending for n in dataset_names_of(e.datasets)} | {
+            n for j in running_jobs for n in dataset_names(j.spec)
+        }
         fleet = self.fleet(names)
-        tenants = {j.tenant for j in (*pending_jobs, *running_jobs)}
+        tenants = {e.tenant for e in pending} | {j.tenant for j in running_jobs}
         running = tuple(r for r in (running_job(j) for j in running_jobs) if r is not None)
         snapshot = Snapshot(
-            pending=tuple(pending_job(j) for j in pending_jobs),
+            pending=tuple(pending_entry(e) for e in pending),
             running=running,
             hosts=fleet.hosts,
             offers=fleet.offers,
             tenants={t: self.tenant_state(t) for t in sorted(tenants)},
             circuits=fleet.circuits,
             runtimes=None if self.runtimes is None else predictor_for(self.runtimes, tenants),
+            unread=queue.unread,
         )
-        return PassInputs(snapshot, fleet, pending_jobs, running_jobs)
+        return PassInputs(snapshot, fleet, pending, running_jobs, queue)
+
+
+def dataset_names_of(sources: Iterable[str]) -> set[str]:
+    """The registered datasets (``dataset://NAME/...``) among data sources."""
+    return {s.removeprefix("dataset://").split("/", 1)[0] for s in sources if s.startswith("dataset://")}
 
 
 @dataclass(frozen=True, slots=True)
 class PassInputs:
     snapshot: Snapshot
     fleet: Fleet
-    pending_jobs: list[Job]
+    pending: list[QueueEntry]
     running_jobs: list[Job]
+    queue: QueueRead

@@ -42,6 +42,11 @@ class JobExplanation:
     """The pass's rule ids for this job, in the order it met them."""
     candidates: list[CandidateSite] = field(default_factory=list)
     preempts: list[str] = field(default_factory=list)
+    not_considered: int = 0
+    """Queued jobs this pass did not read (every tenant's; ``Snapshot.unread``): the core decided
+    without them."""
+    tenant_not_considered: int = 0
+    """Of those, the job's own tenant's (queued behind the head the pass read)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +88,31 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
         rules=[str(r) for r in outcome.rules],
         candidates=candidates,
         preempts=[pr.job_id for pr in decisions.preemptions if pr.for_job == job_id],
+        not_considered=sum(snapshot.unread.values()),
+        tenant_not_considered=snapshot.unread.get(job.tenant, 0),
     )
+
+
+def not_considered(snapshot: Snapshot, tenant: str) -> dict[str, Any] | None:
+    """Why a queued job of ``tenant`` is absent from the pass (None: it is not for that reason): the
+    pass read only the head of its tenant's queue, or did not reach the tenant this time."""
+    mine = snapshot.unread.get(tenant, 0)
+    if mine <= 0:
+        return None
+    total = sum(snapshot.unread.values())
+    read = sum(1 for j in snapshot.pending if j.tenant == tenant)
+    where = (
+        f"behind the first {read} of its team's queue that the pass read"
+        if read
+        else "its team's queue was not reached this pass (read round-robin)"
+    )
+    return {
+        "summary": f"not considered this pass: {where}; {mine} of its team's and {total} queued jobs "
+        "in all were not considered",
+        "not_considered": total,
+        "tenant_not_considered": mine,
+        "tenant_read": read,
+    }
 
 
 def _onprem_rows(p: SchedulingPass, job: PendingJob, outcome: JobOutcome) -> list[CandidateSite]:

@@ -211,6 +211,10 @@ class Snapshot:
     instances: tuple[CloudInstance, ...] = ()
     runtimes: RuntimePredictor | None = None
     """What the service has learnt of run times (read only here). None: estimates as given."""
+    unread: Mapping[str, int] = field(default_factory=dict)
+    """Per tenant, the queued jobs the pass did not read (the queue index is read head first within
+    a budget; ``berth.logic.snapshot.read_queue``): the core never sees them this pass, ``explain``
+    says how many."""
 
     def tenant(self, name: str) -> TenantState:
         found = self.tenants.get(name)

@@ -10,6 +10,7 @@ from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
+from berth.domain.queue import queue_entry
 from berth.domain.status import JobStatus
 from tests.functional.contracts.conftest import Store
 
@@ -158,19 +159,87 @@ def test_a_token_only_serves_its_own_query(store: Store) -> None:
         store.jobs.list_for_tenant("vision", None, 1, "not-a-token")
 
 
-def test_list_by_status_spans_tenants_oldest_first(store: Store) -> None:
-    spec = JobSpec.model_validate({"name": "q", "image": "busybox", "command": ["true"]})
-    base = datetime(2026, 12, 1, tzinfo=UTC)
+def _queue(store: Store, tenants: tuple[str, ...], spec: JobSpec = SPEC) -> list[str]:
     ids = []
-    for i, tenant in enumerate(("vision", "nlp", "vision")):
-        now = base + timedelta(seconds=i)
-        job, ev = new_job(new_job_id(now), tenant, "arn:aws:iam::123456789012:user/x", spec, now)
-        store.jobs.create(job, ev, max_active=10)
+    for i, tenant in enumerate(tenants):
+        now = T0 + timedelta(seconds=i)
+        job, ev = new_job(new_job_id(now), tenant, ALICE, spec, now)
+        store.jobs.create(job, ev, max_active=1000)
         ids.append(job.id)
-    moved = store.jobs.get(ids[1])
-    assert moved is not None
-    nxt, ev = moved.transition(JobStatus.CANCELED, "canceled", base + timedelta(seconds=9))
+    return ids
+
+
+def _move(store: Store, job_id: str, to: JobStatus, **changes: object) -> Job:
+    job = store.jobs.get(job_id)
+    assert job is not None
+    nxt, ev = job.transition(to, str(to).lower(), job.updated_at + timedelta(seconds=1), **changes)  # type: ignore[arg-type]
     store.jobs.save(nxt, ev)
-    assert [j.id for j in store.jobs.list_by_status(JobStatus.QUEUED, 10)] == [ids[0], ids[2]]
-    assert [j.id for j in store.jobs.list_by_status(JobStatus.QUEUED, 1)] == [ids[0]]
-    assert [j.id for j in store.jobs.list_by_status(JobStatus.CANCELED, 10)] == [ids[1]]
+    return nxt
+
+
+def test_queue_index_holds_queued_jobs_only_in_queue_order(store: Store) -> None:
+    ids = _queue(store, ("vision", "nlp", "vision", "vision"))
+    high = JobSpec.model_validate(
+        {**SPEC.model_dump(mode="json", exclude_none=True), "constraints": {"priority": "high"}}
+    )
+    [urgent] = _queue(store, ("vision",), high)
+    _move(store, ids[2], JobStatus.CANCELED)  # leaves the index in the job's own write
+    head = store.jobs.queue_head("vision", 10)
+    assert [e.job_id for e in head.entries] == [urgent, ids[0], ids[3]] and head.more is False
+    first = store.jobs.queue_head("vision", 2)
+    assert [e.job_id for e in first.entries] == [urgent, ids[0]] and first.more is True
+    assert [e.job_id for e in store.jobs.queue_head("nlp", 10).entries] == [ids[1]]
+    assert store.jobs.queue_head("other", 10).entries == []
+    # the entry is what the core reads of the job, and its version and reason
+    job = store.jobs.get(ids[0])
+    assert job is not None
+    assert head.entries[1] == queue_entry(job)
+
+
+def test_queue_index_entry_follows_the_job_and_leaves_when_placed(store: Store) -> None:
+    [job_id] = _queue(store, ("vision",))
+    job = store.jobs.get(job_id)
+    assert job is not None
+    parked = job.updated(job.updated_at, run=job.run.model_copy(update={"placement_token": "tok"}))
+    store.jobs.update(parked)
+    [entry] = store.jobs.queue_head("vision", 5).entries
+    assert entry.awaiting_execution is False and entry.version == parked.version
+    where = OnPremPlacement(pool="p", gpu_type="V100", hosts=(HostGpus(host_id="h1", gpus=2),))
+    _move(store, job_id, JobStatus.STARTING, site=Site.ONPREM, placement=where)
+    assert store.jobs.queue_head("vision", 5).entries == []
+    assert [j.id for j in store.jobs.list_placed(JobStatus.STARTING)] == [job_id]
+    _move(store, job_id, JobStatus.RUNNING)
+    assert store.jobs.list_placed(JobStatus.STARTING) == []
+    assert [j.id for j in store.jobs.list_placed(JobStatus.RUNNING)] == [job_id]
+    with pytest.raises(ValueError):
+        store.jobs.list_placed(JobStatus.QUEUED)
+
+
+def test_set_reason_writes_the_reason_alone_under_the_entry_version(store: Store) -> None:
+    [job_id] = _queue(store, ("vision",))
+    [entry] = store.jobs.queue_head("vision", 5).entries
+    store.jobs.set_reason(entry, "waiting for placement (capacity): on-prem full")
+    job = store.jobs.get(job_id)
+    assert job is not None and job.reason.startswith("waiting for placement (capacity)")
+    assert job.version == entry.version  # no new version: no other writer loses its update
+    assert store.jobs.queue_head("vision", 5).entries[0].reason == job.reason
+    _move(store, job_id, JobStatus.CANCELED)
+    with pytest.raises(Conflict):
+        store.jobs.set_reason(entry, "stale")
+    ended = store.jobs.get(job_id)
+    assert ended is not None and ended.reason == "canceled"
+
+
+def test_queued_tenants_are_those_with_active_jobs(store: Store) -> None:
+    ids = _queue(store, ("vision", "nlp", "vision"))
+    assert store.jobs.queued_tenants() == {"nlp": 1, "vision": 2}
+    _move(store, ids[1], JobStatus.CANCELED)
+    assert store.jobs.queued_tenants() == {"vision": 2}
+
+
+def test_get_many_reads_full_jobs_in_batches_of_100(store: Store) -> None:
+    ids = _queue(store, ("vision",) * 130)
+    found = store.jobs.get_many([*ids, "j-missing", ids[0]])
+    assert set(found) == set(ids)
+    assert found[ids[5]] == store.jobs.get(ids[5])
+    assert store.jobs.get_many([]) == {}
