@@ -64,7 +64,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
-from berth_agent.executors.process import ProcessRun
+from berth_agent.executors.process import ProcessRun, UidPool
 from berth_agent.logship import LogShipper
 from berth_tools.localcloud import moto_compat
 from berth_tools.localcloud.faults import FAULTS, FaultState
@@ -183,12 +183,19 @@ class _Run:
     terminating: bool = False
 
 
+DEFAULT_WORK_ROOT = Path(tempfile.gettempdir()) / "berth-local-batch"
+#: Job uids of local Batch jobs when the local cloud runs as root (below the local agents' blocks).
+JOB_UIDS = "3090000-3099999"
+
+
 @dataclass
 class LocalBatch:
     """Runs the Batch jobs of `berth-*` queues in this process's moto (see the module docstring)."""
 
     endpoint_url: str
-    work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "berth-local-batch")
+    work_root: Path = DEFAULT_WORK_ROOT
+    #: As root, each job runs under a uid of its own from this pool (None: as this process's user).
+    uids: UidPool | None = field(default_factory=lambda: UidPool.parse(JOB_UIDS))
     faults: FaultState = field(default_factory=lambda: FAULTS)
     factor: float = field(default_factory=time_factor)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -283,6 +290,7 @@ class LocalBatch:
             return
         workdir = Path(tempfile.mkdtemp(prefix=f"{job.job_id[:8]}-", dir=self._work_root()))
         shipper: LogShipper | None = None
+        uid: int | None = None
         try:
             job.job_stopped_reason = None  # a capacity reason no longer holds
             self._set_status(job, "STARTING")
@@ -301,6 +309,9 @@ class LocalBatch:
                 job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
             argv, env = self._argv_env(job, env, workdir, secret_env)
             try:
+                if self.uids is not None:  # the job's own uid: its work dir (0700) is all it owns
+                    uid = self.uids.take()
+                    os.chown(workdir, uid, uid)
                 run.handle = ProcessRun(
                     argv,
                     env=env,
@@ -308,6 +319,8 @@ class LocalBatch:
                     on_line=shipper.emit_line,
                     timeout_s=job._get_attempt_duration(),
                     timeout_grace_s=TERMINATE_GRACE_S / self.factor,
+                    user=uid,
+                    group=uid,
                 )
             except Exception as exc:  # CannotStartContainerError on AWS
                 shipper.emit(f"CannotStartContainerError: {exc}")
@@ -319,6 +332,8 @@ class LocalBatch:
             if shipper is not None:
                 shipper.close(timeout_s=10)
             shutil.rmtree(workdir, ignore_errors=True)
+            if uid is not None and self.uids is not None:
+                self.uids.give_back(uid)
             if ce is not None:
                 with self._lock:
                     self._in_use[ce.arn] = self._in_use.get(ce.arn, 0) - vcpus
@@ -547,6 +562,7 @@ class LocalBatch:
 
     def _work_root(self) -> Path:
         self.work_root.mkdir(parents=True, exist_ok=True)
+        self.work_root.chmod(0o711)  # jobs pass through to their own dirs; they list nothing
         return self.work_root
 
     # -- faults and shutdown ----------------------------------------------------------------------
