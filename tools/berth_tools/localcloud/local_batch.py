@@ -38,6 +38,12 @@ an execution role, not allowed to it, or missing fails the job before it runs, w
 `ResourceInitializationError: unable to pull secrets or registry auth: ...` as its reason (names,
 never values).
 
+Each job runs in a fresh work dir under `work_root` (the run's job root, outside the state dir). When
+the local cloud runs as root it runs under a uid of its own from `JOB_UIDS` (gid = uid, no
+supplementary groups; its work dir chowned to it, 0700, in a 0711 root), so it cannot read the state
+dir's keys or another job's files; a launcher job keeps this process's user when this interpreter is
+not reachable by other users (a pyenv under /root), with a warning.
+
 `BERTH_TIME_FACTOR` (default 1) divides the runner's own delays (the capacity statusReason delay, the
 terminate grace); a job's command runs in real time.
 """
@@ -309,7 +315,7 @@ class LocalBatch:
                 job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
             argv, env = self._argv_env(job, env, workdir, secret_env)
             try:
-                if self.uids is not None:  # the job's own uid: its work dir (0700) is all it owns
+                if self.uids is not None and self._may_switch(argv):  # its work dir (0700) is all it owns
                     uid = self.uids.take()
                     os.chown(workdir, uid, uid)
                 run.handle = ProcessRun(
@@ -560,6 +566,23 @@ class LocalBatch:
         cluster = (ce.ecs_name or ce.name) if ce is not None else "local"
         return f"arn:aws:ecs:{job.backend.region_name}:{job.backend.account_id}:task/{cluster}/{task_id}"
 
+    @staticmethod
+    def _may_switch(argv: list[str]) -> bool:
+        """A launcher job runs this interpreter: under a job uid only if any user may run it (a venv
+        of a pyenv under /root may not be); then it runs as this process's user, as without root."""
+        if argv[0] != sys.executable:
+            return True
+        if _world_runnable(Path(sys.executable).resolve()):
+            return True
+        if not _WARNED:
+            _WARNED.append(True)
+            print(
+                f"berth local: {sys.executable} is not reachable by other users: Batch jobs that run "
+                "the code-bundle launcher run as this user (docs/local-cloud.md)",
+                file=sys.stderr,
+            )
+        return False
+
     def _work_root(self) -> Path:
         self.work_root.mkdir(parents=True, exist_ok=True)
         self.work_root.chmod(0o711)  # jobs pass through to their own dirs; they list nothing
@@ -620,6 +643,19 @@ def _secret_location(value_from: str, default_region: str) -> tuple[str, str]:
         head, _, name = value_from.partition(":secret:")
         return head.split(":")[3] or default_region, f"{head}:secret:{name.split(':')[0]}"
     return default_region, value_from
+
+
+_WARNED: list[bool] = []
+
+
+def _world_runnable(path: Path) -> bool:
+    """Others may execute ``path`` and pass through every directory above it."""
+    try:
+        if not path.stat().st_mode & 0o001:
+            return False
+        return all(parent.stat().st_mode & 0o001 for parent in path.parents)
+    except OSError:
+        return False
 
 
 def _int(value: str | None, default: int) -> int:
