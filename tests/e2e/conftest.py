@@ -81,7 +81,7 @@ class ApiClient:
 
         url = self.api_url.rstrip("/") + path
         if params:
-            url += "?" + urllib.parse.urlencode(params)
+            url += "?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
         body = data if data is not None else (b"" if json is None else json_module.dumps(json).encode())
         all_headers = dict(headers or {})
         if json is not None:

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.e2e
 
 HELLO = REPO / "examples" / "jobs" / "hello-gpu.yaml"
 #: One real agent process (an A100 host: hello-gpu asks for 2 A100s), as few as the README needs.
-UP_ARGS = ("--agents", "1", "--gpus-per-agent", "4", "--quiet", "--template", str(TEMPLATE))
+UP_ARGS: tuple[str, ...] = ("--agents", "1", "--gpus-per-agent", "4", "--quiet")
+if TEMPLATE.exists():  # `make test-e2e` synthesises first; otherwise `berth local up` does
+    UP_ARGS += ("--template", str(TEMPLATE))
 ENDED = {"COMPLETED", "FAILED", "CANCELED"}
 
 
