@@ -35,8 +35,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +166,10 @@ class StateDir:
             return None
         removed: list[str] = []
         failed: list[str] = []
+        # A killed run leaves its agents behind (their own sessions): they would heartbeat with the
+        # old keys forever. Only processes whose config lies in this state dir are stopped.
+        for pid in stop_orphan_agents(self.agents_dir):
+            removed.append(f"agent process {pid}")
         for name in found:
             path = self.root / name
             if name == "jobs-root":
@@ -226,6 +232,41 @@ class StateDir:
 
     def remove_env(self) -> None:
         self.env_file.unlink(missing_ok=True)
+
+
+def stop_orphan_agents(agents_dir: Path, timeout_s: float = 10.0) -> list[int]:
+    """SIGTERM (then SIGKILL after ``timeout_s``) the agent processes an earlier run of this state dir
+    left running: those ``agents.json`` lists whose environment names a config under ``agents_dir``."""
+    try:
+        listed = json.loads((agents_dir.parent / "agents.json").read_text())
+    except (OSError, ValueError):
+        return []
+    pids = []
+    for entry in listed if isinstance(listed, list) else []:
+        pid = entry.get("pid") if isinstance(entry, dict) else None
+        if isinstance(pid, int) and pid != os.getpid() and _agent_of(pid, agents_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                pids.append(pid)
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while _agent_of(pid, agents_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _agent_of(pid, agents_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def _agent_of(pid: int, agents_dir: Path) -> bool:
+    """Is ``pid`` a live (not zombie) agent whose BERTH_AGENT_CONFIG lies under ``agents_dir``?"""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    prefix = f"BERTH_AGENT_CONFIG={agents_dir}{os.sep}".encode()
+    return state != "Z" and any(item.startswith(prefix) for item in environ)
 
 
 def _recorded_jobs_root(marker: Path) -> Path | None:
