@@ -191,6 +191,7 @@ def start_local_cloud(
     if TEMPLATE.exists():  # `make test-e2e` synthesises first; otherwise `berth local up` does
         args += ["--template", str(TEMPLATE)]
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_ENDPOINT_URL")}
+    (where / "env").unlink(missing_ok=True)  # a killed run's: ready means this run wrote it
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(

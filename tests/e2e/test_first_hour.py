@@ -201,3 +201,47 @@ def test_a_job_cannot_read_the_state_dir(first_hour: Any, tmp_path: Path) -> Non
     assert seen["job_root"] == "denied" and seen["other_attempts"] == "denied", seen
     assert seen["own_dir"] == "allowed", seen
     assert wait_status(cloud, job_id, ENDED, cwd) == "COMPLETED"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_restart_after_a_kill_on_the_same_state_dir(tmp_path: Path) -> None:
+    """`berth local up` killed (SIGKILL: no cleanup), then started again on its state dir: it says the
+    emulator's state is not kept, stops the old agent, removes the old keys and attempt files, and the
+    old keys and jobs are gone; the new run works."""
+    state = tmp_path / "state"
+    first = start_local_cloud(state, *UP_ARGS, cwd=tmp_path, log_path=tmp_path / "first.log")
+    try:
+        old_keys = first.credentials("alice")
+        job_id = json.loads(ok(berth(first, "submit", "-f", str(HELLO), "--output", "json", cwd=tmp_path)))[
+            "id"
+        ]
+        wait_status(first, job_id, {"RUNNING", *ENDED}, tmp_path)
+        old_agent = json.loads((state / "agents.json").read_text())[0]["pid"]
+        old_jobs = Path((state / "jobs-root").read_text().strip())
+        assert old_jobs.is_dir()
+    finally:
+        first.process.kill()
+        first.process.wait()
+    assert _alive(old_agent), "the agent runs in its own session: it outlives a SIGKILLed local cloud"
+
+    second = start_local_cloud(state, *UP_ARGS, cwd=tmp_path, log_path=tmp_path / "second.log")
+    try:
+        log = second.log_tail(10**6)
+        assert "The emulator's state is not kept across a restart" in log, log
+        assert f"agent process {old_agent}" in log and "aws/credentials" in log, log
+        assert not _alive(old_agent) and not old_jobs.exists()
+        assert second.credentials("alice").secret_key != old_keys.secret_key
+        assert second.client_with(old_keys).get("/v1/jobs").status == 403
+        assert second.client("alice").get(f"/v1/jobs/{job_id}").status == 404
+        fresh = json.loads(ok(berth(second, "submit", "-f", str(HELLO), "--output", "json", cwd=tmp_path)))[
+            "id"
+        ]
+        assert wait_status(second, fresh, ENDED, tmp_path, timeout=180) == "COMPLETED"
+    finally:
+        assert second.stop() == 0, second.log_tail()
