@@ -237,6 +237,21 @@ def start_local_cloud_fixture() -> Iterator[Any]:
         cloud.stop()
 
 
+@pytest.fixture
+def job_dir() -> Iterator[Path]:
+    """A directory a job may write to (markers), whatever uid it runs as: when the local cloud runs as
+    root, jobs run under uids of their own and cannot enter pytest's 0700 temp dirs (sticky, 1777)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="berth-test-jobs-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def log_lines(client: ApiClient, job_id: str, attempt: int, count: int, timeout: float = 20) -> list[str]:
     """An attempt's output lines through the API, polled until there are ``count`` (or ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -105,9 +105,9 @@ def test_agents_are_real_registered_processes(real_cloud: LocalCloudProcess) -> 
     assert {a["host_id"] for a in agents} <= {h["host_id"] for h in capacity.get("hosts", [])} or capacity
 
 
-def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 1))
     assert r.status == 201, r.text
     job = _wait(alice, r.json()["id"], ("COMPLETED", "FAILED"))
@@ -127,9 +127,9 @@ def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: P
     assert [e["message"] for e in events["events"]] == ["hello from a real job"]
 
 
-def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 300))
     assert r.status == 201, r.text
     job_id = r.json()["id"]
@@ -147,10 +147,10 @@ def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_pat
 
 
 def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
-    real_cloud: LocalCloudProcess, tmp_path: Path
+    real_cloud: LocalCloudProcess, job_dir: Path
 ) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 4, retry={"max_attempts": 3}))
     assert r.status == 201, r.text
     job_id = r.json()["id"]
