@@ -25,8 +25,12 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed
 
-# The CloudFormation template: the one that goes to AWS is the one the local cloud deploys.
-cdk.out/Berth.template.json: install $(shell find infra functions -name '*.py' -not -path '*/__pycache__/*') cdk.json
+# The CloudFormation template: the one that goes to AWS is the one the local cloud deploys. It depends
+# on the install stamps (real files, not the phony `install`), on every file of the CDK app and of the
+# Lambda asset, and on cdk.json and pyproject.toml (the bundling reads it): a second `make up` or
+# `make demo` with nothing changed does not synthesise again.
+SYNTH_SOURCES := $(shell find infra functions -type f -not -path '*/__pycache__/*' -not -name '*.pyc') cdk.json pyproject.toml
+cdk.out/Berth.template.json: $(VENV)/.installed node_modules/.installed $(SYNTH_SOURCES)
 	npx cdk synth --quiet > /dev/null
 	touch $@
 
@@ -44,7 +48,9 @@ test: install synth lint
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
-test-functional: install
+# Every test target makes what its tests need (the local cloud's functional tests deploy the
+# synthesised template); a test that finds it missing fails with a message, it never skips.
+test-functional: install synth
 	$(BIN)/pytest -q tests/functional
 
 test-infra: install synth

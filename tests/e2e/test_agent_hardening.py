@@ -123,10 +123,10 @@ def test_a_job_flooding_stdout_through_a_real_agent(cloud: LocalCloudProcess) ->
 
 
 def test_sigterm_drains_a_real_agent_and_no_new_work_goes_there(
-    cloud: LocalCloudProcess, tmp_path: Path
+    cloud: LocalCloudProcess, job_dir: Path
 ) -> None:
     alice = cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     script = (
         "import os, time\n"
         "open(os.environ['MARK'], 'a').write('start\\n')\n"
@@ -157,7 +157,7 @@ def test_sigterm_drains_a_real_agent_and_no_new_work_goes_there(
     # its last heartbeat said draining: its host's lease is still valid, but nothing goes there
     hosts = {h["host_id"]: h for h in alice.get("/v1/capacity").json()["hosts"]}
     assert hosts[host]["draining"] is True and hosts[host]["alive"] is True, hosts[host]
-    spec["env"] = {"MARK": str(tmp_path / "next")}
+    spec["env"] = {"MARK": str(job_dir / "next")}
     r = alice.post("/v1/jobs", json=spec)
     nxt = _wait(alice, r.json()["id"], ("RUNNING", "COMPLETED"), timeout=60)
     assert nxt["placement"]["hosts"][0]["host_id"] != host, nxt

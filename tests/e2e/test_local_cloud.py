@@ -38,8 +38,10 @@ def test_env_file_contents_and_permissions(local_cloud: Any) -> None:
         "AWS_SHARED_CREDENTIALS_FILE",
         "AWS_REGION",
         "AWS_ENDPOINT_URL",
+        "BERTH_LOCAL_STATE_DIR",
     }
     state = local_cloud.state_dir
+    assert env["BERTH_LOCAL_STATE_DIR"] == str(state.resolve())
     assert env["AWS_CONFIG_FILE"] == str((state / "aws" / "config").resolve())
     assert env["AWS_SHARED_CREDENTIALS_FILE"] == str((state / "aws" / "credentials").resolve())
     assert env["AWS_REGION"] == "us-east-1"

@@ -21,7 +21,11 @@ MARKER_SCRIPT = """
 import os, socket, sys, time
 mark = os.environ["MARK"]
 def note(text):
-    with open(mark, "a") as fh:
+    # 0666 whatever the job's umask: as root, each attempt (each host) runs as a uid of its own
+    fd = os.open(mark, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    if os.fstat(fd).st_uid == os.getuid():
+        os.fchmod(fd, 0o666)
+    with os.fdopen(fd, "a") as fh:
         fh.write(text + "\\n")
 note(f"start {os.getpid()} {time.time()}")
 print("hello from a real job", flush=True)
@@ -105,9 +109,9 @@ def test_agents_are_real_registered_processes(real_cloud: LocalCloudProcess) -> 
     assert {a["host_id"] for a in agents} <= {h["host_id"] for h in capacity.get("hosts", [])} or capacity
 
 
-def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 1))
     assert r.status == 201, r.text
     job = _wait(alice, r.json()["id"], ("COMPLETED", "FAILED"))
@@ -127,9 +131,9 @@ def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, tmp_path: P
     assert [e["message"] for e in events["events"]] == ["hello from a real job"]
 
 
-def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_path: Path) -> None:
+def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 300))
     assert r.status == 201, r.text
     job_id = r.json()["id"]
@@ -147,10 +151,10 @@ def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, tmp_pat
 
 
 def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
-    real_cloud: LocalCloudProcess, tmp_path: Path
+    real_cloud: LocalCloudProcess, job_dir: Path
 ) -> None:
     alice = real_cloud.client("alice")
-    marker = tmp_path / "marks"
+    marker = job_dir / "marks"
     r = alice.post("/v1/jobs", json=_spec(marker, 4, retry={"max_attempts": 3}))
     assert r.status == 201, r.text
     job_id = r.json()["id"]

@@ -14,6 +14,8 @@ from berth_tools.localcloud.faults import FaultState, instance_type_matches
 from berth_tools.localcloud.metering import ObservedRequest
 from berth_tools.localcloud.state_dir import StateDir
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.mark.parametrize(
     ("configured", "faulted", "matches"),
@@ -122,3 +124,19 @@ def test_job_vcpus_prefers_the_submit_overrides() -> None:
     assert local_batch.job_vcpus(job) == 4
     job.container_overrides = {"resourceRequirements": [{"type": "VCPU", "value": "2"}]}
     assert local_batch.job_vcpus(job) == 2
+
+
+def test_the_state_dir_is_found_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from berth_tools.localcloud.state_dir import STATE_DIR_ENV, locate
+
+    explicit, sourced, here = tmp_path / "explicit", tmp_path / "sourced", tmp_path / "clone"
+    monkeypatch.chdir(tmp_path)
+    assert locate(explicit, {STATE_DIR_ENV: str(sourced)}) == explicit.resolve()  # the flag first
+    assert locate(None, {STATE_DIR_ENV: str(sourced)}) == sourced  # then the sourced env file
+    (here / ".berth" / "local").mkdir(parents=True)
+    StateDir(here / ".berth" / "local").write_env({"BERTH_API_URL": "http://127.0.0.1:1/api"})
+    monkeypatch.chdir(here)
+    assert locate(None, {}) == (here / ".berth" / "local").resolve()  # then .berth/local here
+    monkeypatch.chdir(tmp_path)
+    # nothing here: the repository's .berth/local if a local cloud runs there, else this directory's
+    assert locate(None, {}) in ((tmp_path / ".berth" / "local").resolve(), REPO / ".berth" / "local")

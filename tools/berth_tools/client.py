@@ -108,7 +108,9 @@ class BerthClient:
         """Send a signed request. Retries with backoff: connection failures, 502/503/504, and 429
         except ``QuotaExceeded`` (a tenant at its quota waits for jobs to finish, not for seconds)."""
         q = {k: v for k, v in (query or {}).items() if v is not None}
-        url = self._config.api_url + path + (("?" + urlencode(q)) if q else "")
+        # RFC 3986 encoding (%20, not +): botocore signs a query in the URL as written, and AWS reads
+        # a + as a space
+        url = self._config.api_url + path + (("?" + urlencode(q, quote_via=quote)) if q else "")
         data = None if body is None else json.dumps(body).encode()
         hdrs = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **(headers or {})}
         return self._send(method, url, data, hdrs)

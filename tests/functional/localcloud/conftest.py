@@ -24,6 +24,22 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # makes `localcloud_fake_handler` importable as the Lambda handler
 
 
+@pytest.fixture(scope="session")
+def real_template() -> Path:
+    """The synthesised template (and its Berth-batch-<region> stacks): a clear error, never a skip,
+    when `cdk synth` has not run (`make test-functional`, `make test-e2e` and `make test` run it)."""
+    missing = [] if REAL_TEMPLATE.exists() else [REAL_TEMPLATE.name]
+    if not list(REAL_TEMPLATE.parent.glob("Berth-batch-*.template.json")):
+        missing.append("Berth-batch-<region>.template.json")
+    if missing:
+        pytest.fail(
+            f"{REAL_TEMPLATE.parent} has no {' and no '.join(missing)}: run `make synth` "
+            "(or `make test-functional`, which synthesises first)",
+            pytrace=False,
+        )
+    return REAL_TEMPLATE
+
+
 @pytest.fixture(scope="module")
 def seeded_members() -> list[tuple[str, str, str]]:
     return []

@@ -16,10 +16,7 @@ from .conftest import REAL_TEMPLATE
 
 BATCH_TEMPLATES = sorted(REAL_TEMPLATE.parent.glob("Berth-batch-*.template.json"))
 
-pytestmark = pytest.mark.skipif(
-    not REAL_TEMPLATE.exists() or not BATCH_TEMPLATES,
-    reason="cdk.out has no Berth and Berth-batch-<region> templates: run `make synth` first",
-)
+pytestmark = pytest.mark.usefixtures("real_template")  # and the Berth-batch-<region> ones beside it
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,7 @@ from .conftest import REAL_TEMPLATE
 from .test_real_template import _cold_start_handlers
 from .test_workflow import job, status_in, submit, transitions, wait_for
 
-pytestmark = pytest.mark.skipif(
-    not REAL_TEMPLATE.exists(), reason="cdk.out/Berth.template.json is absent: run `make synth` first"
-)
+pytestmark = pytest.mark.usefixtures("real_template")  # missing: an error that says `make synth`
 
 
 @pytest.fixture(scope="module")

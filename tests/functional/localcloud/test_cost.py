@@ -22,9 +22,7 @@ from .conftest import REAL_TEMPLATE
 from .test_real_template import _cold_start_handlers
 from .test_workflow import TERMINAL, TIMINGS, Hosts, spec, status_in, submit, transitions, wait_for
 
-pytestmark = pytest.mark.skipif(
-    not REAL_TEMPLATE.exists(), reason="cdk.out/Berth.template.json is absent: run `make synth` first"
-)
+pytestmark = pytest.mark.usefixtures("real_template")  # missing: an error that says `make synth`
 
 #: 360 USD per GPU-hour: 0.1 USD per GPU-second; costs are written at every pass.
 ACCOUNTING = {"onprem_usd_per_gpu_hour": 360.0, "accrual_step_usd": 0.01, "accrual_interval_s": 0.0}

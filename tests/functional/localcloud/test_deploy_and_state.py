@@ -76,6 +76,7 @@ def test_state_dir_files(cloud: LocalCloud) -> None:
         "AWS_SHARED_CREDENTIALS_FILE": str((state / "aws" / "credentials").resolve()),
         "AWS_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": cloud.endpoint_url,
+        "BERTH_LOCAL_STATE_DIR": str(state.resolve()),
     }
     for path in (state / "env", state / "aws" / "config", state / "aws" / "credentials"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

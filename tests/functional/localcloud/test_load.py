@@ -18,9 +18,7 @@ from berth_tools.localcloud.cloud import LOCAL_TIMINGS, LocalCloud, load_templat
 from .conftest import REAL_TEMPLATE
 from .test_real_template import _cold_start_handlers
 
-pytestmark = pytest.mark.skipif(
-    not REAL_TEMPLATE.exists(), reason="cdk.out/Berth.template.json is absent: run `make synth` first"
-)
+pytestmark = pytest.mark.usefixtures("real_template")  # missing: an error that says `make synth`
 
 SUBMITS = 100
 CLIENTS = 8

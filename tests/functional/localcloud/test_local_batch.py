@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tarfile
@@ -303,6 +304,31 @@ def test_the_job_gets_a_clean_environment_with_its_role_credentials(lb: Batch) -
         "BERTH_TENANT",
     } <= names
     assert not names & {"MOTO_PORT", "PYTHONPATH", "VIRTUAL_ENV"}  # nothing of the local cloud's process
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason=f"the local cloud runs as uid {os.geteuid()}, not root: Batch jobs then run as that same user "
+    "(no uid to switch to); docs/local-cloud.md, 'What a job can reach'",
+)
+def test_a_job_runs_as_a_uid_of_its_own_and_cannot_read_the_state_dir(lb: Batch) -> None:
+    assert lb.cloud.state_dir is not None
+    credentials = lb.cloud.state_dir.resolve() / "aws" / "credentials"
+    script = (
+        "import json, os\n"
+        "def attempt(fn):\n"
+        "    try:\n        fn(); return 'allowed'\n"
+        "    except PermissionError:\n        return 'denied'\n"
+        f"print(json.dumps({{'uid': os.getuid(), 'groups': os.getgroups(), "
+        f"'credentials': attempt(lambda: open({str(credentials)!r}).read()), "
+        f"'root': attempt(lambda: os.listdir({str(local_batch.current().work_root)!r})), "  # type: ignore[union-attr]
+        "'own': attempt(lambda: open('x', 'w').write('x'))}))"
+    )
+    job = lb.submit("j-uid-a1", ["python3", "-c", script])
+    assert lb.done(job)["status"] == "SUCCEEDED", lb.output(job)
+    seen = json.loads(lb.output(job)[0])
+    assert seen["uid"] != 0 and seen["groups"] == [], seen
+    assert (seen["credentials"], seen["root"], seen["own"]) == ("denied", "denied", "allowed"), seen
 
 
 def test_terminate_job_kills_the_process_group(lb: Batch) -> None:

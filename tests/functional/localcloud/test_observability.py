@@ -8,7 +8,7 @@ import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -31,7 +31,7 @@ def _sample(at: datetime, util: float, cpu: float = 50.0) -> dict[str, Any]:
 
 
 def _get(cloud: LocalCloud, path: str, who: str = "alice", **query: Any) -> tuple[int, Any]:
-    qs = urlencode({k: v for k, v in query.items() if v is not None})
+    qs = urlencode({k: v for k, v in query.items() if v is not None}, quote_via=quote)
     return cloud.request("GET", path + (f"?{qs}" if qs else ""), who)
 
 

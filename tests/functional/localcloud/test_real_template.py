@@ -12,9 +12,7 @@ from berth_tools.localcloud.cloud import LocalCloud, load_template
 
 from .conftest import REAL_TEMPLATE
 
-pytestmark = pytest.mark.skipif(
-    not REAL_TEMPLATE.exists(), reason="cdk.out/Berth.template.json is absent: run `make synth` first"
-)
+pytestmark = pytest.mark.usefixtures("real_template")  # missing: an error that says `make synth`
 
 
 def _cold_start_handlers() -> None:

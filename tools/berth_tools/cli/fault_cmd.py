@@ -13,7 +13,7 @@ import typer
 
 from berth_tools.cli.output import OutputFormat
 from berth_tools.localcloud.faults import FAULT_PATH
-from berth_tools.localcloud.state_dir import DEFAULT_STATE_DIR, parse_exports
+from berth_tools.localcloud.state_dir import STATE_DIR_ENV, locate, parse_exports
 
 USAGE = "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | clear | show"
 _ARITY = {
@@ -28,7 +28,9 @@ def fault_url(state_dir: Path) -> str:
     env_file = state_dir / "env"
     if not env_file.is_file():
         raise FileNotFoundError(
-            f"{env_file} is missing: is `berth local up --state-dir {state_dir}` running?"
+            f"{env_file} is missing: is `berth local up --state-dir {state_dir}` running? (Without "
+            f"--state-dir, this command looks in ${STATE_DIR_ENV}, set by sourcing the env file, then in "
+            ".berth/local here and at the top of the repository.)"
         )
     api_url = parse_exports(env_file.read_text()).get("BERTH_API_URL")
     if not api_url:
@@ -68,8 +70,11 @@ def send(url: str, body: dict[str, Any] | None, timeout: float = 10.0) -> tuple[
 def fault(
     kind: str = typer.Argument(..., help="region-outage, capacity, spot-interrupt, clear or show."),
     args: list[str] | None = typer.Argument(None, help="REGION [INSTANCE_TYPE] | JOB_ID"),
-    state_dir: Path = typer.Option(
-        DEFAULT_STATE_DIR, "--state-dir", help="The running local cloud's state dir."
+    state_dir: Path | None = typer.Option(
+        None,
+        "--state-dir",
+        help=f"The running local cloud's state dir (default: ${STATE_DIR_ENV}, else .berth/local here "
+        "or at the top of the repository).",
     ),
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o", help="table or json"),
 ) -> None:
@@ -81,7 +86,7 @@ def fault(
         typer.echo(f"berth local fault: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        url = fault_url(state_dir)
+        url = fault_url(locate(state_dir))
     except FileNotFoundError as exc:
         typer.echo(f"berth local fault: {exc}", err=True)
         raise typer.Exit(code=1) from None

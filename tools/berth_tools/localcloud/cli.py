@@ -16,7 +16,7 @@ from types import FrameType
 import typer
 
 from berth_tools.cli.output import OutputFormat
-from berth_tools.localcloud.state_dir import DEFAULT_STATE_DIR, render_exports
+from berth_tools.localcloud.state_dir import DEFAULT_STATE_DIR, StateDirBusy, render_exports
 
 TEMPLATE_RELATIVE = Path("cdk.out/Berth.template.json")
 #: What the template is synthesised from: a newer file here means the template is stale.
@@ -98,6 +98,8 @@ def up(
 ) -> None:
     """Start the embedded local cloud in the foreground (Ctrl-C stops it)."""
     started = time.monotonic()
+    # Once, here: agents run in directories of their own, so every path they are given is absolute.
+    state_dir = state_dir.resolve()
     if agent_kind not in ("process", "scripted"):
         typer.echo("berth local: --agent-kind is process or scripted", err=True)
         raise typer.Exit(code=2)
@@ -149,7 +151,7 @@ def up(
     try:
         try:
             cloud.start()
-        except LocalCloudError as exc:
+        except (LocalCloudError, StateDirBusy) as exc:
             typer.echo(f"berth local: {exc}", err=True)
             raise typer.Exit(code=1) from None
         if output is OutputFormat.JSON:

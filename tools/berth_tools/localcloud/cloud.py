@@ -143,9 +143,17 @@ class LocalCloud:
 
     def _start(self, t: float) -> None:
         if self.state_dir is not None:
-            self._state = StateDir(self.state_dir)
-            self._state.prepare()
+            state = StateDir(self.state_dir)  # absolute from here on
+            previous = state.prepare()  # credentials and attempts of an earlier run removed first
+            self._state = state  # (not before: a state dir in use by another run is not touched)
+            if previous is not None:
+                print(f"berth local: {previous.describe()}", file=self.console or sys.stderr, flush=True)
         self.moto = MotoServer(port=self.moto_port).start()
+        batch_runner = local_batch.current()
+        if batch_runner is not None:  # its jobs' work dirs: this run's job root, outside the state dir
+            batch_runner.work_root = local_batch.DEFAULT_WORK_ROOT
+            if self._state is not None:
+                batch_runner.work_root = self._state.jobs_root() / "batch"
         t = self._step("moto", t)
         self.runtime = lambda_runtime.InProcessLambdaRuntime(
             endpoint_url=self.moto.endpoint_url,
@@ -268,6 +276,9 @@ class LocalCloud:
         left = process_tree.kill(process_tree.still_running(below))
         if left:
             self._say(f"killed {left} process(es) still running at shutdown")
+        if self._state is not None:
+            self._state.remove_jobs_root()  # the attempts' files, their credentials among them
+            self._state.release()
         self.timings["stop"] = round(time.monotonic() - started, 3)
 
     def _stop_process_agents(self, started: float, *, now: bool) -> None:
@@ -520,16 +531,18 @@ class LocalCloud:
         else:
             key = None if self._state is not None else (user.access_key_id, user.secret_access_key)
         if self._state is not None:
-            base = self._state.root / "agents"
+            base = self._state.agents_dir
+            jobs = self._state.jobs_root()  # work, cache and datasets: where jobs can reach
         else:
             import tempfile
 
-            base = Path(tempfile.mkdtemp(prefix="berth-agents-"))
+            base = jobs = Path(tempfile.mkdtemp(prefix="berth-agents-"))
         return AgentProcess(
             host_id=host_id,
             gpu_type=gpu_type,
             gpus=gpus,
             home=base / host_id,
+            jobs_home=jobs / host_id,
             api_url=self.api_url,
             endpoint_url=self.endpoint_url,
             region=self.region,
@@ -539,9 +552,7 @@ class LocalCloud:
             aws_credentials_file=self._state.credentials_file if self._state is not None else None,
             access_key=key,
             # Every simulated host holds the example datasets on its own disk (one copy per state dir).
-            datasets=seed.example_dataset_roots(
-                base.parent / "datasets" if self._state is not None else base / "datasets"
-            ),
+            datasets=seed.example_dataset_roots(jobs / "datasets"),
         )
 
     def _start_process_agents(self, hosts: list[tuple[str, str, int]]) -> None:

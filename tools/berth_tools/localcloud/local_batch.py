@@ -38,6 +38,12 @@ an execution role, not allowed to it, or missing fails the job before it runs, w
 `ResourceInitializationError: unable to pull secrets or registry auth: ...` as its reason (names,
 never values).
 
+Each job runs in a fresh work dir under `work_root` (the run's job root, outside the state dir). When
+the local cloud runs as root it runs under a uid of its own from `JOB_UIDS` (gid = uid, no
+supplementary groups; its work dir chowned to it, 0700, in a 0711 root), so it cannot read the state
+dir's keys or another job's files; a launcher job keeps this process's user when this interpreter is
+not reachable by other users (a pyenv under /root), with a warning.
+
 `BERTH_TIME_FACTOR` (default 1) divides the runner's own delays (the capacity statusReason delay, the
 terminate grace); a job's command runs in real time.
 """
@@ -64,7 +70,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
-from berth_agent.executors.process import ProcessRun
+from berth_agent.executors.process import ProcessRun, UidPool
 from berth_agent.logship import LogShipper
 from berth_tools.localcloud import moto_compat
 from berth_tools.localcloud.faults import FAULTS, FaultState
@@ -183,12 +189,19 @@ class _Run:
     terminating: bool = False
 
 
+DEFAULT_WORK_ROOT = Path(tempfile.gettempdir()) / "berth-local-batch"
+#: Job uids of local Batch jobs when the local cloud runs as root (below the local agents' blocks).
+JOB_UIDS = "3090000-3099999"
+
+
 @dataclass
 class LocalBatch:
     """Runs the Batch jobs of `berth-*` queues in this process's moto (see the module docstring)."""
 
     endpoint_url: str
-    work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "berth-local-batch")
+    work_root: Path = DEFAULT_WORK_ROOT
+    #: As root, each job runs under a uid of its own from this pool (None: as this process's user).
+    uids: UidPool | None = field(default_factory=lambda: UidPool.parse(JOB_UIDS))
     faults: FaultState = field(default_factory=lambda: FAULTS)
     factor: float = field(default_factory=time_factor)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -283,6 +296,7 @@ class LocalBatch:
             return
         workdir = Path(tempfile.mkdtemp(prefix=f"{job.job_id[:8]}-", dir=self._work_root()))
         shipper: LogShipper | None = None
+        uid: int | None = None
         try:
             job.job_stopped_reason = None  # a capacity reason no longer holds
             self._set_status(job, "STARTING")
@@ -301,6 +315,9 @@ class LocalBatch:
                 job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
             argv, env = self._argv_env(job, env, workdir, secret_env)
             try:
+                if self.uids is not None and self._may_switch(argv):  # its work dir (0700) is all it owns
+                    uid = self.uids.take()
+                    os.chown(workdir, uid, uid)
                 run.handle = ProcessRun(
                     argv,
                     env=env,
@@ -308,6 +325,8 @@ class LocalBatch:
                     on_line=shipper.emit_line,
                     timeout_s=job._get_attempt_duration(),
                     timeout_grace_s=TERMINATE_GRACE_S / self.factor,
+                    user=uid,
+                    group=uid,
                 )
             except Exception as exc:  # CannotStartContainerError on AWS
                 shipper.emit(f"CannotStartContainerError: {exc}")
@@ -319,6 +338,8 @@ class LocalBatch:
             if shipper is not None:
                 shipper.close(timeout_s=10)
             shutil.rmtree(workdir, ignore_errors=True)
+            if uid is not None and self.uids is not None:
+                self.uids.give_back(uid)
             if ce is not None:
                 with self._lock:
                     self._in_use[ce.arn] = self._in_use.get(ce.arn, 0) - vcpus
@@ -545,8 +566,26 @@ class LocalBatch:
         cluster = (ce.ecs_name or ce.name) if ce is not None else "local"
         return f"arn:aws:ecs:{job.backend.region_name}:{job.backend.account_id}:task/{cluster}/{task_id}"
 
+    @staticmethod
+    def _may_switch(argv: list[str]) -> bool:
+        """A launcher job runs this interpreter: under a job uid only if any user may run it (a venv
+        of a pyenv under /root may not be); then it runs as this process's user, as without root."""
+        if argv[0] != sys.executable:
+            return True
+        if _world_runnable(Path(sys.executable).resolve()):
+            return True
+        if not _WARNED:
+            _WARNED.append(True)
+            print(
+                f"berth local: {sys.executable} is not reachable by other users: Batch jobs that run "
+                "the code-bundle launcher run as this user (docs/local-cloud.md)",
+                file=sys.stderr,
+            )
+        return False
+
     def _work_root(self) -> Path:
         self.work_root.mkdir(parents=True, exist_ok=True)
+        self.work_root.chmod(0o711)  # jobs pass through to their own dirs; they list nothing
         return self.work_root
 
     # -- faults and shutdown ----------------------------------------------------------------------
@@ -604,6 +643,19 @@ def _secret_location(value_from: str, default_region: str) -> tuple[str, str]:
         head, _, name = value_from.partition(":secret:")
         return head.split(":")[3] or default_region, f"{head}:secret:{name.split(':')[0]}"
     return default_region, value_from
+
+
+_WARNED: list[bool] = []
+
+
+def _world_runnable(path: Path) -> bool:
+    """Others may execute ``path`` and pass through every directory above it."""
+    try:
+        if not path.stat().st_mode & 0o001:
+            return False
+        return all(parent.stat().st_mode & 0o001 for parent in path.parents)
+    except OSError:
+        return False
 
 
 def _int(value: str | None, default: int) -> int:

@@ -1,17 +1,25 @@
 """Real on-prem agents for the local cloud: one ``berth-agent`` process per simulated host.
 
 Each runs ``python -m berth_agent.main`` with a config file of its own under the state dir
-(``agents/<host>/config.yaml``): simulated GPUs, the ``process`` executor, work and cache dirs under
-the state dir, the moto endpoint, the front door as its API and the host's own IAM identity (the
+(``agents/<host>/config.yaml``, 0600 in a 0700 directory): simulated GPUs, the ``process`` executor,
+work and cache dirs under the run's job root (``jobs_home``, outside the state dir: see
+``state_dir``), the moto endpoint, the front door as its API and the host's own IAM identity (the
 ``host-<id>`` profile of the state dir's AWS files, or its keys in the environment without a state
 dir). Its JSON log goes to ``agents/<host>/agent.log``. ``wait_registered`` reads the log until the
 agent says it registered (with the GPU UUIDs it registered); ``stop`` sends SIGTERM and, after a
 timeout, SIGKILL.
+
+When the local cloud runs as root, each agent runs its jobs under unprivileged uids of its own (the
+agent's ``limits.uid_range``: a block of ``UIDS_PER_AGENT`` ids per agent from ``JOB_UID_BASE``, so
+no two hosts' jobs share a uid; gid = uid, no supplementary groups, their attempt directories 0700):
+a job cannot read the state dir's keys, the agent's config or another job's files. As any other
+user, jobs run as that user (nothing to switch to; docs/local-cloud.md says what that means).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -28,6 +36,19 @@ import yaml
 REGISTER_TIMEOUT_S = 60.0
 #: SIGTERM, then this long before SIGKILL (the local agents drain with a short timeout).
 STOP_TIMEOUT_S = 10.0
+#: Job uids of the local agents (as root): agent ``i`` of this process gets
+#: ``JOB_UID_BASE + i * UIDS_PER_AGENT`` onwards. Above the agent's own default range (3000000-).
+JOB_UID_BASE = 3_100_000
+UIDS_PER_AGENT = 1000
+_uid_blocks = itertools.count()
+
+
+def job_uid_range() -> str | None:
+    """A fresh block of job uids for one agent, or None when jobs cannot switch user (not root)."""
+    if os.geteuid() != 0:
+        return None
+    first = JOB_UID_BASE + next(_uid_blocks) * UIDS_PER_AGENT
+    return f"{first}-{first + UIDS_PER_AGENT - 1}"
 
 
 class AgentStartError(RuntimeError):
@@ -50,6 +71,10 @@ class AgentProcess:
     access_key: tuple[str, str] | None = None
     #: Registered dataset roots on this host (``dataset://<name>/...``), e.g. the example ``glue``.
     datasets: dict[str, str] = field(default_factory=dict)
+    #: Where the agent's work and cache dirs go (default: its home); jobs must be able to reach it.
+    jobs_home: Path | None = None
+    #: The uids its jobs run under (``job_uid_range()``: a block of its own as root, else None).
+    uid_range: str | None = field(default_factory=job_uid_range)
     process: subprocess.Popen[bytes] | None = None
     registered_gpus: list[str] = field(default_factory=list)
 
@@ -62,6 +87,10 @@ class AgentProcess:
         return self.home / "config.yaml"
 
     @property
+    def work_home(self) -> Path:
+        return (self.jobs_home or self.home).absolute()
+
+    @property
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
@@ -72,8 +101,8 @@ class AgentProcess:
             "region": self.region,
             "pool": "default",
             "host_id": self.host_id,
-            "work_dir": str(self.home / "work"),
-            "cache_dir": str(self.home / "cache"),
+            "work_dir": str(self.work_home / "work"),
+            "cache_dir": str(self.work_home / "cache"),
             "cache_max_gib": 1.0,
             "executor": "process",
             "gpus": {
@@ -87,8 +116,8 @@ class AgentProcess:
             # usage samples every 2 s (10 s on a real host), so short local jobs have some
             "metrics": {"sample_interval_s": 2.0, "send_interval_s": 5.0},
             "cancel_grace_s": 3,
-            # Jobs run as the user running the local cloud (no per-job uid: the state dir is private).
-            "limits": {"uid_range": None},
+            # As root, jobs run under uids of their own; otherwise as the local cloud's user.
+            "limits": {"uid_range": self.uid_range},
             "artifacts_bucket": self.artifacts_bucket,
             "data_bucket": self.data_bucket,
             "aws_endpoint_url": self.endpoint_url,
@@ -121,9 +150,16 @@ class AgentProcess:
         return env
 
     def start(self) -> AgentProcess:
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(yaml.safe_dump(self.config(), sort_keys=True))
-        log = self.log_file.open("ab")
+        self.home = self.home.absolute()  # the agent runs in its home: every path it gets is absolute
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.home.chmod(0o700)
+        # A job passes through its agent's work dir to its own attempt dir (0700, its uid), no further.
+        for name, mode in (("work", 0o711), ("cache", 0o700)):
+            (self.work_home / name).mkdir(parents=True, exist_ok=True)
+            (self.work_home / name).chmod(mode if self.uid_range is not None else 0o700)
+        _write_private(self.config_file, yaml.safe_dump(self.config(), sort_keys=True))
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "berth_agent.main"],
@@ -186,6 +222,13 @@ class AgentProcess:
 
     def as_json(self) -> dict[str, Any]:
         return {"host_id": self.host_id, "pid": self.pid, "gpus": self.registered_gpus, "kind": "process"}
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)
 
 
 def _package_roots() -> list[str]:

@@ -5,8 +5,20 @@ headers the client listed in `SignedHeaders`, the path and query string as the c
 the body received; the comparison is constant-time (`hmac.compare_digest`). Secrets come from moto's
 IAM users (active access keys) and from STS sessions (assumed roles and GetSessionToken, with their
 session token and expiry). Only the `Authorization` header form is accepted (not pre-signed query
-strings). As AWS does, `x-amz-date` must be among the signed headers, and the query string is
-canonicalised from its decoded names and values (so `%7E` and `~`, `%2f` and `%2F` sign alike).
+strings). As AWS does, `x-amz-date` must be among the signed headers.
+
+The canonical request is built as AWS builds it, not from the bytes the client happened to send:
+
+- query string (`canonical_query`): split on `&`, each pair at its first `=` (a value may hold more:
+  `next_token=eyJ9==`; a pair without one has an empty value), each name and value decoded as a form
+  value (`%XX`, and `+` is a space: botocore sends a space as `+` and signs `%20`) and encoded again
+  as RFC 3986 asks (only `A-Z a-z 0-9 - _ . ~` kept, UTF-8 bytes as upper-case `%XX`), then sorted by
+  encoded name, then by encoded value (repeated keys all kept). So `%7E` and `~`, `%2f` and `%2F`,
+  `=` and `%3D` in a value sign alike; a literal `+` must be sent as `%2B`.
+- path (`canonical_path`): the path as received (still percent-encoded), dot segments resolved,
+  encoded once more (`/` and `~` kept), as for every service but S3.
+
+tests/functional/localcloud/test_sigv4_table.py checks both against botocore's signer, case by case.
 """
 
 from __future__ import annotations
@@ -18,11 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest, HTTPHeaders
 from botocore.credentials import Credentials
+from botocore.utils import normalize_url_path
 
 from berth_tools.localcloud import moto_compat, session_tokens
 
@@ -131,17 +144,33 @@ class _ExactSigner(SigV4Auth):
     def canonical_query_string(self, request: AWSRequest) -> str:
         return canonical_query(urlsplit(str(request.url)).query)
 
+    def _normalize_url_path(self, path: str) -> str:
+        return canonical_path(path)
+
+
+#: RFC 3986 unreserved characters besides letters and digits: the only ones SigV4 leaves unencoded.
+_UNRESERVED = "-_.~"
+
+
+def _encode(text: str) -> str:
+    return quote(text, safe=_UNRESERVED)
+
 
 def canonical_query(query: str) -> str:
-    """SigV4's canonical query string as AWS computes it: each name and value percent-decoded, then
-    encoded again (RFC 3986 unreserved characters kept), sorted by name, then value."""
+    """SigV4's canonical query string as AWS computes it from the query as received (module doc)."""
     pairs = []
     for part in query.split("&"):
         if not part:
             continue
         name, _, value = part.partition("=")
-        pairs.append((quote(unquote(name), safe="-_.~"), quote(unquote(value), safe="-_.~")))
+        pairs.append((_encode(unquote_plus(name)), _encode(unquote_plus(value))))
     return "&".join(f"{name}={value}" for name, value in sorted(pairs))
+
+
+def canonical_path(path: str) -> str:
+    """SigV4's canonical URI for the path as received (still percent-encoded): dot segments
+    resolved, then every byte but unreserved ones and `/` encoded once more (no S3 exception)."""
+    return quote(normalize_url_path(path), safe="/~")
 
 
 def verify_request(

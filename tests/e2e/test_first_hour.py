@@ -1,0 +1,247 @@
+"""The first hour: `berth local up` as `make up` starts it, then the README's "Use it locally" commands,
+each run as a user runs it (a `berth` subprocess with the sourced env file), each exiting 0 with
+sensible output. Once with the default relative state dir (`.berth/local` under the working
+directory, no flag: what failed on a fresh clone) and once with an absolute one.
+
+Then what a job may see of the local cloud (a job cannot read the state dir when jobs run under uids
+of their own) and what a restart on the same state dir does (the earlier run's keys and attempt
+files are gone and it says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.e2e.conftest import REPO, TEMPLATE, LocalCloudProcess, start_local_cloud
+
+from berth_tools.localcloud.state_dir import STATE_DIR_ENV
+
+pytestmark = pytest.mark.e2e
+
+HELLO = REPO / "examples" / "jobs" / "hello-gpu.yaml"
+#: One real agent process (an A100 host: hello-gpu asks for 2 A100s), as few as the README needs.
+UP_ARGS: tuple[str, ...] = ("--agents", "1", "--gpus-per-agent", "4", "--quiet")
+if TEMPLATE.exists():  # `make test-e2e` synthesises first; otherwise `berth local up` does
+    UP_ARGS += ("--template", str(TEMPLATE))
+ENDED = {"COMPLETED", "FAILED", "CANCELED"}
+
+
+def berth(
+    cloud: LocalCloudProcess,
+    *args: str,
+    profile: str | None = "alice",
+    cwd: Path,
+    sourced: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """`berth ARGS` in ``cwd`` with the env file sourced (``sourced=False``: without it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != STATE_DIR_ENV}
+    env["COLUMNS"] = "250"  # a wide terminal: tables print whole ids
+    if sourced:
+        env.update(cloud.env)
+    if profile is not None:
+        env["AWS_PROFILE"] = profile
+    return subprocess.run(
+        [sys.executable, "-m", "berth_tools.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"{result.args[3:]} exited {result.returncode}:\n{result.stderr}"
+    return result.stdout
+
+
+def wait_status(
+    cloud: LocalCloudProcess, job_id: str, wanted: set[str], cwd: Path, timeout: float = 120
+) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(ok(berth(cloud, "status", job_id, "--output", "json", cwd=cwd)))["status"]
+        if status in wanted or time.monotonic() > deadline:
+            return str(status)
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module", params=["relative", "absolute"])
+def first_hour(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(cloud, the user's working directory, whether the state dir was the default relative one)."""
+    user_dir = tmp_path_factory.mktemp(f"clone-{request.param}")
+    if request.param == "relative":
+        cloud = start_local_cloud(None, *UP_ARGS, cwd=user_dir, log_path=user_dir / "up.log")
+    else:
+        state = tmp_path_factory.mktemp("elsewhere") / "state"
+        cloud = start_local_cloud(state.resolve(), *UP_ARGS, cwd=user_dir, log_path=user_dir / "up.log")
+    try:
+        yield cloud, user_dir, request.param == "relative"
+    finally:
+        status = cloud.stop()
+    assert status == 0, cloud.log_tail()
+
+
+def test_readme_use_it_locally(first_hour: Any) -> None:
+    cloud, cwd, relative = first_hour
+    if relative:
+        assert cloud.state_dir == cwd / ".berth" / "local"
+        assert cloud.env[STATE_DIR_ENV] == str((cwd / ".berth" / "local").resolve())
+    agents = json.loads((cloud.state_dir / "agents.json").read_text())
+    assert [a["kind"] for a in agents] == ["process"] and len(agents[0]["gpus"]) == 4
+
+    submitted = ok(berth(cloud, "submit", "-f", str(HELLO), "--output", "json", cwd=cwd))
+    job_id = json.loads(submitted)["id"]
+    assert job_id in ok(berth(cloud, "ls", cwd=cwd))
+    assert "hello-gpu" in ok(berth(cloud, "status", job_id, cwd=cwd))
+    logs = ok(berth(cloud, "logs", "-f", job_id, "--poll", "0.5", cwd=cwd, timeout=180))
+    assert "hello from" in logs and "done" in logs, logs
+    assert wait_status(cloud, job_id, ENDED, cwd) == "COMPLETED"
+    events = json.loads(ok(berth(cloud, "events", job_id, "--output", "json", cwd=cwd)))["events"]
+    assert [e["to"] for e in events][-1] == "COMPLETED" and "RUNNING" in [e["to"] for e in events]
+    assert "RUNNING" in ok(berth(cloud, "events", job_id, cwd=cwd))
+
+    capacity = json.loads(ok(berth(cloud, "capacity", "--output", "json", cwd=cwd)))
+    host = agents[0]["host_id"]
+    assert host in json.dumps(capacity)
+    assert "max_active_jobs" in ok(berth(cloud, "quota", "vision", cwd=cwd))
+    usage = json.loads(ok(berth(cloud, "usage", "--output", "json", cwd=cwd)))
+    assert usage["tenant"] == "vision", usage
+    assert host in ok(berth(cloud, "drain", host, profile="admin", cwd=cwd))
+    assert host in ok(berth(cloud, "drain", host, "--undo", profile="admin", cwd=cwd))
+
+    # `berth local fault` without --state-dir: from the sourced env (BERTH_LOCAL_STATE_DIR), from any
+    # directory; and, not sourced, from `.berth/local` in the working directory.
+    out = ok(berth(cloud, "local", "fault", "region-outage", "us-east-1", profile=None, cwd=Path("/")))
+    assert "region outages: us-east-1" in out, out
+    if relative:
+        out = ok(berth(cloud, "local", "fault", "show", profile=None, cwd=cwd, sourced=False))
+        assert "us-east-1" in out, out
+    out = ok(berth(cloud, "local", "fault", "clear", profile=None, cwd=cwd))
+    assert "region outages: none" in out, out
+
+    second = json.loads(ok(berth(cloud, "submit", "-f", str(HELLO), "--output", "json", cwd=cwd)))["id"]
+    assert second in ok(berth(cloud, "cancel", second, cwd=cwd))
+    assert wait_status(cloud, second, ENDED, cwd) == "CANCELED"
+
+
+def test_fault_without_a_running_cloud_says_where_it_looked(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "berth_tools.cli.main", "local", "fault", "show"],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != STATE_DIR_ENV},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "is missing" in result.stderr and STATE_DIR_ENV in result.stderr, result.stderr
+
+
+PROBE = r"""
+import json, os, sys
+state, jobs = sys.argv[1], sys.argv[2]
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except PermissionError:
+        return "denied"
+    except OSError as exc:
+        return type(exc).__name__
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}
+out["credentials"] = attempt(lambda: open(os.path.join(state, "aws", "credentials")).read())
+out["state_dir"] = attempt(lambda: os.listdir(state))
+out["agent_configs"] = attempt(lambda: os.listdir(os.path.join(state, "agents")))
+out["job_root"] = attempt(lambda: os.listdir(jobs))
+out["other_attempts"] = attempt(lambda: [os.listdir(os.path.join(jobs, h, "work")) for h in HOSTS])
+out["own_dir"] = attempt(lambda: open("probe.txt", "w").write("mine"))
+print("PROBE " + json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason=f"the local cloud runs as uid {os.geteuid()}, not root: jobs then run as that same user (no "
+    "uid to switch to) and can read what it reads; docs/local-cloud.md, 'What a job can reach'",
+)
+def test_a_job_cannot_read_the_state_dir(first_hour: Any, tmp_path: Path) -> None:
+    cloud, cwd, _ = first_hour
+    state = cloud.state_dir.resolve()
+    jobs = Path((state / "jobs-root").read_text().strip())
+    hosts = [a["host_id"] for a in json.loads((state / "agents.json").read_text())]
+    spec = {
+        "name": "probe",
+        "image": "python:3.11-slim",
+        "command": ["python3", "-c", PROBE.replace("HOSTS", repr(hosts)), str(state), str(jobs)],
+        "resources": {"gpu_type": "A100", "gpus": 1, "cpu": 1, "memory_gib": 1},
+        "constraints": {"placement": "onprem"},
+    }
+    (tmp_path / "probe.json").write_text(json.dumps(spec))
+    job_id = json.loads(
+        ok(berth(cloud, "submit", "-f", str(tmp_path / "probe.json"), "--output", "json", cwd=cwd))
+    )["id"]
+    logs = ok(berth(cloud, "logs", "-f", job_id, "--poll", "0.5", cwd=cwd, timeout=180))
+    line = next((x for x in logs.splitlines() if "PROBE " in x), None)
+    assert line is not None, logs
+    seen = json.loads(line.split("PROBE ", 1)[1])
+    assert seen["uid"] != 0 and seen["gid"] != 0 and seen["groups"] == [], seen
+    assert seen["credentials"] == "denied", seen
+    assert seen["state_dir"] == "denied" and seen["agent_configs"] == "denied", seen
+    assert seen["job_root"] == "denied" and seen["other_attempts"] == "denied", seen
+    assert seen["own_dir"] == "allowed", seen
+    assert wait_status(cloud, job_id, ENDED, cwd) == "COMPLETED"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_restart_after_a_kill_on_the_same_state_dir(tmp_path: Path) -> None:
+    """`berth local up` killed (SIGKILL: no cleanup), then started again on its state dir: it says the
+    emulator's state is not kept, stops the old agent, removes the old keys and attempt files, and the
+    old keys and jobs are gone; the new run works."""
+    state = tmp_path / "state"
+    first = start_local_cloud(state, *UP_ARGS, cwd=tmp_path, log_path=tmp_path / "first.log")
+    try:
+        old_keys = first.credentials("alice")
+        job_id = json.loads(ok(berth(first, "submit", "-f", str(HELLO), "--output", "json", cwd=tmp_path)))[
+            "id"
+        ]
+        wait_status(first, job_id, {"RUNNING", *ENDED}, tmp_path)
+        old_agent = json.loads((state / "agents.json").read_text())[0]["pid"]
+        old_jobs = Path((state / "jobs-root").read_text().strip())
+        assert old_jobs.is_dir()
+    finally:
+        first.process.kill()
+        first.process.wait()
+    assert _alive(old_agent), "the agent runs in its own session: it outlives a SIGKILLed local cloud"
+
+    second = start_local_cloud(state, *UP_ARGS, cwd=tmp_path, log_path=tmp_path / "second.log")
+    try:
+        log = second.log_tail(10**6)
+        assert "The emulator's state is not kept across a restart" in log, log
+        assert f"agent process {old_agent}" in log and "aws/credentials" in log, log
+        assert not _alive(old_agent) and not old_jobs.exists()
+        assert second.credentials("alice").secret_key != old_keys.secret_key
+        assert second.client_with(old_keys).get("/v1/jobs").status == 403
+        assert second.client("alice").get(f"/v1/jobs/{job_id}").status == 404
+        fresh = json.loads(ok(berth(second, "submit", "-f", str(HELLO), "--output", "json", cwd=tmp_path)))[
+            "id"
+        ]
+        assert wait_status(second, fresh, ENDED, tmp_path, timeout=180) == "COMPLETED"
+    finally:
+        assert second.stop() == 0, second.log_tail()
