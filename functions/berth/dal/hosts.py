@@ -1,10 +1,11 @@
 """DynamoDB host repository: the on-prem fleet, one item per host, every write conditional.
 
-A GPU UUID is either in the host's ``free_gpu_ids`` set or in exactly one attempt's hold. ``hold``
-removes the UUIDs from the free set and records the hold in one UpdateItem whose condition requires
+A GPU UUID is either in the host's ``free_gpu_ids`` set or in exactly one attempt's hold. A hold
+removes the UUIDs from the free set and records the hold in one update whose condition requires
 every UUID to be free and the attempt to hold nothing yet; so two attempts (or two racing passes)
-can never both get a GPU, and free GPUs never go negative. Each method writes its own attributes
-only (inventory, lease, holds), never the whole item.
+can never both get a GPU, and free GPUs never go negative. ``hold`` sends that update alone;
+``add_hold`` adds it to a transaction (the scheduler's placement: ``berth.dal.placements``). Each
+method writes its own attributes only (inventory, lease, holds), never the whole item.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
+from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
@@ -133,15 +135,10 @@ class DynamoHostRepository:
         except Conflict as exc:
             raise NotFound(f"host {host_id!r} is not registered") from exc
 
-    def hold(
-        self,
-        host_id: str,
-        attempt: str,
-        gpu_ids: tuple[str, ...],
-        cpu: float,
-        memory_gib: float,
-        at: datetime | None = None,
-    ) -> None:
+    def _hold_update(
+        self, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float, at: datetime | None
+    ) -> tuple[list[Action], Condition]:
+        """The actions and condition that move ``gpu_ids`` from the free set into ``attempt``'s hold."""
         R = self._Row
         if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
             raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
@@ -151,16 +148,26 @@ class DynamoHostRepository:
         hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
         if at is not None:
             hold["at"] = at.isoformat()
+        actions: list[Action] = [
+            R.free_gpu_ids.delete(set(gpu_ids)),
+            R.holds[attempt].set(hold),
+            R.version.add(1),
+        ]
+        return actions, condition
+
+    def hold(
+        self,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
+    ) -> None:
+        actions, condition = self._hold_update(attempt, gpu_ids, cpu, memory_gib, at)
         try:
             with translated(f"hold GPUs on {host_id}"):
-                R(host_id).update(
-                    actions=[
-                        R.free_gpu_ids.delete(set(gpu_ids)),
-                        R.holds[attempt].set(hold),
-                        R.version.add(1),
-                    ],
-                    condition=condition,
-                )
+                self._Row(host_id).update(actions=actions, condition=condition)
         except Conflict as exc:
             if self.get(host_id) is None:
                 raise NotFound(f"host {host_id!r} is not registered") from exc
@@ -168,6 +175,20 @@ class DynamoHostRepository:
                 f"GPUs {list(gpu_ids)} of host {host_id!r} are not all free, or attempt {attempt!r} "
                 "already holds GPUs there"
             ) from exc
+
+    def add_hold(
+        self,
+        tx: TransactWrite,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
+    ) -> None:
+        """``hold`` as one item of the transaction ``tx`` (its condition fails the whole transaction)."""
+        actions, condition = self._hold_update(attempt, gpu_ids, cpu, memory_gib, at)
+        tx.update(self._Row(host_id), actions=actions, condition=condition)
 
     def release(self, host_id: str, attempt: str) -> bool:
         R = self._Row

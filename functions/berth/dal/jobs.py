@@ -162,10 +162,30 @@ class DynamoJobRepository:
 
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
-            tx.save(self._row(job), condition=self._Job.version == job.version - 1)
-            tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
-            if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
-                tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
+            self.add_save(tx, job, event)
+
+    def add_save(self, tx: TransactWrite, job: Job, event: JobEvent) -> None:
+        """``save``'s items (the job under its version, its event, the tenant's counter when it ends)
+        added to the transaction ``tx``."""
+        tx.save(self._row(job), condition=self._Job.version == job.version - 1)
+        tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
+        if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
+            tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
+
+    def set_reason(self, job: Job, reason: str) -> bool:
+        """One UpdateItem of the ``reason`` attribute alone (no new version, no event), if the job is
+        still at ``job.version`` in ``job.status``; False when it moved meanwhile."""
+        J = self._Job
+        try:
+            with translated(f"update the reason of job {job.id}"):
+                J._get_connection().update_item(
+                    job.id,
+                    actions=[J.reason.set(reason)],
+                    condition=(J.version == job.version) & (J.status == str(job.status)),
+                )
+        except Conflict:
+            return False
+        return True
 
     def update(self, job: Job) -> None:
         """Store a new version of the job without a status change (no event), conditional on the

@@ -20,10 +20,12 @@ metrics = Metrics(namespace="Berth")
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     records = event.get("Records") or []
-    report = scheduler_service().run_pass()
+    # The pass stops starting placements well before the invocation's timeout (pass_apply.Deadline).
+    report = scheduler_service().run_pass(time_left=lambda: context.get_remaining_time_in_millis() / 1000)
     out = report.as_dict()
     logger.info("scheduling pass", extra={"triggers": len(records), **out})
     metrics.add_metric("JobsPlaced", MetricUnit.Count, report.placed)
     metrics.add_metric("JobsPending", MetricUnit.Count, report.pending)
+    metrics.add_metric("PlacementsDeferred", MetricUnit.Count, report.deferred)
     metrics.add_metric("PassSeconds", MetricUnit.Seconds, report.load_s + report.decide_s + report.apply_s)
     return {"batchItemFailures": [], "pass": out}

@@ -4,17 +4,26 @@ It starts an embedded local cloud (the deployed template, no agents), writes ``-
 8-GPU hosts and ``--pending`` queued jobs through Berth's own repositories, and runs the scheduler
 service exactly as its Lambda does (same code, the function's own environment) against moto's
 DynamoDB: the time to load the snapshot, decide and apply is reported separately, with what was
-placed and written.
+placed and written, the AWS calls the pass made (by operation, and per placement) and the DynamoDB
+units they cost, as the local cloud's meter counts them (``metering``).
+
+The pass gets the deadline its Lambda would: the function's configured timeout, counted from the
+start of the pass (``time_left``). ``aws_latency_ms`` adds that much latency to every AWS call of the
+pass (``aws_latency``; the store is seeded without it), so the figures show the design's cost at AWS
+latency rather than the emulator's.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from berth_tools.localcloud import aws_latency, metering
 from berth_tools.localcloud.cloud import LocalCloud, load_template
 from berth_tools.localcloud.lambda_runtime import sandbox_environment
 from berth_tools.localcloud.seed import host_gpu_ids
@@ -22,6 +31,9 @@ from berth_tools.localcloud.seed import host_gpu_ids
 MODELS = ("A100", "V100")
 SHAPES = (1, 1, 1, 2, 2, 4, 8)
 TENANTS = ("vision", "nlp")
+#: The access key the pass signs with (``_function_environment``): the meter counts its calls apart
+#: from the rest of the local cloud's (the notifier's stream reads, event source polls).
+BENCH_ACCESS_KEY = "bench"
 
 
 def _function_environment(cloud: LocalCloud, name: str) -> dict[str, str]:
@@ -32,7 +44,7 @@ def _function_environment(cloud: LocalCloud, name: str) -> dict[str, str]:
         "AWS_ENDPOINT_URL": cloud.endpoint_url,
         "AWS_REGION": cloud.region,
         "AWS_DEFAULT_REGION": cloud.region,
-        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_ACCESS_KEY_ID": BENCH_ACCESS_KEY,
         "AWS_SECRET_ACCESS_KEY": "bench",
         # The seeded jobs have no workflow executions; the pass must not start 10,000 of them.
         "BERTH_EXECUTION_REPAIR_S": str(10**9),
@@ -97,32 +109,83 @@ def seed_store(hosts: int, pending: int, seed: int = 0) -> None:
             batch.save(jobs._row(job))
 
 
-def run_pass_bench(template: Path, hosts: int, pending: int, seed: int = 0) -> dict[str, Any]:
+def _pass_meter(snapshot: dict[str, Any], placed: int) -> dict[str, Any]:
+    """The meter's view of one pass: the pass's own calls by operation and per placement, and the
+    DynamoDB units of the pass's window (the pass is the only writer)."""
+    calls = dict(sorted((snapshot.get("requests_by_access_key") or {}).get(BENCH_ACCESS_KEY, {}).items()))
+    total = sum(calls.values())
+    per = {op: round(n / placed, 3) for op, n in calls.items()} if placed else {}
+    per["total"] = round(total / placed, 3) if placed else float(total)
+    dynamodb = snapshot["dynamodb"]
+    return {
+        "aws_calls": {**calls, "total": total},
+        "aws_calls_per_placement": per,
+        "dynamodb_read_units": round(dynamodb["read_units"], 1),
+        "dynamodb_write_units": round(dynamodb["write_units"], 1),
+        "dynamodb_units_by_table": {
+            name.split("-", 1)[-1] if "/" not in name else name: {k: round(v, 1) for k, v in units.items()}
+            for name, units in sorted(dynamodb["tables"].items())
+        },
+    }
+
+
+def _metered_pass(run: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+    metering.METER.reset()
+    report = run()
+    return report, _pass_meter(metering.METER.snapshot(), report.placed)
+
+
+def _time_left(timeout_s: float) -> Callable[[], float]:
+    """What ``LambdaContext.get_remaining_time_in_millis`` tells the handler, in seconds."""
+    started = time.monotonic()
+    return lambda: timeout_s - (time.monotonic() - started)
+
+
+def run_pass_bench(
+    template: Path, hosts: int, pending: int, seed: int = 0, aws_latency_ms: float = 0.0
+) -> dict[str, Any]:
     started = time.monotonic()
     with LocalCloud(
         template=load_template(template), agents=0, example_hosts=False, scheduled_rules=False
     ) as cloud:
-        env = _function_environment(cloud, _scheduler_function(cloud))
+        function = _scheduler_function(cloud)
+        env = _function_environment(cloud, function)
+        lam = cloud.session().client("lambda", endpoint_url=cloud.endpoint_url)
+        timeout_s = float(lam.get_function_configuration(FunctionName=function)["Timeout"])
         with sandbox_environment(env):
             t0 = time.perf_counter()
             seed_store(hosts, pending, seed)
             seeded_s = time.perf_counter() - t0
             from berth.handlers.runtime import scheduler_service
 
-            report = scheduler_service().run_pass()
-            second = scheduler_service().run_pass()
+            previous = aws_latency.set_ms(aws_latency_ms)
+            try:
+                report, meter = _metered_pass(
+                    lambda: scheduler_service().run_pass(time_left=_time_left(timeout_s))
+                )
+                second, second_meter = _metered_pass(
+                    lambda: scheduler_service().run_pass(time_left=_time_left(timeout_s))
+                )
+            finally:
+                aws_latency.set_ms(previous)
     out = report.as_dict()
     out.pop("lost_hosts", None)
     return {
         "hosts": hosts,
         "pending_jobs": pending,
+        "aws_latency_ms": aws_latency_ms,
+        "lambda_timeout_s": timeout_s,
         "load_s": out.pop("load_s"),
         "decide_s": out.pop("decide_s"),
         "apply_s": out.pop("apply_s"),
         "pass_s": round(report.load_s + report.decide_s + report.apply_s, 3),
         **out,
+        **meter,
         "second_pass_s": round(second.load_s + second.decide_s + second.apply_s, 3),
         "second_pass_placed": second.placed,
+        "second_pass_deferred": second.deferred,
+        "second_pass_aws_calls": second_meter["aws_calls"],
         "seed_s": round(seeded_s, 2),
         "wall_s": round(time.monotonic() - started, 2),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
     }

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from berth_tools.localcloud import dynamodb_isolation, moto_compat
+from berth_tools.localcloud import aws_latency, dynamodb_isolation, moto_compat
 
 METER_PATH = "/_berth/meter"
 METER_RESET_PATH = "/_berth/meter/reset"
@@ -216,6 +216,8 @@ class Meter:
     def reset(self) -> None:
         with self._lock:
             self._requests: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+            #: Requests by the signing access key (one caller's share, e.g. a benchmark's own calls).
+            self._callers: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
             )
@@ -229,9 +231,11 @@ class Meter:
             self._log_bytes = 0
 
     # -- recorders (hooks for code that serves AWS without an API request) ----------------------------------
-    def record_request(self, service: str, operation: str) -> None:
+    def record_request(self, service: str, operation: str, access_key: str = "") -> None:
         with self._lock:
             self._requests[service][operation] += 1
+            if access_key:
+                self._callers[access_key][f"{service}:{operation}"] += 1
 
     def record_dynamodb(self, table: str, *, write_units: float = 0.0, read_units: float = 0.0) -> None:
         with self._lock:
@@ -280,6 +284,7 @@ class Meter:
             functions = {name: dict(entry) for name, entry in self._lambda.items()}
             return {
                 "requests": {svc: dict(ops) for svc, ops in self._requests.items()},
+                "requests_by_access_key": {key: dict(ops) for key, ops in self._callers.items()},
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
                     "read_units": sum(t["read_units"] for t in tables.values()),
@@ -303,14 +308,16 @@ class Meter:
 
     # -- the request path --------------------------------------------------------------------------------
     def observe(self, request: ObservedRequest, call: Callable[[], Answer]) -> Answer:
-        """Serve `request` with `call()` and count it (DynamoDB writes run under the write lock)."""
+        """Serve `request` with `call()` and count it (DynamoDB writes run under the write lock), after
+        the added AWS latency (`aws_latency`, slept before any lock is taken)."""
+        aws_latency.wait()
         service, operation = request.service, request.operation
         if service == "dynamodb" and operation in _DYNAMODB_WRITES:
             answer = self._dynamodb_write(request, call)
         else:
             answer = call()
         try:
-            self.record_request(service, operation)
+            self.record_request(service, operation, request.access_key)
             if service == "dynamodb" and operation in _DYNAMODB_READS:
                 self._dynamodb_read(request, answer)
             elif service == "sqs":
@@ -558,6 +565,8 @@ class MeterMiddleware:
         path = environ.get("PATH_INFO", "")
         if path.startswith(METER_PATH):
             return self._meter_route(environ, start_response, path)
+        if path == aws_latency.LATENCY_PATH:
+            return self._latency_route(environ, start_response)
         if path.startswith("/moto-api"):
             return self.app(environ, start_response)
         headers = [
@@ -603,6 +612,14 @@ class MeterMiddleware:
         _, _, payload = self.meter.observe(request, call)
         start_response(captured["status"], captured["headers"])
         return [payload]
+
+    def _latency_route(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ.get("REMOTE_ADDR", "127.0.0.1") not in LOCAL_ADDRESSES:
+            return _json_answer(start_response, "403 Forbidden", {"message": "127.0.0.1 only"})
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        status, answer = aws_latency.handle_http(environ.get("REQUEST_METHOD", "GET"), body)
+        return _json_answer(start_response, f"{status} {'OK' if status == 200 else 'Error'}", answer)
 
     def _meter_route(self, environ: dict[str, Any], start_response: Any, path: str) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
