@@ -24,6 +24,10 @@ from berth.domain.fleet import Hold, HostInventory, HostRecord
 
 #: Register retries when a hold or release lands between its read and its conditional write.
 REGISTER_RETRIES = 5
+#: Retries of a heartbeat, release or drain request whose write was refused while the host still
+#: qualifies: DynamoDB refuses a plain write to an item a transaction is writing
+#: (``TransactionConflictException``, not retried by the SDK), e.g. a placement's hold.
+CONFLICT_RETRIES = 5
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -122,18 +126,21 @@ class DynamoHostRepository:
         self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
     ) -> None:
         R = self._Row
-        try:
-            with translated(f"heartbeat host {host_id}"):
-                R(host_id).update(
-                    actions=[
-                        R.lease_expires_at.set(lease_expires_at),
-                        R.healthy.set(healthy),
-                        R.draining.set(draining),
-                    ],
-                    condition=R.host_id.exists(),
-                )
-        except Conflict as exc:
-            raise NotFound(f"host {host_id!r} is not registered") from exc
+        actions = [R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy), R.draining.set(draining)]
+        self._update_existing(host_id, f"heartbeat host {host_id}", actions)
+
+    def _update_existing(self, host_id: str, what: str, actions: list[Action]) -> None:
+        """Update a registered host; NotFound when it is not, retried while a transaction holds it."""
+        R = self._Row
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                with translated(what):
+                    R(host_id).update(actions=actions, condition=R.host_id.exists())
+                return
+            except Conflict as exc:
+                if self.get(host_id) is None:
+                    raise NotFound(f"host {host_id!r} is not registered") from exc
+        raise Conflict(f"{what}: the host kept changing; try again")
 
     def _hold_update(
         self, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float, at: datetime | None
@@ -192,19 +199,21 @@ class DynamoHostRepository:
 
     def release(self, host_id: str, attempt: str) -> bool:
         R = self._Row
-        current = self.get(host_id)
-        hold = None if current is None else current.holds.get(attempt)
-        if hold is None:
-            return False
-        actions: list[Action] = [R.holds[attempt].remove(), R.version.add(1)]
-        if hold.gpu_ids:
-            actions.insert(0, R.free_gpu_ids.add(set(hold.gpu_ids)))
-        try:
-            with translated(f"release GPUs on {host_id}"):
-                R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
-        except Conflict:
-            return False  # released concurrently: the GPUs went back once
-        return True
+        for _ in range(CONFLICT_RETRIES):
+            current = self.get(host_id)
+            hold = None if current is None else current.holds.get(attempt)
+            if hold is None:
+                return False  # none, or released concurrently: the GPUs went back once
+            actions: list[Action] = [R.holds[attempt].remove(), R.version.add(1)]
+            if hold.gpu_ids:
+                actions.insert(0, R.free_gpu_ids.add(set(hold.gpu_ids)))
+            try:
+                with translated(f"release GPUs on {host_id}"):
+                    R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
+            except Conflict:
+                continue  # re-read: released meanwhile, or refused while a transaction held the item
+            return True
+        return False  # still held: a later pass releases it as an orphan
 
     def mark_lost(self, host_id: str, now: datetime) -> bool:
         R = self._Row
@@ -220,10 +229,6 @@ class DynamoHostRepository:
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         R = self._Row
-        try:
-            with translated(f"drain host {host_id}"):
-                R(host_id).update(
-                    actions=[R.drain_requested.set(drain), R.version.add(1)], condition=R.host_id.exists()
-                )
-        except Conflict as exc:
-            raise NotFound(f"host {host_id!r} is not registered") from exc
+        self._update_existing(
+            host_id, f"drain host {host_id}", [R.drain_requested.set(drain), R.version.add(1)]
+        )
