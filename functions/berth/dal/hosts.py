@@ -10,6 +10,7 @@ method writes its own attributes only (inventory, lease, holds), never the whole
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -129,13 +130,13 @@ class DynamoHostRepository:
         actions = [R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy), R.draining.set(draining)]
         self._update_existing(host_id, f"heartbeat host {host_id}", actions)
 
-    def _update_existing(self, host_id: str, what: str, actions: list[Action]) -> None:
+    def _update_existing(self, host_id: str, what: str, actions: Sequence[Action]) -> None:
         """Update a registered host; NotFound when it is not, retried while a transaction holds it."""
         R = self._Row
         for _ in range(CONFLICT_RETRIES):
             try:
                 with translated(what):
-                    R(host_id).update(actions=actions, condition=R.host_id.exists())
+                    R(host_id).update(actions=list(actions), condition=R.host_id.exists())
                 return
             except Conflict as exc:
                 if self.get(host_id) is None:
