@@ -31,6 +31,8 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import io
 import json
 import math
@@ -38,7 +40,7 @@ import re
 import threading
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -206,6 +208,21 @@ def _error_type(payload: bytes) -> str:
 
 
 # -- the meter ----------------------------------------------------------------------------------------------
+#: Who is calling, in the calling thread's context (set with `caller()`; a thread pool that copies the
+#: context, like the scheduler's apply pool, keeps it): requests and units are also counted per tag.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("berth_meter_caller", default="")
+
+
+@contextlib.contextmanager
+def caller(tag: str) -> Iterator[None]:
+    """Count the requests made in this context (and contexts copied from it) under `tag` too."""
+    token = CALLER.set(tag)
+    try:
+        yield
+    finally:
+        CALLER.reset(token)
+
+
 class Meter:
     """Thread-safe counters of what the control plane would be billed for."""
 
@@ -216,8 +233,8 @@ class Meter:
     def reset(self) -> None:
         with self._lock:
             self._requests: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
-            #: Requests by the signing access key (one caller's share, e.g. a benchmark's own calls).
-            self._callers: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+            #: Requests and DynamoDB units by caller tag (`caller()`: e.g. a benchmark's own calls).
+            self._callers: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
             )
@@ -231,17 +248,22 @@ class Meter:
             self._log_bytes = 0
 
     # -- recorders (hooks for code that serves AWS without an API request) ----------------------------------
-    def record_request(self, service: str, operation: str, access_key: str = "") -> None:
+    def record_request(self, service: str, operation: str) -> None:
+        tag = CALLER.get()
         with self._lock:
             self._requests[service][operation] += 1
-            if access_key:
-                self._callers[access_key][f"{service}:{operation}"] += 1
+            if tag:
+                self._callers[tag][f"{service}:{operation}"] += 1
 
     def record_dynamodb(self, table: str, *, write_units: float = 0.0, read_units: float = 0.0) -> None:
+        tag = CALLER.get()
         with self._lock:
             entry = self._dynamodb[table]
             entry["write_units"] += write_units
             entry["read_units"] += read_units
+            if tag:
+                self._callers[tag]["dynamodb_write_units"] += write_units
+                self._callers[tag]["dynamodb_read_units"] += read_units
 
     def record_sqs(self, payload_bytes: int) -> None:
         with self._lock:
@@ -284,7 +306,7 @@ class Meter:
             functions = {name: dict(entry) for name, entry in self._lambda.items()}
             return {
                 "requests": {svc: dict(ops) for svc, ops in self._requests.items()},
-                "requests_by_access_key": {key: dict(ops) for key, ops in self._callers.items()},
+                "by_caller": {tag: dict(counts) for tag, counts in self._callers.items()},
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
                     "read_units": sum(t["read_units"] for t in tables.values()),
@@ -317,7 +339,7 @@ class Meter:
         else:
             answer = call()
         try:
-            self.record_request(service, operation, request.access_key)
+            self.record_request(service, operation)
             if service == "dynamodb" and operation in _DYNAMODB_READS:
                 self._dynamodb_read(request, answer)
             elif service == "sqs":
