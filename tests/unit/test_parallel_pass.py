@@ -285,3 +285,21 @@ def test_a_pass_killed_at_any_point_loses_and_doubles_nothing(workers: int, afte
         assert len(done) == placed, f"killed at call {at}: {len(done)} placed, not {placed}"
         answered = {c[1] for c in w.tokens.of("succeed")}
         assert {f"place-{j.id}" for j in done} <= answered, f"killed at call {at}: a token never answered"
+
+
+def test_a_gang_across_hosts_is_one_transaction() -> None:
+    w = World(hosts=2, gpus=4)
+    job = w.submit(resources={"gpu_type": "A100", "gpus": 8, "nodes": 2})
+    w.workflow.await_placement(job.id, "place-gang")
+    calls: list[list[str]] = []
+    place = w.scheduler.placements.place  # type: ignore[union-attr]
+
+    def recording(job: Job, event: Any, attempt: str, holds: Any) -> None:
+        calls.append(sorted(h.host_id for h in holds))
+        place(job, event, attempt, holds)
+
+    object.__setattr__(w.scheduler.placements, "place", recording)
+    assert w.scheduler.run_pass().placed == 1
+    assert calls == [["h0", "h1"]]
+    placed = _check_placed_once(w, [job])
+    assert len(placed) == 1 and len(w.held()) == 8
