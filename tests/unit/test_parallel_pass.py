@@ -161,6 +161,7 @@ def test_a_pass_stops_applying_at_its_deadline_and_asks_for_the_next_pass() -> N
         job = w.submit(resources={"gpu_type": "V100", "gpus": 1})
         w.workflow.await_placement(job.id, f"place-{job.id}")
         jobs.append(job)
+    object.__setattr__(w.scheduler, "min_placements", 0)
     left = [30.0]
     place = w.scheduler.placements.place  # type: ignore[union-attr]
 
@@ -178,6 +179,15 @@ def test_a_pass_stops_applying_at_its_deadline_and_asks_for_the_next_pass() -> N
     nxt = w.scheduler.run_pass()  # no deadline: the rest
     assert nxt.placed == 3 and nxt.deferred == 0 and nxt.reasons_written == 2
     assert len(_check_placed_once(w, jobs)) == 6
+
+
+def test_a_pass_whose_load_ate_its_time_still_places_a_few() -> None:
+    w, jobs = _world(hosts=2, gpus=8, sizes=[2] * 6, workers=2)
+    object.__setattr__(w.scheduler, "min_placements", 2)
+    report = w.scheduler.run_pass(time_left=lambda: 1.0)  # past the deadline before it applies
+    assert report.placed == 2 and report.deferred == 4
+    assert ("deferred placements", 0) in w.trigger.requests
+    _check_placed_once(w, jobs)
 
 
 # -- reasons ---------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@
   ``TransactionConflict``.
 - **A deadline.** ``Deadline`` says when to stop starting work: ``time_left()`` (the Lambda context's
   remaining time) below ``reserve_s``. Work not started is left for the next pass, which decides it
-  again from the store; work started finishes.
+  again from the store; work started finishes. A pass always starts its first ``MIN_PLACEMENTS``
+  placements, so a pass whose load ate its time still places something (were it killed while at
+  it, the store stays consistent: see the scheduler service).
 - **A crash** (the first exception a task raises) stops the pool from starting more and is raised to
   the caller once the tasks in flight have ended, as a pass that dies would leave it.
 """
@@ -40,6 +42,8 @@ T = TypeVar("T")
 
 #: Threads applying one pass's placements (and writing its reasons) at once.
 APPLY_WORKERS = 16
+#: Placements a pass starts whatever its deadline says (one round of the pool).
+MIN_PLACEMENTS = APPLY_WORKERS
 #: Stop starting placements when less than this is left of the invocation (the Lambda timeout is
 #: 60 s): what has started finishes, the reasons and cost writes after it get their time.
 DEADLINE_RESERVE_S = 20.0
@@ -99,14 +103,17 @@ class HostLocks:
                 lock.release()
 
 
-def run_bounded(tasks: Sequence[Callable[[], T]], workers: int, deadline: Deadline, deferred: T) -> list[T]:
+def run_bounded(
+    tasks: Sequence[Callable[[], T]], workers: int, deadline: Deadline, deferred: T, minimum: int = 0
+) -> list[T]:
     """Run ``tasks`` on at most ``workers`` threads; a task not started before the deadline (or once a
-    task has raised) gives ``deferred``. Results in task order; the first exception is re-raised
-    after the tasks in flight end."""
+    task has raised) gives ``deferred``, except the first ``minimum``, which start whatever the
+    deadline says (so that a pass whose load ate its time still makes progress). Results in task
+    order; the first exception is re-raised after the tasks in flight end."""
     stop = threading.Event()
 
-    def guarded(task: Callable[[], T]) -> T:
-        if stop.is_set() or deadline.passed():
+    def guarded(index: int, task: Callable[[], T]) -> T:
+        if stop.is_set() or (index >= minimum and deadline.passed()):
             return deferred
         try:
             return task()
@@ -115,9 +122,9 @@ def run_bounded(tasks: Sequence[Callable[[], T]], workers: int, deadline: Deadli
             raise
 
     if workers <= 1 or len(tasks) <= 1:
-        return [guarded(t) for t in tasks]
+        return [guarded(i, t) for i, t in enumerate(tasks)]
     with ThreadPoolExecutor(max_workers=min(workers, len(tasks)), thread_name_prefix="berth-apply") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, guarded, t) for t in tasks]
+        futures = [pool.submit(contextvars.copy_context().run, guarded, i, t) for i, t in enumerate(tasks)]
         results: list[T] = []
         failure: BaseException | None = None
         for f in futures:

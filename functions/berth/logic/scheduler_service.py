@@ -39,6 +39,7 @@ from berth.logic.cloud_sweep import CloudSweep, SweepReport
 from berth.logic.pass_apply import (
     APPLY_WORKERS,
     DEADLINE_RESERVE_S,
+    MIN_PLACEMENTS,
     Deadline,
     GpuPicker,
     HostLocks,
@@ -120,6 +121,8 @@ class SchedulerService:
     placements: PlacementWriter | None = field(default=None, kw_only=True)
     apply_workers: int = APPLY_WORKERS
     deadline_reserve_s: float = DEADLINE_RESERVE_S
+    #: Placements a pass starts even past its deadline (progress when the load ate the time).
+    min_placements: int = MIN_PLACEMENTS
 
     def __post_init__(self) -> None:
         if self.placements is None:
@@ -278,7 +281,9 @@ class SchedulerService:
                 return Outcome.PLACED if placed else Outcome.SKIPPED
 
             tasks.append(task)
-        return run_bounded(tasks, self.apply_workers, deadline or Deadline(), Outcome.DEFERRED)
+        return run_bounded(
+            tasks, self.apply_workers, deadline or Deadline(), Outcome.DEFERRED, minimum=self.min_placements
+        )
 
     def apply_placement(
         self,

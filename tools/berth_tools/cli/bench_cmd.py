@@ -128,6 +128,15 @@ def pass_(
         Path, typer.Option("--template", help="The synthesised template (make synth)")
     ] = Path("cdk.out/Berth.template.json"),
     aws_latency_ms: AwsLatencyOpt = 0.0,
+    lambda_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--lambda-timeout",
+            min=1,
+            max=900,
+            help="The pass's deadline is this timeout (default: the function's configured one)",
+        ),
+    ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """One pass of the scheduler service over HOSTS hosts and PENDING queued jobs in the local cloud's
@@ -135,7 +144,7 @@ def pass_(
     from berth_tools.bench.pass_bench import run_pass_bench
 
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    report = run_pass_bench(template, hosts, pending, seed, aws_latency_ms)
+    report = run_pass_bench(template, hosts, pending, seed, aws_latency_ms, lambda_timeout_s)
     render(output, report, _table)
 
 
