@@ -17,7 +17,7 @@ from typing import Any
 
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
-from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument
+from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument, check_hold_requests
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
@@ -268,6 +268,44 @@ class FakeHosts:
             self.hosts[host_id] = current.model_copy(
                 update={"drain_requested": drain, "version": current.version + 1}
             )
+
+
+class FakePlacements:
+    """The placement transaction over a FakeJobs and a FakeHosts: every condition checked under both
+    locks before anything is written, then all of it written (DynamoDB's all-or-nothing)."""
+
+    def __init__(self, jobs: FakeJobs, hosts: FakeHosts) -> None:
+        self.jobs = jobs
+        self.hosts = hosts
+
+    def place(self, job: Job, event: JobEvent, attempt: str, holds: Any) -> None:
+        check_hold_requests(holds)
+        if self.jobs.before_save is not None:
+            hook, self.jobs.before_save = self.jobs.before_save, None
+            hook(job)
+        with self.hosts.lock, self.jobs.table.lock:
+            stored = self.jobs.jobs.get(job.id)
+            if stored is None or stored.version != job.version - 1:
+                raise Conflict("version moved")
+            updated: dict[str, HostRecord] = {}
+            for h in holds:
+                current = self.hosts.hosts.get(h.host_id)
+                if current is None:
+                    raise Conflict(f"host {h.host_id!r} is not registered")
+                if (
+                    not h.gpu_ids
+                    or len(set(h.gpu_ids)) != len(h.gpu_ids)
+                    or attempt in current.holds
+                    or not set(h.gpu_ids) <= set(current.free_gpu_ids)
+                ):
+                    raise Conflict(f"GPUs {list(h.gpu_ids)} of {h.host_id!r} are not all free")
+                hold = Hold(gpu_ids=h.gpu_ids, cpu=h.cpu, memory_gib=h.memory_gib, at=h.at)
+                updated[h.host_id] = current.model_copy(
+                    update={"holds": {**current.holds, attempt: hold}, "version": current.version + 1}
+                )
+            self.hosts.hosts.update(updated)
+            self.jobs.jobs[job.id] = job
+            self.jobs.history[job.id].append(event)
 
 
 class FakeDocuments:

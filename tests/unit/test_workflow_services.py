@@ -34,7 +34,7 @@ from berth.logic.agent import AgentService, AlreadyClaimed, Fenced, HostCaller
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowService, WorkflowSettings
-from tests.unit.fakes import FakeDocuments, FakeHosts, fake_store
+from tests.unit.fakes import FakeDocuments, FakeHosts, FakePlacements, fake_store
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -115,6 +115,8 @@ class World:
             self.clock,
             new_token=lambda: f"fence-{next(counter)}",
             settings=self.settings,
+            placements=FakePlacements(self.jobs, self.hosts),
+            apply_workers=1,  # one placement after the other: a crash lands at a known point
         )
         self.workflow = WorkflowService(
             self.jobs,
@@ -323,13 +325,13 @@ def test_a_hold_without_its_job_write_is_released_after_the_grace_period() -> No
     job = w.submit(gpus=8)
     w.workflow.await_placement(job.id, "t")
 
-    def lose_the_race(_: Job) -> None:  # another writer moves the job between hold and save
+    def lose_the_race(_: Job) -> None:  # another writer moves the job just before the placement
         w.jobs.jobs[job.id] = w.job(job.id).updated(NOW)
 
     w.jobs.before_save = lose_the_race
     report = w.scheduler.run_pass()
-    assert report.skipped == 1 and w.held() == []  # the losing pass gave its hold back at once
-    # A pass that died between the two writes leaves a hold nobody names: released after the grace.
+    assert report.skipped == 1 and w.held() == []  # the lost transaction held nothing
+    # A hold nobody names (left by an older writer) is released after the grace period.
     w.hosts.hold("h0", "j-ghost#1", ("GPU-h0-0",), 1, 1, at=NOW)
     assert w.scheduler.run_pass().orphans_released == 0
     w.clock.now = NOW + timedelta(seconds=11)

@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import boto3
+from botocore.config import Config
+
+#: HTTP connections per client (botocore's default is 10): the scheduler answers placement tokens
+#: from its apply pool's threads at once (``berth.logic.scheduler_service.APPLY_WORKERS``).
+MAX_POOL_CONNECTIONS = 32
 
 
 def client(service: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("config", Config(max_pool_connections=MAX_POOL_CONNECTIONS))
     return boto3.session.Session().client(service, **kwargs)  # type: ignore[call-overload]

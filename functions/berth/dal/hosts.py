@@ -1,19 +1,22 @@
 """DynamoDB host repository: the on-prem fleet, one item per host, every write conditional.
 
-A GPU UUID is either in the host's ``free_gpu_ids`` set or in exactly one attempt's hold. ``hold``
-removes the UUIDs from the free set and records the hold in one UpdateItem whose condition requires
+A GPU UUID is either in the host's ``free_gpu_ids`` set or in exactly one attempt's hold. A hold
+removes the UUIDs from the free set and records the hold in one update whose condition requires
 every UUID to be free and the attempt to hold nothing yet; so two attempts (or two racing passes)
-can never both get a GPU, and free GPUs never go negative. Each method writes its own attributes
-only (inventory, lease, holds), never the whole item.
+can never both get a GPU, and free GPUs never go negative. ``hold`` sends that update alone;
+``add_hold`` adds it to a transaction (the scheduler's placement: ``berth.dal.placements``). Each
+method writes its own attributes only (inventory, lease, holds), never the whole item.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
+from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
@@ -22,6 +25,10 @@ from berth.domain.fleet import Hold, HostInventory, HostRecord
 
 #: Register retries when a hold or release lands between its read and its conditional write.
 REGISTER_RETRIES = 5
+#: Retries of a heartbeat, release or drain request whose write was refused while the host still
+#: qualifies: DynamoDB refuses a plain write to an item a transaction is writing
+#: (``TransactionConflictException``, not retried by the SDK), e.g. a placement's hold.
+CONFLICT_RETRIES = 5
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -120,18 +127,41 @@ class DynamoHostRepository:
         self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
     ) -> None:
         R = self._Row
-        try:
-            with translated(f"heartbeat host {host_id}"):
-                R(host_id).update(
-                    actions=[
-                        R.lease_expires_at.set(lease_expires_at),
-                        R.healthy.set(healthy),
-                        R.draining.set(draining),
-                    ],
-                    condition=R.host_id.exists(),
-                )
-        except Conflict as exc:
-            raise NotFound(f"host {host_id!r} is not registered") from exc
+        actions = [R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy), R.draining.set(draining)]
+        self._update_existing(host_id, f"heartbeat host {host_id}", actions)
+
+    def _update_existing(self, host_id: str, what: str, actions: Sequence[Action]) -> None:
+        """Update a registered host; NotFound when it is not, retried while a transaction holds it."""
+        R = self._Row
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                with translated(what):
+                    R(host_id).update(actions=list(actions), condition=R.host_id.exists())
+                return
+            except Conflict as exc:
+                if self.get(host_id) is None:
+                    raise NotFound(f"host {host_id!r} is not registered") from exc
+        raise Conflict(f"{what}: the host kept changing; try again")
+
+    def _hold_update(
+        self, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float, at: datetime | None
+    ) -> tuple[list[Action], Condition]:
+        """The actions and condition that move ``gpu_ids`` from the free set into ``attempt``'s hold."""
+        R = self._Row
+        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+            raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
+        condition: Condition = R.host_id.exists() & R.holds[attempt].does_not_exist()
+        for g in gpu_ids:
+            condition = condition & R.free_gpu_ids.contains(g)
+        hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
+        if at is not None:
+            hold["at"] = at.isoformat()
+        actions: list[Action] = [
+            R.free_gpu_ids.delete(set(gpu_ids)),
+            R.holds[attempt].set(hold),
+            R.version.add(1),
+        ]
+        return actions, condition
 
     def hold(
         self,
@@ -142,25 +172,10 @@ class DynamoHostRepository:
         memory_gib: float,
         at: datetime | None = None,
     ) -> None:
-        R = self._Row
-        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
-            raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
-        condition: Condition = R.host_id.exists() & R.holds[attempt].does_not_exist()
-        for g in gpu_ids:
-            condition = condition & R.free_gpu_ids.contains(g)
-        hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
-        if at is not None:
-            hold["at"] = at.isoformat()
+        actions, condition = self._hold_update(attempt, gpu_ids, cpu, memory_gib, at)
         try:
             with translated(f"hold GPUs on {host_id}"):
-                R(host_id).update(
-                    actions=[
-                        R.free_gpu_ids.delete(set(gpu_ids)),
-                        R.holds[attempt].set(hold),
-                        R.version.add(1),
-                    ],
-                    condition=condition,
-                )
+                self._Row(host_id).update(actions=actions, condition=condition)
         except Conflict as exc:
             if self.get(host_id) is None:
                 raise NotFound(f"host {host_id!r} is not registered") from exc
@@ -169,21 +184,37 @@ class DynamoHostRepository:
                 "already holds GPUs there"
             ) from exc
 
+    def add_hold(
+        self,
+        tx: TransactWrite,
+        host_id: str,
+        attempt: str,
+        gpu_ids: tuple[str, ...],
+        cpu: float,
+        memory_gib: float,
+        at: datetime | None = None,
+    ) -> None:
+        """``hold`` as one item of the transaction ``tx`` (its condition fails the whole transaction)."""
+        actions, condition = self._hold_update(attempt, gpu_ids, cpu, memory_gib, at)
+        tx.update(self._Row(host_id), actions=actions, condition=condition)
+
     def release(self, host_id: str, attempt: str) -> bool:
         R = self._Row
-        current = self.get(host_id)
-        hold = None if current is None else current.holds.get(attempt)
-        if hold is None:
-            return False
-        actions: list[Action] = [R.holds[attempt].remove(), R.version.add(1)]
-        if hold.gpu_ids:
-            actions.insert(0, R.free_gpu_ids.add(set(hold.gpu_ids)))
-        try:
-            with translated(f"release GPUs on {host_id}"):
-                R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
-        except Conflict:
-            return False  # released concurrently: the GPUs went back once
-        return True
+        for _ in range(CONFLICT_RETRIES):
+            current = self.get(host_id)
+            hold = None if current is None else current.holds.get(attempt)
+            if hold is None:
+                return False  # none, or released concurrently: the GPUs went back once
+            actions: list[Action] = [R.holds[attempt].remove(), R.version.add(1)]
+            if hold.gpu_ids:
+                actions.insert(0, R.free_gpu_ids.add(set(hold.gpu_ids)))
+            try:
+                with translated(f"release GPUs on {host_id}"):
+                    R(host_id).update(actions=actions, condition=R.holds[attempt].exists())
+            except Conflict:
+                continue  # re-read: released meanwhile, or refused while a transaction held the item
+            return True
+        return False  # still held: a later pass releases it as an orphan
 
     def mark_lost(self, host_id: str, now: datetime) -> bool:
         R = self._Row
@@ -199,10 +230,6 @@ class DynamoHostRepository:
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         R = self._Row
-        try:
-            with translated(f"drain host {host_id}"):
-                R(host_id).update(
-                    actions=[R.drain_requested.set(drain), R.version.add(1)], condition=R.host_id.exists()
-                )
-        except Conflict as exc:
-            raise NotFound(f"host {host_id!r} is not registered") from exc
+        self._update_existing(
+            host_id, f"drain host {host_id}", [R.drain_requested.set(drain), R.version.add(1)]
+        )

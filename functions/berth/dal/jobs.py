@@ -230,14 +230,19 @@ class DynamoJobRepository:
 
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
-            tx.save(self._row(job), condition=self._Job.version == job.version - 1)
-            tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
-            if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
-                tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
-            task = job.spec.array_task
-            if task is not None and event.from_ is not None and event.from_ is not job.status:
-                # The array's counts move with the task, in the same transaction (dal/arrays.py).
-                counter_move(tx, self._Counter, task.array_id, task.index, event.from_, job.status)
+            self.add_save(tx, job, event)
+
+    def add_save(self, tx: TransactWrite, job: Job, event: JobEvent) -> None:
+        """``save``'s items (the job under its version, its event, the tenant's counter when it ends)
+        added to the transaction ``tx``."""
+        tx.save(self._row(job), condition=self._Job.version == job.version - 1)
+        tx.save(self._event_row(event, job), condition=self._Event.job_id.does_not_exist())
+        if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
+            tx.update(self._Tenant(TENANT + job.tenant), actions=[self._Tenant.active_jobs.add(-1)])
+        task = job.spec.array_task
+        if task is not None and event.from_ is not None and event.from_ is not job.status:
+            # The array's counts move with the task, in the same transaction (dal/arrays.py).
+            counter_move(tx, self._Counter, task.array_id, task.index, event.from_, job.status)
 
     def update(self, job: Job) -> None:
         """Store a new version of the job without a status change (no event), conditional on the

@@ -262,8 +262,13 @@ class UsageRow(Model):
     final = BooleanAttribute(default=False)
 
 
+#: HTTP connections each table model keeps (pynamodb's default is 10): the scheduler's apply pool
+#: writes from ``berth.logic.scheduler_service.APPLY_WORKERS`` threads at once.
+MAX_POOL_CONNECTIONS = 32
+
+
 def _bind(base: type[Model], table_name: str, **attrs: object) -> type[Model]:
-    meta = type("Meta", (), {"table_name": table_name})
+    meta = type("Meta", (), {"table_name": table_name, "max_pool_connections": MAX_POOL_CONNECTIONS})
     return type(f"{base.__name__}_{table_name}", (base,), {"Meta": meta, **attrs})
 
 

@@ -8,6 +8,8 @@ never go negative and no GPU is given to two attempts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -36,6 +38,32 @@ class Hold(_Frozen):
     memory_gib: Annotated[float, Field(ge=0)] = 0.0
     at: datetime | None = None
     """When the hold was taken (a hold no job claims after a grace period is an orphan)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRequest:
+    """The GPUs (by UUID), CPU and memory one attempt is to hold on one host (a placement's part)."""
+
+    host_id: str
+    gpu_ids: tuple[str, ...]
+    cpu: float
+    memory_gib: float
+    at: datetime | None = None
+
+
+#: DynamoDB's limit of items in one transaction, and the placement's items besides its holds (the job
+#: and its event): a placement holds GPUs on at most 98 hosts (a job spans at most ``MAX_NODES``).
+MAX_TRANSACTION_ITEMS = 100
+PLACEMENT_JOB_ITEMS = 2
+
+
+def check_hold_requests(holds: Sequence[HoldRequest]) -> None:
+    """One hold per host, and few enough to fit one transaction with the job's items (ValueError)."""
+    hosts = [h.host_id for h in holds]
+    if len(set(hosts)) != len(hosts):
+        raise ValueError(f"a placement holds GPUs on each host once, not {hosts}")
+    if len(holds) + PLACEMENT_JOB_ITEMS > MAX_TRANSACTION_ITEMS:
+        raise ValueError(f"a placement on {len(holds)} hosts does not fit one transaction")
 
 
 class HostInventory(_Frozen):

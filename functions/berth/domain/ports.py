@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
-from berth.domain.fleet import HostInventory, HostRecord, StoredDocument
+from berth.domain.fleet import HoldRequest, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogPage, MetricSample, StoredSample
@@ -90,6 +90,17 @@ class JobRepository(Protocol):
     def set_reason(self, entry: QueueEntry, reason: str) -> None:
         """Store a queued job's reason alone (no new version, no event), conditional on the job still
         being queued at the entry's version; Conflict otherwise."""
+
+
+class PlacementWriter(Protocol):
+    """Applies one scheduling decision atomically (one DynamoDB transaction)."""
+
+    def place(self, job: Job, event: JobEvent, attempt: str, holds: Sequence[HoldRequest]) -> None:
+        """All or nothing: hold exactly these GPUs for ``attempt`` on each host (every UUID free there,
+        the attempt holding nothing there yet) and store ``job`` (version n, if the stored one is
+        n-1) with its event. Conflict (nothing written) if any of that does not hold: a GPU taken, the
+        job moved, a host unknown. StoreUnavailable if the store failed; the write may then have
+        happened or not (the next pass sees which). ValueError for holds that name a host twice."""
 
 
 class HostRepository(Protocol):

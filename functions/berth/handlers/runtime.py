@@ -16,6 +16,7 @@ from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
 from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
+from berth.dal.placements import DynamoPlacementWriter
 from berth.dal.runtimes import DynamoRuntimeHistory
 from berth.dal.tenants import DynamoTenantRepository
 from berth.dal.usage import DynamoUsageLedger
@@ -189,6 +190,7 @@ def scheduler_service() -> SchedulerService:
         source=snapshot_source(),
         jobs=job_repository(),
         hosts=host_repository(),
+        placements=DynamoPlacementWriter(job_repository(), host_repository()),
         tokens=task_tokens(),
         trigger=pass_trigger(),
         clock=now,

@@ -32,12 +32,14 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         # Work left on an array: the next invocation goes on with it (else the timer's does).
         with contextlib.suppress(StoreUnavailable):
             pass_trigger().request("array expansion continues")
-    report = scheduler_service().run_pass()
+    # The pass stops starting placements well before the invocation's timeout (pass_apply.Deadline).
+    report = scheduler_service().run_pass(time_left=lambda: context.get_remaining_time_in_millis() / 1000)
     out = report.as_dict()
     if expander.stats.get("starts_failed"):
         logger.warning("array task executions not started", extra={"error": expander.last_error})
     logger.info("scheduling pass", extra={"triggers": len(records), "arrays": expander.stats, **out})
     metrics.add_metric("JobsPlaced", MetricUnit.Count, report.placed)
     metrics.add_metric("JobsPending", MetricUnit.Count, report.pending)
+    metrics.add_metric("PlacementsDeferred", MetricUnit.Count, report.deferred)
     metrics.add_metric("PassSeconds", MetricUnit.Seconds, report.load_s + report.decide_s + report.apply_s)
     return {"batchItemFailures": [], "pass": out}

@@ -1,25 +1,27 @@
 """The scheduler service: one pass = reap lost hosts, load the snapshot, call the pure core, apply.
 
-Applying a placement is two conditional writes in a fixed order: first each host's GPUs are held
-for the attempt (``HostRepository.hold``: the UUIDs must all be free, so no GPU is ever given to two
-attempts and free GPUs never go negative), then the job moves QUEUED -> STARTING with its placement
-(conditional on its version, so a job is placed once). Two racing passes lose one of the two writes
-and skip that job. A pass that crashes between the two leaves a hold no job names: the next pass
-releases such orphans once they are older than a grace period. Whatever a pass did not apply, the
-next one decides again from the store. After the write, the execution's placement token is answered.
+Applying a placement is one transaction (``PlacementWriter.place``): each host's GPUs held for the
+attempt (the UUIDs, picked from the snapshot, must all still be free, so no GPU is ever given to two
+attempts and free GPUs never go negative) and the job moved QUEUED -> STARTING with its placement
+(conditional on its version, so a job is placed once) and its event, all or nothing. A racing pass
+loses the whole transaction and skips that job. After the write, the execution's placement token is
+answered; a pass that dies in between leaves a STARTING job whose token the next pass answers again
+(``reanswer_placements``). Placements are applied concurrently and stop at a deadline
+(``berth.logic.pass_apply``); whatever a pass did not apply, the next one decides again from the store.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit, onprem_hourly_usd
-from berth.domain.errors import Conflict, NotFound, StoreUnavailable
-from berth.domain.fleet import attempt_key
+from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit
+from berth.domain.errors import Conflict, StoreUnavailable
+from berth.domain.fleet import HoldRequest, attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import HostGpus, OnPremPlacement
 from berth.domain.ports import (
@@ -27,6 +29,7 @@ from berth.domain.ports import (
     HostRepository,
     JobRepository,
     PassTrigger,
+    PlacementWriter,
     TaskTokens,
     UsageLedger,
 )
@@ -34,11 +37,22 @@ from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.cloud_sweep import CloudSweep, SweepReport
+from berth.logic.pass_apply import (
+    APPLY_WORKERS,
+    DEADLINE_RESERVE_S,
+    MIN_PLACEMENTS,
+    Deadline,
+    GpuPicker,
+    HostLocks,
+    Outcome,
+    placed_job,
+    run_bounded,
+)
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowSettings, placement_output
 from berth.scheduler.circuit import CircuitBoard, CircuitState
 from berth.scheduler.core import schedule
-from berth.scheduler.decisions import Assignment, CloudAssignment, OnPremAssignment
+from berth.scheduler.decisions import Assignment, OnPremAssignment
 
 S = JobStatus
 #: The longest a pass asks to be woken later for (an SQS delay is at most 15 minutes).
@@ -62,6 +76,11 @@ class PassReport:
     placed: int = 0
     skipped: int = 0
     """Placements lost to a race (GPUs or job taken meanwhile): decided again next pass."""
+    deferred: int = 0
+    """Placements not applied because the pass reached its deadline: decided again next pass (one is
+    asked for at once)."""
+    reasons_deferred: int = 0
+    """Changed reasons left for the next pass by the deadline."""
     preempted: int = 0
     reasons_written: int = 0
     lost_hosts: list[str] = field(default_factory=list)
@@ -103,9 +122,22 @@ class SchedulerService:
     after_apply: Callable[[Job], None] | None = None
     #: Where running attempts' usage so far is recorded (None: only the jobs' cost is written).
     usage: UsageLedger | None = None
+    #: Writes each placement as one transaction (host holds, job, event).
+    placements: PlacementWriter | None = field(default=None, kw_only=True)
+    apply_workers: int = APPLY_WORKERS
+    deadline_reserve_s: float = DEADLINE_RESERVE_S
+    #: Placements a pass starts even past its deadline (progress when the load ate the time).
+    min_placements: int = MIN_PLACEMENTS
 
-    def run_pass(self) -> PassReport:
+    def __post_init__(self) -> None:
+        if self.placements is None:
+            raise TypeError("SchedulerService needs placements (a PlacementWriter)")
+
+    def run_pass(self, time_left: Callable[[], float] | None = None) -> PassReport:
+        """One pass. ``time_left()``: seconds left of the invocation (Lambda's remaining time; None:
+        no deadline); the pass stops starting placements when fewer than ``deadline_reserve_s`` are."""
         report = PassReport()
+        deadline = Deadline(time_left, self.deadline_reserve_s)
         t0 = time.perf_counter()
         now = self.clock()
         report.lost_hosts = self.reap_lost_hosts(now)
@@ -126,18 +158,22 @@ class SchedulerService:
         t2 = time.perf_counter()
         by_id = {e.job_id: e for e in inputs.pending}
         rates = inputs.fleet.policy.accounting
-        # The full items only of the jobs being placed (the queue index holds what the core reads).
+        # The full items only of the jobs being placed (the queue index holds what the core reads);
+        # one canceled or placed since the index was read is skipped.
         full = self.source.hydrate(a.job_id for a in decisions.placements if a.job_id in by_id)
+        placeable: list[tuple[Job, Assignment]] = []
         for assignment in decisions.placements:
+            if assignment.job_id not in by_id:
+                continue
             job = full.get(assignment.job_id)
             if job is None or job.status is not S.QUEUED:
-                if assignment.job_id in by_id:
-                    report.skipped += 1  # canceled or placed since the index was read
-                continue
-            if self.apply_placement(job, assignment, now, rates):
-                report.placed += 1
-            else:
                 report.skipped += 1
+                continue
+            placeable.append((job, assignment))
+        outcomes = self.apply_placements(placeable, inputs.fleet.records, now, rates, deadline)
+        report.placed = outcomes.count(Outcome.PLACED)
+        report.skipped += outcomes.count(Outcome.SKIPPED)
+        report.deferred = outcomes.count(Outcome.DEFERRED)
         running = {j.id: j for j in inputs.running_jobs}
         for preemption in decisions.preemptions:
             victim = running.get(preemption.job_id)
@@ -149,10 +185,12 @@ class SchedulerService:
             victim = running.get(repatriation.job_id)
             if victim is not None:
                 self.stop_attempt(victim, f"repatriated on-prem (saves ${repatriation.saving_usd:.2f})")
-        report.reasons_written = self.write_reasons(by_id, decisions)
         report.costs_accrued, report.cost_limited, cost_wake = self.accrue_costs(
             inputs.running_jobs, rates, now
         )
+        report.reasons_written, report.reasons_deferred = self.write_reasons(by_id, decisions, deadline)
+        if report.deferred:
+            self.trigger.request("deferred placements")
         if decisions.wake_at is not None:
             wait = max(1.0, decisions.wake_at - now.timestamp())
             report.wake_in_s = wait
@@ -232,82 +270,75 @@ class SchedulerService:
         return answered
 
     # -- applying --------------------------------------------------------------------------------
+    def apply_placements(
+        self,
+        placements: list[tuple[Job, Assignment]],
+        records: Any,
+        now: datetime,
+        rates: CostRates,
+        deadline: Deadline | None = None,
+    ) -> list[Outcome]:
+        """Apply a pass's placements in the pool, with GPUs picked from the snapshot's host
+        ``records`` (disjoint across the pass); each one's outcome, in order."""
+        picker = GpuPicker(records)
+        locks = HostLocks()
+        tasks = []
+        for job, assignment in placements:
+            gpu_ids = None
+            if isinstance(assignment, OnPremAssignment):
+                gpu_ids = {h: picker.take(h, gpus) for h, gpus in assignment.hosts}
+
+            def task(job: Job = job, assignment: Assignment = assignment, gpu_ids: Any = gpu_ids) -> Outcome:
+                placed = self.apply_placement(job, assignment, now, rates, gpu_ids=gpu_ids, locks=locks)
+                return Outcome.PLACED if placed else Outcome.SKIPPED
+
+            tasks.append(task)
+        return run_bounded(
+            tasks, self.apply_workers, deadline or Deadline(), Outcome.DEFERRED, minimum=self.min_placements
+        )
+
     def apply_placement(
-        self, job: Job, assignment: Assignment, now: datetime, rates: CostRates | None = None
+        self,
+        job: Job,
+        assignment: Assignment,
+        now: datetime,
+        rates: CostRates | None = None,
+        gpu_ids: dict[str, tuple[str, ...] | None] | None = None,
+        locks: HostLocks | None = None,
     ) -> bool:
+        """Place ``job`` as ``assignment`` says, in one transaction, and answer its placement token;
+        False when the transaction lost a race (decided again next pass). ``gpu_ids``: the UUIDs to
+        hold on each host (a pass picks them from its snapshot); None: read the hosts for them."""
         rates = rates or CostRates()
-        if isinstance(assignment, CloudAssignment):
-            return self._place(job, assignment, now, held=(), rates=rates)
         attempt = job.attempts + 1
         key = attempt_key(job.id, attempt)
         held: list[HostGpus] = []
-        for host_id, gpus in assignment.hosts:
-            rec = self.hosts.get(host_id)
-            picked = None if rec is None else rec.pick_free(gpus)
-            if picked is None:
-                self._unhold(job.id, held, key)
-                return False
-            try:
-                self.hosts.hold(host_id, key, picked, assignment.cpu, assignment.memory_gib, at=now)
-            except (Conflict, NotFound):
-                self._unhold(job.id, held, key)
-                return False
-            held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=picked))
-        return self._place(job, assignment, now, held=tuple(held), rates=rates)
-
-    def _unhold(self, job_id: str, held: list[HostGpus], key: str) -> None:
-        for h in held:
-            self.hosts.release(h.host_id, key)
-
-    def _place(
-        self, job: Job, assignment: Assignment, now: datetime, held: tuple[HostGpus, ...], rates: CostRates
-    ) -> bool:
+        holds: list[HoldRequest] = []
         if isinstance(assignment, OnPremAssignment):
-            gpus = sum(h.gpus for h in held)
-            placement: Any = assignment.record().model_copy(
-                update={"hosts": held, "hourly_usd": onprem_hourly_usd(rates, gpus)}
-            )
-            where = f"on-prem pool {assignment.pool}: " + ", ".join(f"{h.host_id} ({h.gpus})" for h in held)
-        else:
-            placement = assignment.record()
-            where = (
-                f"cloud {assignment.region} {assignment.instance_type}{' spot' if assignment.spot else ''}"
-            )
-        attempt = job.attempts + 1
-        run = job.run.model_copy(
-            update={
-                "fencing_token": self.new_token(),
-                "dispatch_token": None,
-                "claimed": (),
-                "started": (),
-                "succeeded": (),
-                "started_at": None,
-                "stop": None,
-                "stop_failure": None,
-                "cost_at": None,
-                "batch_job_id": None,
-                "submitted_at": None,
-            }
-        )
-        nxt, event = job.transition(
-            S.STARTING,
-            f"placed {where} (attempt {attempt})",
-            now,
-            site=placement.site,
-            placement=placement,
-            attempts=attempt,
-            run=run,
-        )
+            for host_id, gpus in assignment.hosts:
+                if gpu_ids is not None:
+                    picked = gpu_ids.get(host_id)
+                else:
+                    rec = self.hosts.get(host_id)
+                    picked = None if rec is None else rec.pick_free(gpus)
+                if picked is None or len(picked) != gpus:
+                    return False
+                held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=picked))
+                holds.append(HoldRequest(host_id, picked, assignment.cpu, assignment.memory_gib, now))
+        nxt, event = placed_job(job, assignment, now, tuple(held), rates, self.new_token())
+        assert self.placements is not None
         try:
-            self.jobs.save(nxt, event)
-        except Conflict:
-            self._unhold(job.id, list(held), attempt_key(job.id, attempt))
-            return False
+            with locks.holding(h.host_id for h in held) if locks is not None else _nothing():
+                self.placements.place(nxt, event, key, holds)
+        except (Conflict, StoreUnavailable, ValueError):
+            return False  # a StoreUnavailable write may have happened: the next pass sees which
         if self.after_apply is not None:
             self.after_apply(nxt)
         token = job.run.placement_token
         if token:
-            self.tokens.succeed(token, placement_output(nxt))
+            # Placed all the same when the answer fails: a later pass answers it (reanswer_placements).
+            with suppress(StoreUnavailable):
+                self.tokens.succeed(token, placement_output(nxt))
         return True
 
     def stop_attempt(self, job: Job, reason: str, failure: Failure | None = None) -> bool:
@@ -366,27 +397,37 @@ class SchedulerService:
         heartbeat (a third of ``heartbeat_s``), then the host stops it and reports."""
         return self.settings.heartbeat_s / 3 + 5.0
 
-    def write_reasons(self, pending: dict[str, QueueEntry], decisions: Any) -> int:
+    def write_reasons(
+        self, pending: dict[str, QueueEntry], decisions: Any, deadline: Deadline | None = None
+    ) -> tuple[int, int]:
         """Store each pending job's reason (no event: the status did not change) when the rules that
-        keep it waiting changed. The detail (free GPU counts, waits) moves every pass; ``explain``
-        renders it live, so rewriting thousands of items per pass for it would buy nothing."""
-        written = 0
+        keep it waiting changed, as a write of the reason alone, in the pool, until the deadline.
+        The detail (free GPU counts, waits) moves every pass; ``explain`` renders it live, so
+        rewriting thousands of items per pass for it would buy nothing. Returns (written, deferred)."""
+        changes: list[tuple[QueueEntry, str]] = []
         for job_id, text in decisions.reasons.items():
             entry = pending.get(job_id)
             if entry is None:
                 continue
             rules = ", ".join(dict.fromkeys(str(r) for r in decisions.outcomes[job_id].rules))
             prefix = f"waiting for placement ({rules})"
-            if entry.reason.startswith(prefix + ":"):
-                continue
-            try:
-                # The reason alone (no new version, no event): the queue entry's copy is the only
-                # index write (docs/scheduling.md).
-                self.jobs.set_reason(entry, f"{prefix}: {text}")
-            except Conflict:
-                continue
-            written += 1
-        return written
+            if not entry.reason.startswith(prefix + ":"):
+                changes.append((entry, f"{prefix}: {text}"))
+        if not changes:
+            return 0, 0
+        tasks = [lambda e=e, reason=reason: self._set_reason(e, reason) for e, reason in changes]
+        results = run_bounded(tasks, self.apply_workers, deadline or Deadline(), None)
+        return results.count(True), results.count(None)
+
+    def _set_reason(self, entry: QueueEntry, reason: str) -> bool:
+        """The reason alone (no new version, no event): the queue entry's copy is the only index
+        write (docs/scheduling.md). Advisory: a job that moved, or a store that is down, is left to
+        the next pass."""
+        try:
+            self.jobs.set_reason(entry, reason)
+        except (Conflict, StoreUnavailable):
+            return False
+        return True
 
 
 def _holds(job: Job, host_id: str, key: str) -> bool:
@@ -396,6 +437,11 @@ def _holds(job: Job, host_id: str, key: str) -> bool:
         and attempt_key(job.id, job.attempts) == key
         and any(h.host_id == host_id for h in job.placement.hosts)
     )
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def utcnow() -> datetime:

@@ -17,11 +17,12 @@ from berth.domain.ports import (
     DocumentRepository,
     HostRepository,
     JobRepository,
+    PlacementWriter,
     TenantRepository,
     UsageLedger,
 )
 from tests.functional.conftest import TABLES
-from tests.unit.fakes import FakeDocuments, FakeHosts, FakeUsage, fake_store
+from tests.unit.fakes import FakeDocuments, FakeHosts, FakePlacements, FakeUsage, fake_store
 
 
 @dataclass(frozen=True)
@@ -31,27 +32,33 @@ class Store:
     hosts: HostRepository
     documents: DocumentRepository
     usage: UsageLedger
+    placements: PlacementWriter
 
 
 @pytest.fixture(params=["fake", "dynamodb"])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     if request.param == "fake":
         jobs, tenants = fake_store()
-        yield Store(jobs, tenants, FakeHosts(), FakeDocuments(), FakeUsage())
+        hosts = FakeHosts()
+        yield Store(jobs, tenants, hosts, FakeDocuments(), FakeUsage(), FakePlacements(jobs, hosts))
         return
     request.getfixturevalue("aws")
     from berth.dal.documents import DynamoDocumentRepository
     from berth.dal.hosts import DynamoHostRepository
     from berth.dal.jobs import DynamoJobRepository
+    from berth.dal.placements import DynamoPlacementWriter
     from berth.dal.tenants import DynamoTenantRepository
     from berth.dal.usage import DynamoUsageLedger
 
+    jobs = DynamoJobRepository(
+        TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
+    )
+    hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
     yield Store(
-        DynamoJobRepository(
-            TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
-        ),
+        jobs,
         DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
-        DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]),
+        hosts,
         DynamoDocumentRepository(TABLES["BERTH_TENANTS_TABLE"]),
         DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"]),
+        DynamoPlacementWriter(jobs, hosts),
     )

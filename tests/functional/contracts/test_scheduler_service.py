@@ -25,7 +25,7 @@ from .conftest import Store
 
 
 def _world(
-    store: Store, gpus_per_host: int = 4, hosts: int = 2
+    store: Store, gpus_per_host: int = 4, hosts: int = 2, workers: int = 1
 ) -> tuple[SchedulerService, WorkflowService, Any]:
     clock = Clock()
     settings = WorkflowSettings(heartbeat_s=6, lease_s=60, orphan_grace_s=10)
@@ -43,6 +43,8 @@ def _world(
         clock,
         new_token=lambda: f"f{next(counter)}",
         settings=settings,
+        placements=store.placements,
+        apply_workers=workers,  # 1: a crash lands at a known point
     )
     workflow = WorkflowService(
         store.jobs, store.hosts, tokens, Queues(), Trigger(), clock, settings, random.Random(1)

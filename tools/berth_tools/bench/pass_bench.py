@@ -4,17 +4,27 @@ It starts an embedded local cloud (the deployed template, no agents), writes ``-
 8-GPU hosts and ``--pending`` queued jobs through Berth's own repositories, and runs the scheduler
 service exactly as its Lambda does (same code, the function's own environment) against moto's
 DynamoDB: the time to load the snapshot, decide and apply is reported separately, with what was
-placed and written.
+placed and written, the AWS calls the pass made (by operation, and per placement) and the DynamoDB
+units they cost, as the local cloud's meter counts them (``metering``).
+
+The pass gets the deadline its Lambda would: the function's configured timeout (or
+``lambda_timeout_s``, to measure the apply phase on a machine too loaded to load the snapshot in
+time), counted from the start of the pass (``time_left``). ``aws_latency_ms`` adds that much
+latency to every AWS call of the pass (``aws_latency``; the store is seeded without it), so the
+figures show the design's cost at AWS latency rather than the emulator's.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from berth_tools.localcloud import aws_latency, metering
 from berth_tools.localcloud.cloud import LocalCloud, load_template
 from berth_tools.localcloud.lambda_runtime import sandbox_environment
 from berth_tools.localcloud.seed import host_gpu_ids
@@ -22,6 +32,9 @@ from berth_tools.localcloud.seed import host_gpu_ids
 MODELS = ("A100", "V100")
 SHAPES = (1, 1, 1, 2, 2, 4, 8)
 TENANTS = ("vision", "nlp")
+#: The meter's tag of the pass's own calls (``metering.caller``), counted apart from the rest of the
+#: local cloud's (the notifier's stream reads, event source polls).
+PASS_CALLER = "scheduler-pass"
 
 
 def _function_environment(cloud: LocalCloud, name: str) -> dict[str, str]:
@@ -98,7 +111,10 @@ def seed_store(hosts: int, pending: int, seed: int = 0) -> None:
             )
             created = now - timedelta(seconds=pending - i)
             job, _ = new_job(new_job_id(created), TENANTS[i % len(TENANTS)], "bench", spec, created)
-            batch.save(jobs._row(job))
+            # A parked placement token, as every queued job's execution has: the pass answers it
+            # (Step Functions refuses it, there is no execution, but the call is made and metered).
+            run = job.run.model_copy(update={"placement_token": f"bench-token-{i}"})
+            batch.save(jobs._row(job.model_copy(update={"run": run})))
     # The tenants' active-job counters and directory key, as the jobs' own creation leaves them (the
     # pass reads the queue of each tenant with active jobs).
     from berth.dal.models import tenant_model
@@ -109,32 +125,96 @@ def seed_store(hosts: int, pending: int, seed: int = 0) -> None:
         Tenant("TENANT#" + tenant).update(actions=[Tenant.active_jobs.add(count), Tenant.directory.set("T")])
 
 
-def run_pass_bench(template: Path, hosts: int, pending: int, seed: int = 0) -> dict[str, Any]:
+def _pass_meter(snapshot: dict[str, Any], placed: int) -> dict[str, Any]:
+    """The meter's view of one pass: the pass's own calls by operation and per placement, and the
+    DynamoDB units they cost (by table: every caller's, the pass being the only writer)."""
+    mine = dict((snapshot.get("by_caller") or {}).get(PASS_CALLER, {}))
+    read_units, write_units = mine.pop("dynamodb_read_units", 0.0), mine.pop("dynamodb_write_units", 0.0)
+    calls = {op: int(n) for op, n in sorted(mine.items())}
+    total = sum(calls.values())
+    per = {op: round(n / placed, 3) for op, n in calls.items()} if placed else {}
+    per["total"] = round(total / placed, 3) if placed else float(total)
+    # What applying one placement costs: its transaction and its token's answer.
+    apply_calls = calls.get("dynamodb:TransactWriteItems", 0) + calls.get("states:SendTaskSuccess", 0)
+    per["apply"] = round(apply_calls / placed, 3) if placed else 0.0
+    dynamodb = snapshot["dynamodb"]
+    return {
+        "aws_calls": {**calls, "total": total},
+        "aws_calls_per_placement": per,
+        "dynamodb_read_units": round(read_units, 1),
+        "dynamodb_write_units": round(write_units, 1),
+        "dynamodb_units_by_table": {
+            name.split("-", 1)[-1] if "/" not in name else name: {k: round(v, 1) for k, v in units.items()}
+            for name, units in sorted(dynamodb["tables"].items())
+        },
+    }
+
+
+def _metered_pass(run: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+    metering.METER.reset()
+    with metering.caller(PASS_CALLER):
+        report = run()
+    return report, _pass_meter(metering.METER.snapshot(), report.placed)
+
+
+def _time_left(timeout_s: float) -> Callable[[], float]:
+    """What ``LambdaContext.get_remaining_time_in_millis`` tells the handler, in seconds."""
+    started = time.monotonic()
+    return lambda: timeout_s - (time.monotonic() - started)
+
+
+def run_pass_bench(
+    template: Path,
+    hosts: int,
+    pending: int,
+    seed: int = 0,
+    aws_latency_ms: float = 0.0,
+    lambda_timeout_s: float | None = None,
+) -> dict[str, Any]:
     started = time.monotonic()
     with LocalCloud(
         template=load_template(template), agents=0, example_hosts=False, scheduled_rules=False
     ) as cloud:
-        env = _function_environment(cloud, _scheduler_function(cloud))
+        function = _scheduler_function(cloud)
+        env = _function_environment(cloud, function)
+        lam = cloud.session().client("lambda", endpoint_url=cloud.endpoint_url)
+        configured_s = float(lam.get_function_configuration(FunctionName=function)["Timeout"])
+        timeout_s = configured_s if lambda_timeout_s is None else lambda_timeout_s
         with sandbox_environment(env):
             t0 = time.perf_counter()
             seed_store(hosts, pending, seed)
             seeded_s = time.perf_counter() - t0
             from berth.handlers.runtime import scheduler_service
 
-            report = scheduler_service().run_pass()
-            second = scheduler_service().run_pass()
+            previous = aws_latency.set_ms(aws_latency_ms)
+            try:
+                report, meter = _metered_pass(
+                    lambda: scheduler_service().run_pass(time_left=_time_left(timeout_s))
+                )
+                second, second_meter = _metered_pass(
+                    lambda: scheduler_service().run_pass(time_left=_time_left(timeout_s))
+                )
+            finally:
+                aws_latency.set_ms(previous)
     out = report.as_dict()
     out.pop("lost_hosts", None)
     return {
         "hosts": hosts,
         "pending_jobs": pending,
+        "aws_latency_ms": aws_latency_ms,
+        "lambda_timeout_s": timeout_s,
+        "configured_timeout_s": configured_s,
         "load_s": out.pop("load_s"),
         "decide_s": out.pop("decide_s"),
         "apply_s": out.pop("apply_s"),
         "pass_s": round(report.load_s + report.decide_s + report.apply_s, 3),
         **out,
+        **meter,
         "second_pass_s": round(second.load_s + second.decide_s + second.apply_s, 3),
         "second_pass_placed": second.placed,
+        "second_pass_deferred": second.deferred,
+        "second_pass_aws_calls": second_meter["aws_calls"],
         "seed_s": round(seeded_s, 2),
         "wall_s": round(time.monotonic() - started, 2),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
     }

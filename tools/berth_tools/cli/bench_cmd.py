@@ -15,6 +15,16 @@ from rich.table import Table
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
 
+AwsLatencyOpt = Annotated[
+    float,
+    typer.Option(
+        "--aws-latency-ms",
+        min=0,
+        max=1000,
+        help="Delay every control-plane AWS call by this many ms (the local cloud's; see aws_latency)",
+    ),
+]
+
 
 def _table(d: dict[str, Any]) -> None:
     t = Table("metric", "value")
@@ -51,6 +61,7 @@ def e2e(
             "per job and, with --endpoint-url, duplicated Batch submits",
         ),
     ] = "onprem",
+    aws_latency_ms: AwsLatencyOpt = 0.0,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -79,19 +90,33 @@ def e2e(
             session = boto3.Session(profile_name=profile) if profile else boto3.Session()
             return batch_audit.batch_job_names(session, endpoint_url, batch_audit.price_file_regions())
 
+    previous_latency = None
+    if aws_latency_ms:
+        if not endpoint_url:
+            raise typer.BadParameter("needs the local cloud's --endpoint-url", param_hint="--aws-latency-ms")
+        from berth_tools.localcloud import aws_latency
+
+        previous_latency = aws_latency.get_remote(endpoint_url)
+        aws_latency.set_remote(endpoint_url, aws_latency_ms)
     with api_errors(output):
-        report = run_e2e(
-            lambda: client_for(api_url, profile),
-            jobs,
-            concurrency=concurrency,
-            gpu_type=gpu_type,
-            run_s=run_s,
-            timeout_s=timeout_s,
-            meter=meter,
-            rate=rate,
-            placement=placement,
-            batch_jobs=batch_jobs,
-        )
+        try:
+            report = run_e2e(
+                lambda: client_for(api_url, profile),
+                jobs,
+                concurrency=concurrency,
+                gpu_type=gpu_type,
+                run_s=run_s,
+                timeout_s=timeout_s,
+                meter=meter,
+                rate=rate,
+                placement=placement,
+                batch_jobs=batch_jobs,
+            )
+        finally:
+            if previous_latency is not None and endpoint_url:
+                aws_latency.set_remote(endpoint_url, previous_latency)
+    if aws_latency_ms:
+        report = {**report, "aws_latency_ms": aws_latency_ms}
     render(output, report, _table)
 
 
@@ -102,14 +127,24 @@ def pass_(
     template: Annotated[
         Path, typer.Option("--template", help="The synthesised template (make synth)")
     ] = Path("cdk.out/Berth.template.json"),
+    aws_latency_ms: AwsLatencyOpt = 0.0,
+    lambda_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--lambda-timeout",
+            min=1,
+            max=900,
+            help="The pass's deadline is this timeout (default: the function's configured one)",
+        ),
+    ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """One pass of the scheduler service over HOSTS hosts and PENDING queued jobs in the local cloud's
-    DynamoDB: load, decide and apply times."""
+    DynamoDB: load, decide and apply times, AWS calls per placement and DynamoDB units per pass."""
     from berth_tools.bench.pass_bench import run_pass_bench
 
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    report = run_pass_bench(template, hosts, pending, seed)
+    report = run_pass_bench(template, hosts, pending, seed, aws_latency_ms, lambda_timeout_s)
     render(output, report, _table)
 
 

@@ -92,6 +92,13 @@ def up(
         help="KEY=VALUE over the local timings in the control-plane functions' environment (repeatable; "
         "only variables the template sets, e.g. BERTH_BATCH_SUBMIT_RATE=5).",
     ),
+    aws_latency_ms: float = typer.Option(
+        0.0,
+        "--aws-latency-ms",
+        min=0,
+        max=1000,
+        help="Once started, delay every control-plane AWS call by this many ms (see aws_latency).",
+    ),
     output: OutputFormat = typer.Option(
         OutputFormat.TABLE, "--output", "-o", help="table: shell exports; json: one JSON object when ready"
     ),
@@ -154,6 +161,10 @@ def up(
         except (LocalCloudError, StateDirBusy) as exc:
             typer.echo(f"berth local: {exc}", err=True)
             raise typer.Exit(code=1) from None
+        if aws_latency_ms:
+            from berth_tools.localcloud import aws_latency
+
+            aws_latency.set_ms(aws_latency_ms)  # after the deploy: it is not the control plane's
         if output is OutputFormat.JSON:
             ready = {
                 "api_url": cloud.api_url,

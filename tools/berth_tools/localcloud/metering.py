@@ -31,6 +31,8 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import io
 import json
 import math
@@ -38,11 +40,11 @@ import re
 import threading
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from berth_tools.localcloud import dynamodb_isolation, moto_compat
+from berth_tools.localcloud import aws_latency, dynamodb_isolation, moto_compat
 
 METER_PATH = "/_berth/meter"
 METER_RESET_PATH = "/_berth/meter/reset"
@@ -206,6 +208,21 @@ def _error_type(payload: bytes) -> str:
 
 
 # -- the meter ----------------------------------------------------------------------------------------------
+#: Who is calling, in the calling thread's context (set with `caller()`; a thread pool that copies the
+#: context, like the scheduler's apply pool, keeps it): requests and units are also counted per tag.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("berth_meter_caller", default="")
+
+
+@contextlib.contextmanager
+def caller(tag: str) -> Iterator[None]:
+    """Count the requests made in this context (and contexts copied from it) under `tag` too."""
+    token = CALLER.set(tag)
+    try:
+        yield
+    finally:
+        CALLER.reset(token)
+
+
 class Meter:
     """Thread-safe counters of what the control plane would be billed for."""
 
@@ -216,6 +233,8 @@ class Meter:
     def reset(self) -> None:
         with self._lock:
             self._requests: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+            #: Requests and DynamoDB units by caller tag (`caller()`: e.g. a benchmark's own calls).
+            self._callers: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
             )
@@ -230,14 +249,21 @@ class Meter:
 
     # -- recorders (hooks for code that serves AWS without an API request) ----------------------------------
     def record_request(self, service: str, operation: str) -> None:
+        tag = CALLER.get()
         with self._lock:
             self._requests[service][operation] += 1
+            if tag:
+                self._callers[tag][f"{service}:{operation}"] += 1
 
     def record_dynamodb(self, table: str, *, write_units: float = 0.0, read_units: float = 0.0) -> None:
+        tag = CALLER.get()
         with self._lock:
             entry = self._dynamodb[table]
             entry["write_units"] += write_units
             entry["read_units"] += read_units
+            if tag:
+                self._callers[tag]["dynamodb_write_units"] += write_units
+                self._callers[tag]["dynamodb_read_units"] += read_units
 
     def record_sqs(self, payload_bytes: int) -> None:
         with self._lock:
@@ -280,6 +306,7 @@ class Meter:
             functions = {name: dict(entry) for name, entry in self._lambda.items()}
             return {
                 "requests": {svc: dict(ops) for svc, ops in self._requests.items()},
+                "by_caller": {tag: dict(counts) for tag, counts in self._callers.items()},
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
                     "read_units": sum(t["read_units"] for t in tables.values()),
@@ -303,7 +330,9 @@ class Meter:
 
     # -- the request path --------------------------------------------------------------------------------
     def observe(self, request: ObservedRequest, call: Callable[[], Answer]) -> Answer:
-        """Serve `request` with `call()` and count it (DynamoDB writes run under the write lock)."""
+        """Serve `request` with `call()` and count it (DynamoDB writes run under the write lock), after
+        the added AWS latency (`aws_latency`, slept before any lock is taken)."""
+        aws_latency.wait()
         service, operation = request.service, request.operation
         if service == "dynamodb" and operation in _DYNAMODB_WRITES:
             answer = self._dynamodb_write(request, call)
@@ -558,6 +587,8 @@ class MeterMiddleware:
         path = environ.get("PATH_INFO", "")
         if path.startswith(METER_PATH):
             return self._meter_route(environ, start_response, path)
+        if path == aws_latency.LATENCY_PATH:
+            return self._latency_route(environ, start_response)
         if path.startswith("/moto-api"):
             return self.app(environ, start_response)
         headers = [
@@ -603,6 +634,14 @@ class MeterMiddleware:
         _, _, payload = self.meter.observe(request, call)
         start_response(captured["status"], captured["headers"])
         return [payload]
+
+    def _latency_route(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ.get("REMOTE_ADDR", "127.0.0.1") not in LOCAL_ADDRESSES:
+            return _json_answer(start_response, "403 Forbidden", {"message": "127.0.0.1 only"})
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        status, answer = aws_latency.handle_http(environ.get("REQUEST_METHOD", "GET"), body)
+        return _json_answer(start_response, f"{status} {'OK' if status == 200 else 'Error'}", answer)
 
     def _meter_route(self, environ: dict[str, Any], start_response: Any, path: str) -> list[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")

@@ -1,0 +1,49 @@
+"""DynamoDB placement writer: a scheduling decision applied as one TransactWriteItems.
+
+The items: one hold per host (``DynamoHostRepository.add_hold``: the named GPU UUIDs all free, the
+attempt holding nothing there yet), the job under its version and its event
+(``DynamoJobRepository.add_save``). DynamoDB applies all of them or none, so a placement never leaves a
+hold without its job nor a job without its hold, and a lost race (a GPU taken, the job moved, a host
+gone, another transaction on one of the items) cancels the whole transaction: ``Conflict``. The
+client request token makes the SDK's own retry of a transaction whose answer was lost idempotent
+(DynamoDB answers the first outcome again for ten minutes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from pynamodb.connection import Connection
+from pynamodb.transactions import TransactWrite
+
+from berth.dal.errors import translated
+from berth.dal.hosts import DynamoHostRepository
+from berth.dal.jobs import DynamoJobRepository
+from berth.dal.models import MAX_POOL_CONNECTIONS
+from berth.domain.fleet import HoldRequest, check_hold_requests
+from berth.domain.job import Job, JobEvent
+
+
+def request_token(job: Job) -> str:
+    """The transaction's idempotency token (at most 36 characters): one per (job, version, fencing
+    token), so a retry of the same write is recognised and nothing else is."""
+    seed = f"{job.id}#{job.version}#{job.run.fencing_token}".encode()
+    return hashlib.sha256(seed).hexdigest()[:36]
+
+
+class DynamoPlacementWriter:
+    def __init__(self, jobs: DynamoJobRepository, hosts: DynamoHostRepository) -> None:
+        self._jobs = jobs
+        self._hosts = hosts
+        self._conn = Connection(max_pool_connections=MAX_POOL_CONNECTIONS)
+
+    def place(self, job: Job, event: JobEvent, attempt: str, holds: Sequence[HoldRequest]) -> None:
+        check_hold_requests(holds)
+        with (
+            translated(f"place job {job.id}"),
+            TransactWrite(connection=self._conn, client_request_token=request_token(job)) as tx,
+        ):
+            for h in holds:
+                self._hosts.add_hold(tx, h.host_id, attempt, h.gpu_ids, h.cpu, h.memory_gib, h.at)
+            self._jobs.add_save(tx, job, event)

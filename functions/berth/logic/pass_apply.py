@@ -1,0 +1,184 @@
+"""How a scheduling pass applies its decisions: concurrently, from the snapshot, before a deadline.
+
+- **GPUs from the snapshot.** The core's placements of one pass never ask a host for more GPUs than
+  the snapshot says are free there (it counts them down as it places). ``GpuPicker`` hands out the
+  snapshot's free UUIDs in decision order, so the placements of one pass name disjoint GPUs and no
+  placement re-reads its host: the transaction's condition (every named UUID still free) is what
+  catches a change since the snapshot.
+- **A bounded pool.** ``run_bounded`` runs the placements (and the reason writes) on ``workers``
+  threads, each task in a copy of the caller's context (Powertools' logger and tracer keep their state
+  in context variables). Placements that share a host take that host's lock (``HostLocks``, in sorted
+  order) around their transaction, so they follow one another instead of cancelling each other with
+  ``TransactionConflict``.
+- **A deadline.** ``Deadline`` says when to stop starting work: ``time_left()`` (the Lambda context's
+  remaining time) below ``reserve_s``. Work not started is left for the next pass, which decides it
+  again from the store; work started finishes. A pass always starts its first ``MIN_PLACEMENTS``
+  placements, so a pass whose load ate its time still places something (were it killed while at
+  it, the store stays consistent: see the scheduler service).
+- **A crash** (the first exception a task raises) stops the pool from starting more and is raised to
+  the caller once the tasks in flight have ended, as a pass that dies would leave it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, TypeVar
+
+from berth.domain.cost import CostRates, onprem_hourly_usd
+from berth.domain.fleet import HostRecord
+from berth.domain.job import Job, JobEvent
+from berth.domain.placement import HostGpus
+from berth.domain.status import JobStatus
+from berth.scheduler.decisions import Assignment, OnPremAssignment
+
+T = TypeVar("T")
+
+#: Threads applying one pass's placements (and writing its reasons) at once.
+APPLY_WORKERS = 16
+#: Placements a pass starts whatever its deadline says (one round of the pool).
+MIN_PLACEMENTS = APPLY_WORKERS
+#: Stop starting placements when less than this is left of the invocation (the Lambda timeout is
+#: 60 s): what has started finishes, the reasons and cost writes after it get their time.
+DEADLINE_RESERVE_S = 20.0
+
+
+class Outcome(Enum):
+    PLACED = "placed"
+    SKIPPED = "skipped"
+    """Lost to a race or a store failure: decided again next pass."""
+    DEFERRED = "deferred"
+    """Not started: the deadline had passed (or the pass was dying)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a pass stops starting work: ``time_left()`` seconds remain, fewer than ``reserve_s``."""
+
+    time_left: Callable[[], float] | None = None
+    reserve_s: float = DEADLINE_RESERVE_S
+
+    def passed(self) -> bool:
+        return self.time_left is not None and self.time_left() < self.reserve_s
+
+
+class GpuPicker:
+    """The snapshot's free GPU UUIDs per host, handed out once each, in the order asked."""
+
+    def __init__(self, records: Iterable[HostRecord]) -> None:
+        self._free = {r.host_id: list(r.free_gpu_ids) for r in records}
+
+    def take(self, host_id: str, gpus: int) -> tuple[str, ...] | None:
+        """The host's next ``gpus`` free UUIDs (None, and nothing taken, if fewer are left)."""
+        free = self._free.get(host_id, [])
+        if gpus < 1 or len(free) < gpus:
+            return None
+        picked, self._free[host_id] = tuple(free[:gpus]), free[gpus:]
+        return picked
+
+
+class HostLocks:
+    """One lock per host: a pass's placements on one host write one after the other."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def holding(self, host_ids: Iterable[str]) -> Iterator[None]:
+        with self._guard:
+            locks = [self._locks.setdefault(h, threading.Lock()) for h in sorted(set(host_ids))]
+        for lock in locks:
+            lock.acquire()
+        try:
+            yield
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+
+def run_bounded(
+    tasks: Sequence[Callable[[], T]], workers: int, deadline: Deadline, deferred: T, minimum: int = 0
+) -> list[T]:
+    """Run ``tasks`` on at most ``workers`` threads; a task not started before the deadline (or once a
+    task has raised) gives ``deferred``, except the first ``minimum``, which start whatever the
+    deadline says (so that a pass whose load ate its time still makes progress). Results in task
+    order; the first exception is re-raised after the tasks in flight end."""
+    stop = threading.Event()
+
+    def guarded(index: int, task: Callable[[], T]) -> T:
+        if stop.is_set() or (index >= minimum and deadline.passed()):
+            return deferred
+        try:
+            return task()
+        except BaseException:
+            stop.set()
+            raise
+
+    if workers <= 1 or len(tasks) <= 1:
+        return [guarded(i, t) for i, t in enumerate(tasks)]
+    with ThreadPoolExecutor(max_workers=min(workers, len(tasks)), thread_name_prefix="berth-apply") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, guarded, i, t) for i, t in enumerate(tasks)]
+        results: list[T] = []
+        failure: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as exc:  # the pass died: the rest of the pool stops starting work
+                failure = failure or exc
+                results.append(deferred)
+    if failure is not None:
+        raise failure
+    return results
+
+
+def placed_job(
+    job: Job,
+    assignment: Assignment,
+    now: datetime,
+    held: tuple[HostGpus, ...],
+    rates: CostRates,
+    fencing_token: str,
+) -> tuple[Job, JobEvent]:
+    """The job as ``assignment`` places it (STARTING, attempt n+1, holding ``held``, with a new
+    fencing token) and its event."""
+    if isinstance(assignment, OnPremAssignment):
+        gpus = sum(h.gpus for h in held)
+        placement: Any = assignment.record().model_copy(
+            update={"hosts": held, "hourly_usd": onprem_hourly_usd(rates, gpus)}
+        )
+        where = f"on-prem pool {assignment.pool}: " + ", ".join(f"{h.host_id} ({h.gpus})" for h in held)
+    else:
+        placement = assignment.record()
+        where = f"cloud {assignment.region} {assignment.instance_type}{' spot' if assignment.spot else ''}"
+    attempt = job.attempts + 1
+    run = job.run.model_copy(
+        update={
+            "fencing_token": fencing_token,
+            "dispatch_token": None,
+            "claimed": (),
+            "started": (),
+            "succeeded": (),
+            "started_at": None,
+            "stop": None,
+            "stop_failure": None,
+            "cost_at": None,
+            "batch_job_id": None,
+            "submitted_at": None,
+        }
+    )
+    return job.transition(
+        JobStatus.STARTING,
+        f"placed {where} (attempt {attempt})",
+        now,
+        site=placement.site,
+        placement=placement,
+        attempts=attempt,
+        run=run,
+    )
