@@ -153,6 +153,7 @@ def test_a_pass_whose_hydration_fails_places_nothing_and_the_next_one_does(
 ) -> None:
     from berth.dal.documents import DynamoDocumentRepository
     from berth.dal.hosts import DynamoHostRepository
+    from berth.dal.placements import DynamoPlacementWriter
     from berth.dal.tenants import DynamoTenantRepository
     from berth.dal.usage import DynamoUsageLedger
     from tests.functional.contracts.conftest import Store
@@ -161,12 +162,14 @@ def test_a_pass_whose_hydration_fails_places_nothing_and_the_next_one_does(
     repo = DynamoJobRepository(
         TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
     )
+    hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
     store = Store(
         repo,
         DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
-        DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"]),
+        hosts,
         DynamoDocumentRepository(TABLES["BERTH_TENANTS_TABLE"]),
         DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"]),
+        DynamoPlacementWriter(repo, hosts),
     )
     scheduler, _, _ = _world(store, gpus_per_host=4, hosts=1)
     jobs = _create(repo, 2)
