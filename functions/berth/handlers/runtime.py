@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from datetime import UTC, datetime
+from functools import cache
 
 from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
 from berth.dal.circuits import DynamoCircuitRepository
@@ -30,7 +31,7 @@ from berth.domain.cloud import CloudSettings
 from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
-from berth.handlers.settings import per_environment, settings
+from berth.handlers.settings import settings
 from berth.logic.agent import AgentService
 from berth.logic.cloud_dispatch import CloudDispatchService
 from berth.logic.cloud_sweep import CloudSweep
@@ -44,7 +45,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-@per_environment
+@cache
 def job_repository() -> DynamoJobRepository:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
@@ -53,23 +54,23 @@ def job_repository() -> DynamoJobRepository:
     )
 
 
-@per_environment
+@cache
 def host_repository() -> DynamoHostRepository:
     return DynamoHostRepository(settings().hosts_table)
 
 
-@per_environment
+@cache
 def tenant_repository() -> DynamoTenantRepository:
     return DynamoTenantRepository(settings().tenants_table)
 
 
-@per_environment
+@cache
 def usage_ledger() -> DynamoUsageLedger | None:
     table = settings().usage_table
     return DynamoUsageLedger(table) if table else None
 
 
-@per_environment
+@cache
 def workflow_settings() -> WorkflowSettings:
     cfg = settings()
     return WorkflowSettings(
@@ -81,7 +82,7 @@ def workflow_settings() -> WorkflowSettings:
     )
 
 
-@per_environment
+@cache
 def snapshot_source() -> SnapshotSource:
     cfg = settings()
     return SnapshotSource(
@@ -98,33 +99,33 @@ def snapshot_source() -> SnapshotSource:
     )
 
 
-@per_environment
+@cache
 def task_tokens() -> SfnTaskTokens:
     return SfnTaskTokens()
 
 
-@per_environment
+@cache
 def work_queues() -> SqsWorkQueues:
     return SqsWorkQueues(settings().host_queue_prefix)
 
 
-@per_environment
+@cache
 def pass_trigger() -> SqsPassTrigger:
     return SqsPassTrigger(settings().scheduler_queue_url)
 
 
-@per_environment
+@cache
 def executions() -> SfnExecutions | None:
     arn = settings().state_machine_arn
     return SfnExecutions(arn) if arn else None
 
 
-@per_environment
+@cache
 def event_publisher() -> EventBridgePublisher:
     return EventBridgePublisher(settings().event_bus_name)
 
 
-@per_environment
+@cache
 def workflow_service() -> WorkflowService:
     return WorkflowService(
         jobs=job_repository(),
@@ -139,7 +140,7 @@ def workflow_service() -> WorkflowService:
     )
 
 
-@per_environment
+@cache
 def scheduler_service() -> SchedulerService:
     cloud = cloud_dispatch_service()
     return SchedulerService(
@@ -158,7 +159,7 @@ def scheduler_service() -> SchedulerService:
     )
 
 
-@per_environment
+@cache
 def credential_service() -> CredentialService | None:
     """Attempts' scoped credentials from the job role (its ARN names the partition and account)."""
     cfg = settings()
@@ -174,7 +175,7 @@ def credential_service() -> CredentialService | None:
     )
 
 
-@per_environment
+@cache
 def agent_service() -> AgentService:
     return AgentService(
         jobs=job_repository(),
@@ -189,13 +190,13 @@ def agent_service() -> AgentService:
     )
 
 
-@per_environment
+@cache
 def metric_store() -> DynamoMetricsRepository | None:
     table = settings().job_metrics_table
     return DynamoMetricsRepository(table) if table else None
 
 
-@per_environment
+@cache
 def cloud_dispatch_service() -> CloudDispatchService | None:
     """The cloud branch (AWS Batch); None where no submit queue is deployed."""
     cfg = settings()

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from berth_tools.localcloud.cloud import LocalCloud, load_template
-from berth_tools.localcloud.lambda_runtime import sandbox_environment
-from berth_tools.localcloud.seed import host_gpu_ids
+from berth_tools.localcloud.seed import host_gpu_ids, process_environment
 
 MODELS = ("A100", "V100")
 SHAPES = (1, 1, 1, 2, 2, 4, 8)
@@ -103,7 +102,7 @@ def run_pass_bench(template: Path, hosts: int, pending: int, seed: int = 0) -> d
         template=load_template(template), agents=0, example_hosts=False, scheduled_rules=False
     ) as cloud:
         env = _function_environment(cloud, _scheduler_function(cloud))
-        with sandbox_environment(env):
+        with process_environment(env):
             t0 = time.perf_counter()
             seed_store(hosts, pending, seed)
             seeded_s = time.perf_counter() - t0
