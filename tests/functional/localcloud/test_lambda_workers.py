@@ -7,6 +7,7 @@ import io
 import json
 import os
 import threading
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -228,6 +229,30 @@ def test_handler_logs_reach_the_functions_log_group_one_stream_per_sandbox(
     assert len(streams) == 1
 
 
+def test_a_configuration_change_lets_a_running_invocation_finish(
+    cloud: LocalCloud, make_function: Any
+) -> None:
+    name = make_function(f"{HANDLERS}.echo", env={"GREETING": "hello"})
+    _invoke(cloud, name)  # warm
+    results: list[dict[str, Any]] = []
+    running = threading.Thread(target=lambda: results.append(_invoke(cloud, name, {"sleep": 2})[1]))
+    running.start()
+    assert cloud.runtime is not None
+    deadline = time.monotonic() + 30
+    while cloud.runtime.busy(name) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cloud.runtime.busy(name) == 1
+    _lambda(cloud).update_function_configuration(
+        FunctionName=name, Environment={"Variables": {"GREETING": "bonjour"}}
+    )
+    _, after = _invoke(cloud, name)
+    running.join()
+    assert after["env"]["GREETING"] == "bonjour"
+    assert results and results[0]["env"]["GREETING"] == "hello"  # not killed by the change
+    assert not _alive(results[0]["pid"])  # retired once it returned
+
+
+# Last: another LocalCloud resets moto's process-global backends (the module's cloud is gone after it).
 def test_stopping_the_local_cloud_leaves_no_worker_process(tmp_path: Any) -> None:
     with LocalCloud(template=load_template(MINI_TEMPLATE), state_dir=tmp_path / "state") as cloud:
         status, _ = cloud.request("GET", "/v1/jobs", profile="alice")

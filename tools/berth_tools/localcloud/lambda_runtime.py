@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 #: Variables copied from the local cloud's process into every sandbox (Lambda's runtime has PATH, LANG).
 _INHERITED = ("PATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TMPDIR")
-#: Sandboxes are retired this long after their role credentials were minted (they last an hour).
+#: Each sandbox's role credentials last this long; the sandbox is retired after `SANDBOX_MAX_AGE_S`.
 CREDENTIALS_S = 3600
 SANDBOX_MAX_AGE_S = 3000
 
@@ -105,7 +105,7 @@ class ProcessLambdaRuntime:
     #: hook that adds per-call latency); they run in the sandbox, so they reach its SDK calls.
     worker_hooks: list[tuple[str, list[Any]]] = field(default_factory=list)
     _pools: dict[str, _FunctionPool] = field(default_factory=dict)
-    _credentials: dict[str, _RoleCredentials] = field(default_factory=dict)
+    _retired: list[_FunctionPool] = field(default_factory=list)  # replaced by a configuration change
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
 
@@ -148,21 +148,17 @@ class ProcessLambdaRuntime:
         return env
 
     def _role_credentials(self, fn: LambdaFunction) -> _RoleCredentials:
-        """Temporary credentials of the execution role, from moto's STS (like the Lambda service does)."""
-        with self._lock:
-            cached = self._credentials.get(fn.function_arn)
-            if cached is not None and cached.expires_at - time.time() > CREDENTIALS_S - SANDBOX_MAX_AGE_S:
-                return cached
-            assumed = moto_compat.assume_role(
-                fn.account_id, fn.region, fn.function_name[:64], fn.role, CREDENTIALS_S
-            )
-            creds = _RoleCredentials(
-                access_key_id=assumed.access_key_id,
-                secret_access_key=assumed.secret_access_key,
-                session_token=assumed.session_token,
-                expires_at=time.time() + CREDENTIALS_S,
-            )
-            self._credentials[fn.function_arn] = creds
+        """Fresh temporary credentials of the execution role for one sandbox, from moto's STS (as the
+        Lambda service gives each sandbox); the sandbox is retired before they expire."""
+        assumed = moto_compat.assume_role(
+            fn.account_id, fn.region, fn.function_name[:64], fn.role, CREDENTIALS_S
+        )
+        creds = _RoleCredentials(
+            access_key_id=assumed.access_key_id,
+            secret_access_key=assumed.secret_access_key,
+            session_token=assumed.session_token,
+            expires_at=time.time() + CREDENTIALS_S,
+        )
         metering.METER.name_caller(creds.access_key_id, fn.function_name)
         return creds
 
@@ -187,10 +183,12 @@ class ProcessLambdaRuntime:
             entry = self._pools.get(fn.function_arn)
             if entry is None or entry.fingerprint != fingerprint:
                 retired = entry
+                if entry is not None:
+                    self._retired = [old for old in self._retired if old.pool.size()] + [entry]
                 entry = _FunctionPool(fingerprint, SandboxPool(self.limit(fn), lambda: self._spawn(fn)))
                 self._pools[fn.function_arn] = entry
-        if retired is not None:  # a configuration change: Lambda starts new sandboxes
-            for worker in retired.pool.close():
+        if retired is not None:  # a configuration change: new sandboxes; running events finish first
+            for worker in retired.pool.close(busy_too=False):
                 worker.join()
         return entry
 
@@ -220,6 +218,14 @@ class ProcessLambdaRuntime:
         with self._lock:
             pools = list(self._pools.values())
         return [pid for entry in pools for pid in entry.pool.pids()]
+
+    def busy(self, function_name: str) -> int:
+        """How many sandboxes of the function run an event now (tests, diagnostics)."""
+        with self._lock:
+            entry = next(
+                (e for arn, e in self._pools.items() if arn.endswith(f":function:{function_name}")), None
+            )
+        return entry.pool.busy() if entry is not None else 0
 
     # -- invocation ----------------------------------------------------------------------------------
     def invoke(self, fn: LambdaFunction, event: Any) -> InvocationResult:
@@ -273,9 +279,8 @@ class ProcessLambdaRuntime:
                 fn, worker.log_stream, request_id, init_output, output + text + "\nRuntime.ExitError\n",
                 error, 0.0, rss, init_ms,
             )  # fmt: skip
-        if time.time() - worker.started_at > SANDBOX_MAX_AGE_S:
-            worker.stop()  # its credentials are about to expire: the next invocation gets a fresh one
-        entry.pool.release(worker)
+        # Retired before its credentials expire: the next invocation gets a fresh sandbox.
+        entry.pool.release(worker, retire=time.time() - worker.started_at > SANDBOX_MAX_AGE_S)
         reply = answer.message
         return self._finish(
             fn, worker.log_stream, request_id, init_output, answer.output, reply.get("error"),
@@ -341,7 +346,8 @@ class ProcessLambdaRuntime:
         """Stop every sandbox (all at once) and wait for them to exit; no invocation starts after."""
         with self._lock:
             self._closed = True
-            pools, self._pools = list(self._pools.values()), {}
+            pools, self._pools = list(self._pools.values()) + self._retired, {}
+            self._retired = []
         workers = [worker for entry in pools for worker in entry.pool.close()]
         for worker in workers:
             worker.join()

@@ -265,9 +265,10 @@ class SandboxPool:
             raise SandboxGone("the local cloud is stopping")
         return worker, True
 
-    def release(self, worker: WorkerProcess) -> None:
+    def release(self, worker: WorkerProcess, retire: bool = False) -> None:
+        """Return a sandbox after an invocation (`retire`: stop it instead of keeping it warm)."""
         with self._cond:
-            if self._closed or not worker.alive():
+            if retire or self._closed or not worker.alive():
                 self._forget(worker)
                 stop = True
             else:
@@ -290,11 +291,12 @@ class SandboxPool:
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
 
-    def close(self) -> list[WorkerProcess]:
-        """Refuse new invocations; stop every sandbox (returns them to be joined)."""
+    def close(self, busy_too: bool = True) -> list[WorkerProcess]:
+        """Refuse new invocations; stop the idle sandboxes and, with `busy_too`, those running an event
+        too (else each stops when its invocation returns). Returns the stopped ones, to be joined."""
         with self._cond:
             self._closed = True
-            workers = list(self._workers.values())
+            workers = list(self._workers.values()) if busy_too else list(self._idle)
             self._cond.notify_all()
         for worker in workers:
             worker.stop()
@@ -303,6 +305,11 @@ class SandboxPool:
     def pids(self) -> list[int]:
         with self._cond:
             return [w.pid for w in self._workers.values() if w.alive()]
+
+    def busy(self) -> int:
+        """Sandboxes running an event now."""
+        with self._cond:
+            return len(self._workers) - len(self._idle)
 
     def size(self) -> int:
         with self._cond:
