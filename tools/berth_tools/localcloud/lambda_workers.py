@@ -227,24 +227,34 @@ class SandboxPool:
     _workers: dict[int, WorkerProcess] = field(default_factory=dict)
     _starting: int = 0
     _closed: bool = False
+    _next_ticket: int = 0  # invocations take a ticket and are served in its order
+    _serving: int = 0
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def acquire(self) -> tuple[WorkerProcess, bool]:
         """A sandbox for one invocation, and whether it was just started (a cold start). Blocks while
-        the function is at its limit. Raises `SandboxGone` when the pool is closed or init failed."""
+        the function is at its limit; waiting invocations are served first come, first served. Raises
+        `SandboxGone` when the pool is closed, `spawn`'s error when a new sandbox fails to start."""
         with self._cond:
-            while True:
-                if self._closed:
-                    raise SandboxGone("the local cloud is stopping")
-                while self._idle:
-                    worker = self._idle.pop()
-                    if worker.alive():
-                        return worker, False
-                    self._forget(worker)
-                if len(self._workers) + self._starting < self.limit:
-                    self._starting += 1
-                    break
-                self._cond.wait()
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            try:
+                while True:
+                    if self._closed:
+                        raise SandboxGone("the local cloud is stopping")
+                    if ticket == self._serving:
+                        while self._idle:
+                            worker = self._idle.pop()
+                            if worker.alive():
+                                return worker, False
+                            self._forget(worker)
+                        if len(self._workers) + self._starting < self.limit:
+                            self._starting += 1
+                            break
+                    self._cond.wait()
+            finally:
+                if ticket == self._serving:  # the next in line may take the next sandbox
+                    self._serving += 1
+                    self._cond.notify_all()
         try:
             worker = self.spawn()
         except BaseException:
