@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     host_queue_prefix: str = "berth-host-"
     #: The Berth EventBridge bus (``Berth Job State Change`` events).
     event_bus_name: str = ""
-    #: Timings (seconds); the local cloud shortens them.
+    #: Timings (seconds); a deployment may shorten them (the stack's function environment).
     heartbeat_s: int = 60
     lease_s: int = 90
     claim_s: int = 300
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     #: The account whose per-tenant job roles (``Berth-job-<tenant>``) Batch jobs run as.
     account_id: str = ""
     partition: str = "aws"
-    #: Where launchers inside Batch jobs reach AWS (the local cloud's endpoint; empty on AWS).
+    #: A custom AWS endpoint for the launchers inside Batch jobs (empty: AWS's own endpoints).
     batch_endpoint_url: str = ""
     #: The instance types the deployed Batch compute environments hold, JSON ``{"<region>": ["<type>",
     #: ...]}`` (the stack sets it from the same cloud config as the Batch stacks); offers of anything else
