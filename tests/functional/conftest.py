@@ -117,6 +117,19 @@ def create_tables(ddb: Any) -> None:
     )
 
 
+def cold_start() -> None:
+    """Like a fresh Lambda sandbox: drop what the handlers built from the environment (each factory is
+    cached per process, as on Lambda) and the adapters' SDK session. Call it after changing the
+    environment a handler reads."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name.startswith("berth.handlers") or name == "berth.dal.aws"):
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for k, v in {
@@ -136,6 +149,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    cold_start()
     with mock_aws():
         create_tables(boto3.client("dynamodb", region_name="us-east-1"))
         s3 = boto3.client("s3", region_name="us-east-1")
@@ -182,15 +196,8 @@ Invoke = Callable[..., tuple[int, Any]]
 def api(seeded: None) -> Invoke:
     """Call the API Lambda with a proxy event built from events/apigw_submit_job.json."""
     from berth.handlers import api as api_module
-    from berth.handlers.settings import settings
 
-    settings.cache_clear()
-    api_module._services.cache_clear()
-    api_module._storage.cache_clear()
-    api_module._idempotent_submit.cache_clear()
-    api_module._fleet.cache_clear()
-    api_module._job_repository.cache_clear()
-    api_module._observability.cache_clear()
+    cold_start()
     base = json.loads((EVENTS / "apigw_submit_job.json").read_text())
 
     def invoke(

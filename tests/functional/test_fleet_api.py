@@ -10,7 +10,7 @@ import pytest
 
 from berth.scheduler.defaults import default_policy
 from berth.scheduler.outcomes import Rule
-from tests.functional.conftest import TABLES, Invoke
+from tests.functional.conftest import TABLES, Invoke, cold_start
 
 
 def _register(host_id: str, model: str, gpus: int, pool: str = "default", lease_h: float = 1.0) -> None:
@@ -107,6 +107,7 @@ def test_offers_are_limited_to_the_deployed_compute_environments(
     """With ``BERTH_CLOUD_CAPACITY`` (what the stack sets): only those instance types are offered, an
     offer of another is refused with 422, and a cloud-only V100 job (no p3 compute environment) too."""
     monkeypatch.setenv("BERTH_CLOUD_CAPACITY", '{"us-west-2":["g5.xlarge","p4d.24xlarge"]}')
+    cold_start()
     status, body = api("GET", "/v1/offers")
     assert status == 200 and body["version"] == 0
     assert {(o["region"], o["instance_type"]) for o in body["document"]["offers"]} == {

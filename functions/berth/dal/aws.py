@@ -1,9 +1,9 @@
-"""SDK clients for the adapters: each from a session of its own, built from the environment as it is
-now (never boto3's process-wide default session, which keeps the first environment it saw; the
-local cloud runs every function in one process, each with its own environment)."""
+"""SDK clients for the adapters, from one boto3 session per process (a Lambda sandbox runs one
+event at a time; the session is built from the environment the first time a client is needed)."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import boto3
@@ -14,6 +14,11 @@ from botocore.config import Config
 MAX_POOL_CONNECTIONS = 32
 
 
+@cache
+def session() -> boto3.session.Session:
+    return boto3.session.Session()
+
+
 def client(service: str, **kwargs: Any) -> Any:
     kwargs.setdefault("config", Config(max_pool_connections=MAX_POOL_CONNECTIONS))
-    return boto3.session.Session().client(service, **kwargs)  # type: ignore[call-overload]
+    return session().client(service, **kwargs)  # type: ignore[call-overload]

@@ -2,7 +2,7 @@
 
 Submits act for the job's tenant: the adapter assumes ``BatchSubmitRole`` with the session tag
 ``berth:tenant=<tenant>``, so its PassRole can only pass that tenant's job role (docs/security.md).
-Without a role ARN (unit tests, a local cloud without the Batch stacks) it uses its own credentials.
+Without a role ARN (a deployment without the Batch stacks, unit tests) it uses its own credentials.
 Lookups and terminations need no PassRole and use the function's own role.
 
 Rate: every SubmitJob call of a gateway first takes a token from its ``RateLimiter`` (the submit

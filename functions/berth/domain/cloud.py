@@ -268,7 +268,7 @@ class CloudSettings:
     account: str = ""
     partition: str = "aws"
     endpoint_url: str | None = None
-    """The AWS endpoint the launcher talks to (the local cloud's); None on AWS."""
+    """A custom AWS endpoint the launcher talks to; None for AWS's own."""
     home_region: str = ""
     """The control plane's region: where the tenants' secrets live (their ``valueFrom`` ARNs)."""
 

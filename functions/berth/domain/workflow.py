@@ -87,7 +87,7 @@ EXCLUDES_LOCATION = frozenset(
         Failure.CLOUD_API,
     }
 )
-#: Step Functions' own timeout errors; moto reports a heartbeat timeout as ``States.Timeout`` too.
+#: Step Functions' own timeout errors (a heartbeat timeout is treated as either name).
 STATES_TIMEOUTS = frozenset({"States.Timeout", "States.HeartbeatTimeout"})
 #: How long past ``timeout_minutes`` the dispatch state waits before it declares the job timed out
 #: (the agent enforces the limit itself and reports ``Timeout``; this catches a silent host).

@@ -7,6 +7,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 import json
 import warnings
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Annotated, Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -50,7 +51,7 @@ from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import runtime, schemas
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
-from berth.handlers.settings import per_environment, settings
+from berth.handlers.settings import settings
 from berth.logic.arrays import ArrayService
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
@@ -83,7 +84,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-@per_environment
+@cache
 def _services() -> tuple[JobService, TenantService]:
     cfg = settings()
     tenants = DynamoTenantRepository(cfg.tenants_table)
@@ -100,7 +101,7 @@ def _services() -> tuple[JobService, TenantService]:
     return jobs, TenantService(tenants)
 
 
-@per_environment
+@cache
 def _hooks() -> WorkflowHooks:
     return WorkflowHooks(
         tokens=runtime.task_tokens(),
@@ -114,12 +115,12 @@ def _hooks() -> WorkflowHooks:
 _job_repository = runtime.job_repository
 
 
-@per_environment
+@cache
 def _fleet() -> FleetService:
     return FleetService(runtime.snapshot_source(), cache_s=settings().feasibility_cache_s)
 
 
-@per_environment
+@cache
 def _storage() -> StorageService:
     cfg = settings()
     return StorageService(
@@ -130,7 +131,7 @@ def _storage() -> StorageService:
     )
 
 
-@per_environment
+@cache
 def _rate_limiter() -> RateLimiter:
     cfg = settings()
     return RateLimiter(
@@ -138,7 +139,7 @@ def _rate_limiter() -> RateLimiter:
     )
 
 
-@per_environment
+@cache
 def _idempotent_submit() -> Any:
     cfg = settings()
     config = IdempotencyConfig(
@@ -273,7 +274,7 @@ JobId = Annotated[
 ]
 
 
-@per_environment
+@cache
 def _arrays() -> ArrayService:
     cfg = settings()
     return ArrayService(
@@ -367,7 +368,7 @@ def explain(job_id: JobId) -> Response[Any]:
     return _json(200, _fleet().explain(_services()[0], caller, job_id))
 
 
-@per_environment
+@cache
 def _observability() -> ObservabilityService:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
@@ -644,7 +645,7 @@ def put_grants(tenant: Tenant, grants: Annotated[DataGrants, Body(embed=False)])
 
 
 # -- usage ----------------------------------------------------------------------------------------
-@per_environment
+@cache
 def _usage() -> UsageService:
     return UsageService(DynamoTenantRepository(settings().tenants_table), runtime.usage_ledger(), _now)
 

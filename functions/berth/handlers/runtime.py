@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from datetime import UTC, datetime
+from functools import cache
 
 from berth.dal.arrays import DynamoArrayRepository
 from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
@@ -32,7 +33,7 @@ from berth.domain.cloud import CloudSettings
 from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
-from berth.handlers.settings import per_environment, settings
+from berth.handlers.settings import settings
 from berth.logic.agent import AgentService
 from berth.logic.arrays import ArrayExpander
 from berth.logic.cloud_dispatch import CloudDispatchService
@@ -48,7 +49,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-@per_environment
+@cache
 def job_repository() -> DynamoJobRepository:
     cfg = settings()
     tokens = PageTokenCodec(DynamoSigningKey(cfg.tenants_table), ttl_s=cfg.page_token_ttl_s)
@@ -62,7 +63,7 @@ def job_repository() -> DynamoJobRepository:
     )
 
 
-@per_environment
+@cache
 def array_repository() -> DynamoArrayRepository:
     cfg = settings()
     return DynamoArrayRepository(
@@ -70,7 +71,7 @@ def array_repository() -> DynamoArrayRepository:
     )
 
 
-@per_environment
+@cache
 def array_expander() -> ArrayExpander:
     """The expander the scheduler's Lambda runs before each pass (logic/arrays.py)."""
     hooks = WorkflowHooks(
@@ -92,23 +93,23 @@ def array_expander() -> ArrayExpander:
     )
 
 
-@per_environment
+@cache
 def host_repository() -> DynamoHostRepository:
     return DynamoHostRepository(settings().hosts_table)
 
 
-@per_environment
+@cache
 def tenant_repository() -> DynamoTenantRepository:
     return DynamoTenantRepository(settings().tenants_table)
 
 
-@per_environment
+@cache
 def usage_ledger() -> DynamoUsageLedger | None:
     table = settings().usage_table
     return DynamoUsageLedger(table) if table else None
 
 
-@per_environment
+@cache
 def workflow_settings() -> WorkflowSettings:
     cfg = settings()
     return WorkflowSettings(
@@ -120,7 +121,7 @@ def workflow_settings() -> WorkflowSettings:
     )
 
 
-@per_environment
+@cache
 def snapshot_source() -> SnapshotSource:
     cfg = settings()
     return SnapshotSource(
@@ -142,33 +143,33 @@ def snapshot_source() -> SnapshotSource:
     )
 
 
-@per_environment
+@cache
 def task_tokens() -> SfnTaskTokens:
     return SfnTaskTokens()
 
 
-@per_environment
+@cache
 def work_queues() -> SqsWorkQueues:
     return SqsWorkQueues(settings().host_queue_prefix)
 
 
-@per_environment
+@cache
 def pass_trigger() -> SqsPassTrigger:
     return SqsPassTrigger(settings().scheduler_queue_url)
 
 
-@per_environment
+@cache
 def executions() -> SfnExecutions | None:
     arn = settings().state_machine_arn
     return SfnExecutions(arn) if arn else None
 
 
-@per_environment
+@cache
 def event_publisher() -> EventBridgePublisher:
     return EventBridgePublisher(settings().event_bus_name)
 
 
-@per_environment
+@cache
 def workflow_service() -> WorkflowService:
     return WorkflowService(
         jobs=job_repository(),
@@ -183,7 +184,7 @@ def workflow_service() -> WorkflowService:
     )
 
 
-@per_environment
+@cache
 def scheduler_service() -> SchedulerService:
     cloud = cloud_dispatch_service()
     return SchedulerService(
@@ -203,7 +204,7 @@ def scheduler_service() -> SchedulerService:
     )
 
 
-@per_environment
+@cache
 def credential_service() -> CredentialService | None:
     """Attempts' scoped credentials from the job role (its ARN names the partition and account)."""
     cfg = settings()
@@ -219,7 +220,7 @@ def credential_service() -> CredentialService | None:
     )
 
 
-@per_environment
+@cache
 def agent_service() -> AgentService:
     return AgentService(
         jobs=job_repository(),
@@ -234,13 +235,13 @@ def agent_service() -> AgentService:
     )
 
 
-@per_environment
+@cache
 def metric_store() -> DynamoMetricsRepository | None:
     table = settings().job_metrics_table
     return DynamoMetricsRepository(table) if table else None
 
 
-@per_environment
+@cache
 def cloud_dispatch_service() -> CloudDispatchService | None:
     """The cloud branch (AWS Batch); None where no submit queue is deployed."""
     cfg = settings()

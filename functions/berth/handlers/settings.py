@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable
-from functools import cache, wraps
-from typing import TypeVar
+from functools import cache
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -44,7 +40,7 @@ class Settings(BaseSettings):
     host_queue_prefix: str = "berth-host-"
     #: The Berth EventBridge bus (``Berth Job State Change`` events).
     event_bus_name: str = ""
-    #: Timings (seconds); the local cloud shortens them.
+    #: Timings (seconds); a deployment may shorten them (the stack's function environment).
     heartbeat_s: int = 60
     lease_s: int = 90
     claim_s: int = 300
@@ -95,7 +91,7 @@ class Settings(BaseSettings):
     #: The account whose per-tenant job roles (``Berth-job-<tenant>``) Batch jobs run as.
     account_id: str = ""
     partition: str = "aws"
-    #: Where launchers inside Batch jobs reach AWS (the local cloud's endpoint; empty on AWS).
+    #: A custom AWS endpoint for the launchers inside Batch jobs (empty: AWS's own endpoints).
     batch_endpoint_url: str = ""
     #: The instance types the deployed Batch compute environments hold, JSON ``{"<region>": ["<type>",
     #: ...]}`` (the stack sets it from the same cloud config as the Batch stacks); offers of anything else
@@ -103,52 +99,7 @@ class Settings(BaseSettings):
     cloud_capacity: str = ""
 
 
-def environment_key() -> tuple[tuple[str, str], ...]:
-    """The configuration this process sees now (``BERTH_*`` and the SDK's endpoint, region and
-    access key). Lambda gives each function its own
-    process; the local cloud runs every function in one (with a per-invocation environment), so
-    everything built from the configuration is cached per configuration, never per process."""
-    return tuple(
-        sorted((k, v) for k, v in os.environ.items() if k.startswith("BERTH_") or k in _AWS_IDENTITY)
-    )
-
-
-#: What the SDK clients built from the configuration capture: where they call, and as whom.
-_AWS_IDENTITY = frozenset(
-    {"AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"}
-)
-
-
 @cache
-def _settings(key: tuple[tuple[str, str], ...]) -> Settings:
-    del key
-    return Settings()  # values come from the environment
-
-
 def settings() -> Settings:
-    return _settings(environment_key())
-
-
-settings.cache_clear = _settings.cache_clear  # type: ignore[attr-defined]
-
-T = TypeVar("T")
-
-
-def per_environment(build: Callable[[], T]) -> Callable[[], T]:
-    """Like ``functools.cache`` for a builder without arguments, but one value per configuration."""
-    built: dict[tuple[tuple[str, str], ...], T] = {}
-    lock = threading.Lock()
-
-    @wraps(build)
-    def get() -> T:
-        key = environment_key()
-        value = built.get(key)
-        if value is None:
-            with lock:
-                value = built.get(key)
-                if value is None:
-                    value = built[key] = build()
-        return value
-
-    get.cache_clear = built.clear  # type: ignore[attr-defined]
-    return get
+    """The configuration, read from the environment once per process (one Lambda sandbox)."""
+    return Settings()

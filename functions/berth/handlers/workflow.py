@@ -30,8 +30,7 @@ class TaskInput(BaseModel):
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     task = TaskInput.model_validate(event)
-    # Thread-local: invocations may share one process (the local cloud runs several at once).
-    logger.thread_safe_append_keys(job_id=task.job_id, action=task.action, attempt=task.attempt)
+    logger.append_keys(job_id=task.job_id, action=task.action, attempt=task.attempt)
     service = workflow_service()
     if task.action == "await_placement":
         assert task.task_token

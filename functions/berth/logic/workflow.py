@@ -52,7 +52,7 @@ S = JobStatus
 
 @dataclass(frozen=True)
 class WorkflowSettings:
-    """Timings (seconds); the local cloud shortens them so tests take seconds."""
+    """Timings (seconds); shorter ones make a test deployment take seconds."""
 
     heartbeat_s: int = 60
     """An attempt that sends no heartbeat for this long has lost its host (the dispatch state's

@@ -104,7 +104,7 @@ def test_lambda_runtime_refuses_to_install_on_a_changed_moto(
     monkeypatch: pytest.MonkeyPatch, recheck: None
 ) -> None:
     monkeypatch.setattr(moto, "__version__", "6.0.0")
-    runtime = lambda_runtime.InProcessLambdaRuntime(endpoint_url="http://127.0.0.1:1")
+    runtime = lambda_runtime.ProcessLambdaRuntime(endpoint_url="http://127.0.0.1:1")
     with pytest.raises(moto_compat.MotoCompatError, match=r"moto 6\.0\.0"):
         lambda_runtime.install(runtime)
     assert runtime not in lambda_runtime._ACTIVE

@@ -17,8 +17,8 @@ from typing import Any
 
 from berth_tools.bench.pass_bench import _function_environment, _scheduler_function
 from berth_tools.localcloud.cloud import LocalCloud, load_template
-from berth_tools.localcloud.lambda_runtime import sandbox_environment
 from berth_tools.localcloud.metering import METER
+from berth_tools.localcloud.seed import process_environment
 
 SPEC: dict[str, Any] = {
     "name": "train-resnet",
@@ -69,7 +69,7 @@ def _lifecycles(n: int) -> None:
 
 def main(n: int = 50, template: Path = Path("cdk.out/Berth.template.json")) -> dict[str, Any]:
     cloud = LocalCloud(template=load_template(template), agents=0, example_hosts=False, scheduled_rules=False)
-    with cloud, sandbox_environment(_function_environment(cloud, _scheduler_function(cloud))):
+    with cloud, process_environment(_function_environment(cloud, _scheduler_function(cloud))):
         METER.reset()
         _lifecycles(n)
         snap = METER.snapshot()["dynamodb"]

@@ -26,8 +26,7 @@ from typing import Any
 
 from berth_tools.localcloud import aws_latency, metering
 from berth_tools.localcloud.cloud import LocalCloud, load_template
-from berth_tools.localcloud.lambda_runtime import sandbox_environment
-from berth_tools.localcloud.seed import host_gpu_ids
+from berth_tools.localcloud.seed import host_gpu_ids, process_environment
 
 MODELS = ("A100", "V100")
 SHAPES = (1, 1, 1, 2, 2, 4, 8)
@@ -180,7 +179,7 @@ def run_pass_bench(
         lam = cloud.session().client("lambda", endpoint_url=cloud.endpoint_url)
         configured_s = float(lam.get_function_configuration(FunctionName=function)["Timeout"])
         timeout_s = configured_s if lambda_timeout_s is None else lambda_timeout_s
-        with sandbox_environment(env):
+        with process_environment(env):
             t0 = time.perf_counter()
             seed_store(hosts, pending, seed)
             seeded_s = time.perf_counter() - t0

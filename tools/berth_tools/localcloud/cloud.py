@@ -1,4 +1,4 @@
-"""`LocalCloud`: moto, the in-process Lambda runtime, the deployed stack, seeded users and the front door."""
+"""`LocalCloud`: moto, the Lambda runtime (worker processes), the deployed stack, users, the front door."""
 
 from __future__ import annotations
 
@@ -52,11 +52,14 @@ LOCAL_TIMINGS: dict[str, str] = {
     "BERTH_BACKOFF_CAP_S": "4",
     "BERTH_ORPHAN_GRACE_S": "10",
 }
-#: Handlers safe to run several at once in one process (no request state in module or class state):
-#: the workflow's task function, as Lambda scales it out. The API and agent API (Powertools' resolver
-#: keeps the current event on the app), the scheduler (one pass at a time) and the notifier (in order)
-#: stay one at a time.
-HANDLER_CONCURRENCY: dict[str, int] = {"berth.handlers.workflow.lambda_handler": 8}
+#: The local maximum of sandboxes (worker processes) per function, by handler: a laptop has a few
+#: cores, AWS has many. The API and the workflow's task function carry the job flow; the rest keep the
+#: default (`lambda_runtime.ProcessLambdaRuntime.max_sandboxes_per_function`). A function's reserved
+#: concurrency lowers it (the scheduler runs one pass at a time).
+SANDBOX_CONCURRENCY: dict[str, int] = {
+    "berth.handlers.api.lambda_handler": 4,
+    "berth.handlers.workflow.lambda_handler": 4,
+}
 #: How often the local cloud fires scheduled rules (the scheduler's safety-net timer): the lease
 #: reaper runs in that pass, so it must be short next to the lease.
 LOCAL_TIMER_S = 2.0
@@ -116,7 +119,9 @@ class LocalCloud:
     pollers: list[Any] = field(default_factory=list)
     scripted_agents: list[ScriptedAgent] = field(default_factory=list)
     moto: MotoServer | None = None
-    runtime: lambda_runtime.InProcessLambdaRuntime | None = None
+    runtime: lambda_runtime.ProcessLambdaRuntime | None = None
+    worker_hooks: list[tuple[str, list[Any]]] = field(default_factory=list)
+    """Called in every Lambda sandbox before its handler is imported (`ProcessLambdaRuntime.worker_hooks`)."""
     stack: DeployedStack | None = None
     front_door: FrontDoor | None = None
     seeded: list[seed.SeededUser] = field(default_factory=list)
@@ -155,10 +160,11 @@ class LocalCloud:
             if self._state is not None:
                 batch_runner.work_root = self._state.jobs_root() / "batch"
         t = self._step("moto", t)
-        self.runtime = lambda_runtime.InProcessLambdaRuntime(
+        self.runtime = lambda_runtime.ProcessLambdaRuntime(
             endpoint_url=self.moto.endpoint_url,
             echo_logs=self.console if self.echo_handler_logs else None,
-            handler_concurrency=dict(HANDLER_CONCURRENCY),
+            concurrency=dict(SANDBOX_CONCURRENCY),
+            worker_hooks=list(self.worker_hooks),
         )
         lambda_runtime.install(self.runtime)
         session_tokens.install()

@@ -1,176 +1,79 @@
-"""Run moto's Lambda functions in-process: import the function's `Handler` and call it.
+"""Run moto's Lambda functions as Lambda does: each in warm worker processes of its own.
 
 moto's Lambda needs docker to run code; with `lambda.use_docker: false` it answers a canned payload.
 This module replaces the model's invoke path (`LambdaFunction.invoke`, its docker-based helper
-`LambdaFunction._invoke_lambda`, and the docker-less `LambdaSimpleBackend.invoke`) with an in-process
-runtime. Every way moto invokes a function (the Invoke API, SQS/DynamoDB/Kinesis event sources, SNS,
-EventBridge, CloudWatch Logs subscriptions) then runs our code.
+`LambdaFunction._invoke_lambda`, and the docker-less `LambdaSimpleBackend.invoke`). Every way moto
+invokes a function (the Invoke API, SQS/DynamoDB/Kinesis event sources, SNS, EventBridge, CloudWatch
+Logs subscriptions) then runs our code.
 
-Environment isolation. `os.environ` is process-global, and Lambda gives each sandbox its own. A global
-lock around "apply env, call, restore" would serialise every invocation and deadlock as soon as a handler
-triggers another invocation synchronously (an SQS send whose event source mapping invokes a function
-runs inside moto's request thread, while the first invocation still holds the lock). Instead
-`os.environ` is replaced, once, by a mapping that serves a per-invocation environment whenever one is
-active in the current `contextvars` context, and the real process environment otherwise. Each function
-runs on its own small thread pool (its "sandboxes": thread-local clients such as pynamodb's connection
-are reused across invocations like a warm Lambda), each call in a copy of a context carrying that
-function's environment: the configured `Environment.Variables`, Lambda's reserved variables,
-`AWS_ENDPOINT_URL` pointing at moto, and the execution role's temporary credentials from moto's STS.
-Limits: a thread the handler starts itself does not inherit the environment (contextvars are not
-inherited by new threads), and C code calling getenv(3) sees the process environment.
+Sandboxes. Each function has its own pool of worker processes (`lambda_workers`, `lambda_worker`):
+at most its reserved concurrency, capped by a local maximum (`max_sandboxes_per_function`, per handler
+in `concurrency`), started on demand and reused while warm. A sandbox is started with the function's
+own environment, built as the Lambda service builds it: the configured `Environment.Variables`,
+Lambda's reserved variables, the execution role's temporary credentials from moto's STS, and
+`AWS_ENDPOINT_URL` pointing at the moto server over loopback, which the handler's SDK calls reach as
+they would reach AWS. A change of the function's configuration retires its sandboxes (new ones start
+with the new configuration); a sandbox is also retired before its credentials expire.
 
-Logs. `sys.stdout`/`sys.stderr` are replaced by streams that route writes made during an invocation to
-that invocation's buffer (Powertools' Logger writes to `sys.stdout`); with Lambda's START/END/REPORT
-lines they are written to the function's CloudWatch Logs group in moto, and returned base64 in
+Timeouts. After the configured `Timeout` the sandbox is killed and the caller gets Lambda's
+`Task timed out after N seconds`; a sandbox that exits (a crash, `os._exit`) gives `Runtime.ExitError`;
+a handler that cannot be imported gives `Runtime.ImportModuleError`. Either way the next invocation runs
+in a fresh process.
+
+Logs. A sandbox's stdout and stderr are its logs: with Lambda's INIT_START/START/END/REPORT lines (the
+REPORT line with the duration, the sandbox's peak memory and, on a cold start, its init duration) they
+go to the function's CloudWatch Logs group in moto, one stream per sandbox, and are returned base64 in
 `X-Amz-Log-Result` for `LogType=Tail` callers.
 
-Powertools. Its event handler keeps the request being resolved in a class attribute shared by all
-resolvers; `powertools_isolation` makes it per invocation, like the process-per-function Lambda gives.
-
-Timeout. The call runs on a worker thread; after the configured `Timeout` the caller gets Lambda's
-`Task timed out after N seconds` error. Python cannot kill a thread, so the handler keeps running in the
-background until it returns (documented limitation).
+Metering. Each invocation's duration and memory go to the meter (`metering.record_lambda`); the
+access key of each function's role credentials is named after the function, so the meter attributes
+the AWS calls its sandboxes make to it (`metering.Meter.name_caller`).
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
-import concurrent.futures
-import contextlib
-import contextvars
-import importlib
-import io
 import json
 import os
 import sys
 import threading
 import time
-import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-import botocore.handlers
-
-from berth_tools.localcloud import metering, moto_compat, powertools_isolation
-from berth_tools.localcloud.moto_transport import InProcessTransport
+from berth_tools.localcloud import metering, moto_compat
+from berth_tools.localcloud.lambda_workers import (
+    Answer,
+    SandboxGone,
+    SandboxPool,
+    SandboxTimeout,
+    WorkerProcess,
+)
 
 if TYPE_CHECKING:
     from moto.awslambda.models import LambdaFunction
 
-#: The environment of the invocation running in the current context (None: the process environment).
-_SANDBOX_ENV: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "berth_lambda_env", default=None
-)
-#: Where print()/logging output of the current invocation goes (None: the real stream).
-_SANDBOX_LOG: contextvars.ContextVar[io.StringIO | None] = contextvars.ContextVar(
-    "berth_lambda_log", default=None
-)
-
-#: Variables copied from the process into every sandbox (the Lambda runtime has PATH, LANG and TZ).
-_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+#: Variables copied from the local cloud's process into every sandbox (Lambda's runtime has PATH, LANG).
+_INHERITED = ("PATH", "LANG", "LC_ALL", "VIRTUAL_ENV", "TMPDIR")
+#: Each sandbox's role credentials last this long; the sandbox is retired after `SANDBOX_MAX_AGE_S`.
+CREDENTIALS_S = 3600
+SANDBOX_MAX_AGE_S = 3000
 
 
-class SandboxEnviron(os._Environ[str]):
-    """`os.environ` replacement: the active invocation's environment, else the process environment."""
-
-    def __init__(self, base: os._Environ[str]) -> None:
-        super().__init__(base._data, base.encodekey, base.decodekey, base.encodevalue, base.decodevalue)  # type: ignore[attr-defined]
-        self.base = base
-
-    def __getitem__(self, key: str) -> str:
-        env = _SANDBOX_ENV.get()
-        return env[key] if env is not None else super().__getitem__(key)
-
-    def __setitem__(self, key: str, value: str) -> None:
-        env = _SANDBOX_ENV.get()
-        if env is None:
-            super().__setitem__(key, value)
-        else:
-            env[key] = str(value)
-
-    def __delitem__(self, key: str) -> None:
-        env = _SANDBOX_ENV.get()
-        if env is None:
-            super().__delitem__(key)
-        else:
-            del env[key]
-
-    def __iter__(self) -> Iterator[str]:
-        env = _SANDBOX_ENV.get()
-        return iter(list(env)) if env is not None else super().__iter__()
-
-    def __len__(self) -> int:
-        env = _SANDBOX_ENV.get()
-        return len(env) if env is not None else super().__len__()
-
-    def copy(self) -> dict[str, str]:
-        return dict(self)
-
-
-class _RoutingStream(io.TextIOBase):
-    """A text stream that writes to the active invocation's log buffer, else to the real stream."""
-
-    def __init__(self, real: TextIO) -> None:
-        self.real = real
-
-    def write(self, text: str) -> int:
-        buffer = _SANDBOX_LOG.get()
-        if buffer is None:
-            return self.real.write(text)
-        return buffer.write(text)
-
-    def flush(self) -> None:
-        if _SANDBOX_LOG.get() is None:
-            self.real.flush()
-
-    def isatty(self) -> bool:
-        return self.real.isatty()
-
-    def fileno(self) -> int:
-        return self.real.fileno()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.real, "encoding", "utf-8")
-
-
-@contextlib.contextmanager
-def sandbox_environment(env: Mapping[str, str]) -> Iterator[dict[str, str]]:
-    """Run the block with `os.environ` showing exactly `env` (needs `install()` first)."""
-    own = dict(env)
-    token = _SANDBOX_ENV.set(own)
-    try:
-        yield own
-    finally:
-        _SANDBOX_ENV.reset(token)
-
-
-class LambdaContext:
-    """The `context` object of the Python Lambda runtime."""
-
-    def __init__(self, fn: LambdaFunction, request_id: str, log_stream: str, deadline: float) -> None:
-        self.function_name: str = fn.function_name
-        self.function_version: str = str(fn.version)
-        self.invoked_function_arn: str = fn.function_arn
-        self.memory_limit_in_mb: int = int(fn.memory_size)
-        self.aws_request_id = request_id
-        self.log_group_name: str = fn.logs_group_name
-        self.log_stream_name = log_stream
-        self.identity = None
-        self.client_context = None
-        self._deadline = deadline
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+class SandboxInitError(RuntimeError):
+    def __init__(self, error: dict[str, Any], output: str) -> None:
+        super().__init__(error.get("errorMessage", "init failed"))
+        self.error = error
+        self.output = output
 
 
 @dataclass
 class InvocationResult:
     payload: bytes
-    function_error: str | None  # "Unhandled" like Lambda when the handler raised or timed out
+    function_error: str | None  # "Unhandled" like Lambda when the handler raised, crashed or timed out
     log_tail: str
 
 
@@ -183,31 +86,33 @@ class _RoleCredentials:
 
 
 @dataclass
-class InProcessLambdaRuntime:
-    """Runs Lambda handlers in this process against the moto server at `endpoint_url`."""
+class _FunctionPool:
+    fingerprint: str
+    pool: SandboxPool
+
+
+@dataclass
+class ProcessLambdaRuntime:
+    """Runs Lambda handlers in worker processes against the moto server at `endpoint_url`."""
 
     endpoint_url: str
-    # One event at a time per function, as in one Lambda sandbox: handler frameworks (Powertools'
-    # resolver among them) keep the current request in module or class state.
-    max_concurrency_per_function: int = 1
-    #: Handlers that keep no request state in module or class state, with the sandboxes they may run
-    #: at once (never above the function's reserved concurrency).
-    handler_concurrency: dict[str, int] = field(default_factory=dict)
+    #: At most this many sandboxes per function (the function's reserved concurrency may lower it).
+    max_sandboxes_per_function: int = 2
+    #: Per handler (``module.function``): its local maximum, instead of `max_sandboxes_per_function`.
+    concurrency: dict[str, int] = field(default_factory=dict)
     echo_logs: TextIO | None = None  # also copy handler logs here (e.g. the console of `berth local up`)
-    # Serve the handlers' SDK calls to moto in their own thread (no loopback socket); see moto_transport.
-    in_process_transport: bool = True
-    transport: InProcessTransport | None = None
-    _pools: dict[str, concurrent.futures.ThreadPoolExecutor] = field(default_factory=dict)
-    _streams: dict[str, str] = field(default_factory=dict)
-    _credentials: dict[str, _RoleCredentials] = field(default_factory=dict)
+    #: ``("module:callable", [args])`` each sandbox calls before importing its handler (e.g. a botocore
+    #: hook that adds per-call latency); they run in the sandbox, so they reach its SDK calls.
+    worker_hooks: list[tuple[str, list[Any]]] = field(default_factory=list)
+    _pools: dict[str, _FunctionPool] = field(default_factory=dict)
+    _retired: list[_FunctionPool] = field(default_factory=list)  # replaced by a configuration change
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _handlers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    _closed: bool = False
 
-    # -- the environment of one function ---------------------------------------------------------
-    def function_environment(self, fn: LambdaFunction) -> dict[str, str]:
+    # -- the environment of one sandbox ------------------------------------------------------------
+    def function_environment(self, fn: LambdaFunction, log_stream: str = "") -> dict[str, str]:
         creds = self._role_credentials(fn)
-        base = _base_environ()
-        env = {key: base[key] for key in _INHERITED if key in base}
+        env = {key: os.environ[key] for key in _INHERITED if key in os.environ}
         env.update(
             {
                 "_HANDLER": fn.handler or "",
@@ -215,10 +120,9 @@ class InProcessLambdaRuntime:
                 "AWS_LAMBDA_FUNCTION_NAME": fn.function_name,
                 "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(fn.memory_size),
                 "AWS_LAMBDA_FUNCTION_VERSION": str(fn.version),
-                "AWS_LAMBDA_FUNCTION_TIMEOUT": str(fn.timeout),
                 "AWS_LAMBDA_LOG_GROUP_NAME": fn.logs_group_name,
-                "AWS_LAMBDA_LOG_STREAM_NAME": self._log_stream(fn),
-                "AWS_LAMBDA_RUNTIME_API": "127.0.0.1:9001",
+                "AWS_LAMBDA_LOG_STREAM_NAME": log_stream,
+                "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
                 "LAMBDA_TASK_ROOT": "/var/task",
                 "LAMBDA_RUNTIME_DIR": "/var/runtime",
                 "AWS_REGION": fn.region,
@@ -228,50 +132,194 @@ class InProcessLambdaRuntime:
                 "AWS_SESSION_TOKEN": creds.session_token,
                 "AWS_ENDPOINT_URL": self.endpoint_url,
                 "AWS_ACCOUNT_ID_ENDPOINT_MODE": "disabled",
-                "MOTO_PORT": _base_environ().get("MOTO_PORT", ""),
+                # No shared config or credentials files (the user's ~/.aws must not leak in).
+                "AWS_CONFIG_FILE": os.devnull,
+                "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
                 "TZ": ":UTC",
                 # There is no X-Ray daemon locally: the SDK is switched off rather than sending to nowhere.
                 "AWS_XRAY_SDK_ENABLED": "false",
                 "AWS_XRAY_CONTEXT_MISSING": "IGNORE_ERROR",
+                # The function's code: whatever the local cloud itself imports Berth from.
+                "PYTHONPATH": _code_path(),
+                "PYTHONDONTWRITEBYTECODE": "1",
             }
         )
         env.update({str(k): str(v) for k, v in (fn.environment_vars or {}).items()})
         return env
 
     def _role_credentials(self, fn: LambdaFunction) -> _RoleCredentials:
-        """Temporary credentials of the execution role, from moto's STS (like the Lambda service does)."""
-        with self._lock:
-            cached = self._credentials.get(fn.function_arn)
-            if cached is not None and cached.expires_at - time.time() > 300:
-                return cached
-            duration = 3600
-            assumed = moto_compat.assume_role(
-                fn.account_id, fn.region, fn.function_name[:64], fn.role, duration
-            )
-            creds = _RoleCredentials(
-                access_key_id=assumed.access_key_id,
-                secret_access_key=assumed.secret_access_key,
-                session_token=assumed.session_token,
-                expires_at=time.time() + duration,
-            )
-            self._credentials[fn.function_arn] = creds
-            return creds
+        """Fresh temporary credentials of the execution role for one sandbox, from moto's STS (as the
+        Lambda service gives each sandbox); the sandbox is retired before they expire."""
+        assumed = moto_compat.assume_role(
+            fn.account_id, fn.region, fn.function_name[:64], fn.role, CREDENTIALS_S
+        )
+        creds = _RoleCredentials(
+            access_key_id=assumed.access_key_id,
+            secret_access_key=assumed.secret_access_key,
+            session_token=assumed.session_token,
+            expires_at=time.time() + CREDENTIALS_S,
+        )
+        metering.METER.name_caller(creds.access_key_id, fn.function_name)
+        return creds
 
-    # -- logs ----------------------------------------------------------------------------------
-    def _log_stream(self, fn: LambdaFunction) -> str:
-        with self._lock:
-            stream = self._streams.get(fn.function_arn)
-            if stream is None:
-                today = datetime.now(UTC)
-                stream = f"{today:%Y/%m/%d}/[{fn.version}]{uuid.uuid4().hex}"
-                fn.logs_backend.ensure_log_group(fn.logs_group_name)
-                fn.logs_backend.create_log_stream(fn.logs_group_name, stream)
-                self._streams[fn.function_arn] = stream
-            return stream
+    # -- sandboxes -----------------------------------------------------------------------------------
+    def limit(self, fn: LambdaFunction) -> int:
+        limit = self.concurrency.get(fn.handler or "", self.max_sandboxes_per_function)
+        reserved = fn.reserved_concurrency  # declared in moto_compat.SURFACES
+        if reserved:
+            limit = min(limit, int(reserved))
+        return max(1, limit)
 
-    def record_invocation(self, fn: LambdaFunction, duration_ms: float) -> None:
-        """The metering hook: each invocation's duration and configured MemorySize (see `metering`)."""
+    def _function_pool(self, fn: LambdaFunction) -> _FunctionPool:
+        fingerprint = json.dumps(
+            [fn.handler, fn.environment_vars, fn.timeout, fn.memory_size, fn.role, str(fn.version)],
+            sort_keys=True,
+            default=str,
+        )
+        retired: _FunctionPool | None = None
+        with self._lock:
+            if self._closed:
+                raise SandboxGone("the local cloud is stopping")
+            entry = self._pools.get(fn.function_arn)
+            if entry is None or entry.fingerprint != fingerprint:
+                retired = entry
+                if entry is not None:
+                    self._retired = [old for old in self._retired if old.pool.size()] + [entry]
+                entry = _FunctionPool(fingerprint, SandboxPool(self.limit(fn), lambda: self._spawn(fn)))
+                self._pools[fn.function_arn] = entry
+        if retired is not None:  # a configuration change: new sandboxes; running events finish first
+            for worker in retired.pool.close(busy_too=False):
+                worker.join()
+        return entry
+
+    def _spawn(self, fn: LambdaFunction) -> WorkerProcess:
+        stream = f"{datetime.now(UTC):%Y/%m/%d}/[{fn.version}]{uuid.uuid4().hex}"
+        fn.logs_backend.ensure_log_group(fn.logs_group_name)
+        fn.logs_backend.create_log_stream(fn.logs_group_name, stream)
+        worker = WorkerProcess(
+            handler=fn.handler or "",
+            env=self.function_environment(fn, stream),
+            hooks=[(target, list(args)) for target, args in self.worker_hooks],
+            log_stream=stream,
+        )
+        try:
+            answer = worker.start()
+        except (SandboxGone, SandboxTimeout) as exc:
+            output = worker.kill()
+            error = {"errorMessage": f"the sandbox did not start: {exc}", "errorType": "Runtime.Unknown"}
+            raise SandboxInitError(error, output) from exc
+        if not answer.message.get("ready"):
+            output = answer.output + worker.kill()
+            raise SandboxInitError(answer.message.get("error") or {}, output)
+        return worker
+
+    def pids(self) -> list[int]:
+        """The worker processes alive now (tests, diagnostics)."""
+        with self._lock:
+            pools = list(self._pools.values())
+        return [pid for entry in pools for pid in entry.pool.pids()]
+
+    def busy(self, function_name: str) -> int:
+        """How many sandboxes of the function run an event now (tests, diagnostics)."""
+        with self._lock:
+            entry = next(
+                (e for arn, e in self._pools.items() if arn.endswith(f":function:{function_name}")), None
+            )
+        return entry.pool.busy() if entry is not None else 0
+
+    # -- invocation ----------------------------------------------------------------------------------
+    def invoke(self, fn: LambdaFunction, event: Any) -> InvocationResult:
+        request_id = str(uuid.uuid4())
+        timeout_s = float(fn.timeout or 3)
+        try:
+            entry = self._function_pool(fn)
+            worker, cold = entry.pool.acquire()
+        except SandboxInitError as exc:
+            return self._finish(fn, "", request_id, "", exc.output, exc.error, 0.0, None, None)
+        except SandboxGone as exc:
+            error = {
+                "errorMessage": f"RequestId: {request_id} Error: {exc}",
+                "errorType": "Runtime.Unavailable",
+            }
+            return self._finish(fn, "", request_id, "", "", error, 0.0, None, None)
+        init_output, worker.init_output = worker.init_output, ""
+        message = {
+            "request_id": request_id,
+            "event": event,
+            "deadline": time.time() + timeout_s,
+            "trace_id": _trace_header(event),
+            "function_arn": fn.function_arn,
+            "function_name": fn.function_name,
+            "function_version": str(fn.version),
+            "memory_mb": int(fn.memory_size or 128),
+            "log_group": fn.logs_group_name,
+            "log_stream": worker.log_stream,
+        }
+        init_ms = worker.init_ms if cold else None
+        try:
+            answer: Answer = worker.invoke(message, timeout_s)
+        except SandboxTimeout:
+            rss = worker.max_rss_mb()
+            output = worker.kill()
+            entry.pool.discard(worker)
+            stamp = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%S.%fZ}"
+            text = f"{stamp} {request_id} Task timed out after {timeout_s:.2f} seconds"
+            error = {"errorMessage": text, "errorType": "Sandbox.Timedout"}
+            return self._finish(
+                fn, worker.log_stream, request_id, init_output, output + text + "\n", error,
+                timeout_s * 1000, rss, init_ms,
+            )  # fmt: skip
+        except SandboxGone as gone:
+            rss = worker.max_rss_mb()
+            output = worker.kill()
+            entry.pool.discard(worker)
+            text = f"RequestId: {request_id} Error: Runtime exited with error: {gone.status}"
+            error = {"errorMessage": text, "errorType": "Runtime.ExitError"}
+            return self._finish(
+                fn, worker.log_stream, request_id, init_output, output + text + "\nRuntime.ExitError\n",
+                error, 0.0, rss, init_ms,
+            )  # fmt: skip
+        # Retired before its credentials expire: the next invocation gets a fresh sandbox.
+        entry.pool.release(worker, retire=time.time() - worker.started_at > SANDBOX_MAX_AGE_S)
+        reply = answer.message
+        return self._finish(
+            fn, worker.log_stream, request_id, init_output, answer.output, reply.get("error"),
+            float(reply.get("duration_ms") or 0.0), reply.get("max_rss_mb"), init_ms,
+            payload=str(reply.get("payload", "null")).encode(),
+        )  # fmt: skip
+
+    def _finish(
+        self,
+        fn: LambdaFunction,
+        stream: str,
+        request_id: str,
+        init_output: str,
+        output: str,
+        error: dict[str, Any] | None,
+        duration_ms: float,
+        max_rss_mb: int | None,
+        init_ms: float | None,
+        payload: bytes = b"null",
+    ) -> InvocationResult:
         metering.METER.record_lambda(fn.function_name, duration_ms, int(fn.memory_size or 128))
+        report = (
+            f"REPORT RequestId: {request_id}\tDuration: {duration_ms:.2f} ms\t"
+            f"Billed Duration: {max(1, round(duration_ms + 0.4999))} ms\tMemory Size: {fn.memory_size} MB"
+        )
+        if max_rss_mb is not None:
+            report += f"\tMax Memory Used: {max_rss_mb} MB"
+        if init_ms is not None:
+            report += f"\tInit Duration: {init_ms:.2f} ms"
+        head = f"INIT_START Runtime Version: python:{sys.version_info.major}.{sys.version_info.minor}\n"
+        text = (
+            (head + init_output if init_ms is not None else init_output)
+            + f"START RequestId: {request_id} Version: {fn.version}\n{output}"
+            f"END RequestId: {request_id}\n{report}\n"
+        )
+        self._ship_logs(fn, stream, text)
+        if error is not None:
+            return InvocationResult(json.dumps(error).encode(), "Unhandled", text[-4096:])
+        return InvocationResult(payload, None, text[-4096:])
 
     def _ship_logs(self, fn: LambdaFunction, stream: str, text: str) -> None:
         lines = [line for line in text.splitlines() if line.strip()]
@@ -283,6 +331,10 @@ class InProcessLambdaRuntime:
         now_ms = int(time.time() * 1000)
         events = [{"timestamp": now_ms, "message": line} for line in lines]
         try:
+            if not stream:  # no sandbox started (init failed): a stream of its own, as Lambda's would be
+                stream = f"{datetime.now(UTC):%Y/%m/%d}/[{fn.version}]{uuid.uuid4().hex}"
+                fn.logs_backend.ensure_log_group(fn.logs_group_name)
+                fn.logs_backend.create_log_stream(fn.logs_group_name, stream)
             fn.logs_backend.put_log_events(fn.logs_group_name, stream, events)
         except Exception as exc:  # never fail an invocation because its logs could not be stored
             print(f"berth local: could not store logs of {fn.function_name}: {exc}", file=sys.__stderr__)
@@ -290,112 +342,15 @@ class InProcessLambdaRuntime:
             for line in lines:
                 print(f"[{fn.function_name}] {line}", file=self.echo_logs)
 
-    # -- invocation ----------------------------------------------------------------------------
-    def _handler(self, fn: LambdaFunction) -> Callable[..., Any]:
-        spec = fn.handler or ""
-        handler = self._handlers.get(spec)
-        if handler is None:
-            module_name, _, attr = spec.rpartition(".")
-            if not module_name:
-                raise ImportError(f"Bad handler '{spec}': expected module.function")
-            module = importlib.import_module(module_name)
-            handler = getattr(module, attr)
-            self._handlers[spec] = handler
-        return handler
-
-    def _pool(self, fn: LambdaFunction) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            pool = self._pools.get(fn.function_arn)
-            if pool is None:
-                workers = self.handler_concurrency.get(fn.handler or "", self.max_concurrency_per_function)
-                reserved = fn.reserved_concurrency  # declared in moto_compat.SURFACES
-                if reserved:
-                    workers = min(workers, int(reserved))
-                pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=max(1, workers),
-                    thread_name_prefix=f"lambda-{fn.function_name[:40]}",
-                )
-                self._pools[fn.function_arn] = pool
-            return pool
-
-    def invoke(self, fn: LambdaFunction, event: Any) -> InvocationResult:
-        request_id = str(uuid.uuid4())
-        stream = self._log_stream(fn)
-        env = self.function_environment(fn)
-        timeout_s = float(fn.timeout or 3)
-        started = time.monotonic()
-        context = LambdaContext(fn, request_id, stream, started + timeout_s)
-        buffer = io.StringIO()
-        ran: dict[str, float] = {}  # when the handler started and ended in its sandbox (billed duration)
-
-        env["_X_AMZN_TRACE_ID"] = _trace_header(event)
-
-        def run() -> Any:
-            ran["start"] = time.monotonic()
-            try:
-                _SANDBOX_ENV.set(env)
-                _SANDBOX_LOG.set(buffer)
-                handler = self._handler(fn)  # imported inside the sandbox: module-level os.environ reads work
-                return handler(event, context)
-            finally:
-                ran["end"] = time.monotonic()
-
-        _route_std_streams()  # something (a test runner, a REPL) may have replaced sys.stdout since install
-        sandbox = contextvars.Context()  # a fresh context: nothing of the caller's leaks in
-        future = self._pool(fn).submit(sandbox.run, run)
-        payload: Any
-        function_error: str | None = None
-        try:
-            result = future.result(timeout=timeout_s)
-            payload = json.dumps(result).encode()
-        except concurrent.futures.TimeoutError:
-            function_error = "Unhandled"
-            stamp = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%S.%fZ}"
-            message = f"{stamp} {request_id} Task timed out after {timeout_s:.2f} seconds"
-            buffer.write(message + "\n")
-            payload = json.dumps({"errorMessage": message, "errorType": "Sandbox.Timedout"}).encode()
-        except Exception as exc:
-            function_error = "Unhandled"
-            trace = traceback.format_exception(exc)
-            error = {
-                "errorMessage": str(exc),
-                "errorType": type(exc).__name__,
-                "requestId": request_id,
-                "stackTrace": [line.rstrip("\n") for line in trace[1:]],
-            }
-            buffer.write(f"[ERROR] {type(exc).__name__}: {exc}\n{''.join(trace)}")
-            payload = json.dumps(error).encode()
-        elapsed_ms = (time.monotonic() - started) * 1000
-        # Billed: the handler's own run in its sandbox (not the wait for a free sandbox); a timeout bills
-        # the whole timeout, as Lambda does.
-        if function_error is not None and "end" not in ran:
-            billed_ms = timeout_s * 1000
-        else:
-            billed_ms = (ran.get("end", started) - ran.get("start", started)) * 1000
-        self.record_invocation(fn, billed_ms)
-        handler_output = buffer.getvalue()
-        text = (
-            f"START RequestId: {request_id} Version: {fn.version}\n{handler_output}"
-            f"END RequestId: {request_id}\n"
-            f"REPORT RequestId: {request_id}\tDuration: {elapsed_ms:.2f} ms\t"
-            f"Billed Duration: {max(1, round(elapsed_ms))} ms\tMemory Size: {fn.memory_size} MB\n"
-        )
-        self._ship_logs(fn, stream, text)
-        return InvocationResult(payload=payload, function_error=function_error, log_tail=text[-4096:])
-
-    def sandbox_request(self, request: Any) -> Any:
-        """botocore `before-send` for calls made inside a sandbox: moto's answer, or None to send it."""
-        if not self.in_process_transport:
-            return None
-        if self.transport is None:
-            self.transport = InProcessTransport(self.endpoint_url)
-        return self.transport(request)
-
     def shutdown(self) -> None:
+        """Stop every sandbox (all at once) and wait for them to exit; no invocation starts after."""
         with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.shutdown(wait=False, cancel_futures=True)
+            self._closed = True
+            pools, self._pools = list(self._pools.values()) + self._retired, {}
+            self._retired = []
+        workers = [worker for entry in pools for worker in entry.pool.close()]
+        for worker in workers:
+            worker.join()
 
 
 def _trace_header(event: Any) -> str:
@@ -408,24 +363,34 @@ def _trace_header(event: Any) -> str:
     return f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]};Sampled=0"
 
 
-def _base_environ() -> Mapping[str, str]:
-    environ = os.environ
-    return environ.base if isinstance(environ, SandboxEnviron) else environ
+def _code_path() -> str:
+    """The import path of the local cloud's own code (its ``sys.path`` outside the interpreter's)."""
+    prefixes = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    entries: list[str] = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if path.startswith(prefixes) or path in entries or not os.path.isdir(path):
+            continue
+        entries.append(path)
+    return os.pathsep.join(entries)
 
 
 # -- patching moto ------------------------------------------------------------------------------
-_ORIGINALS: dict[str, Any] = {}
 _PATCHES: list[moto_compat.Patch] = []
-_ACTIVE: list[InProcessLambdaRuntime] = []
+_ACTIVE: list[ProcessLambdaRuntime] = []
+
+
+def _active() -> ProcessLambdaRuntime:
+    if not _ACTIVE:
+        raise RuntimeError("berth Lambda runtime is not installed")
+    return _ACTIVE[-1]
 
 
 def _patched_function_invoke(
     self: LambdaFunction, body: str, request_headers: Any, response_headers: Any
 ) -> bytes:
-    if not _ACTIVE:
-        raise RuntimeError("berth in-process Lambda runtime is not installed")
     event = json.loads(body) if body else {}
-    result = _ACTIVE[-1].invoke(self, event)
+    result = _active().invoke(self, event)
     if result.function_error:
         response_headers["x-amz-function-error"] = result.function_error
     if (request_headers or {}).get("x-amz-log-type") == "Tail":
@@ -434,34 +399,16 @@ def _patched_function_invoke(
 
 
 def _patched_invoke_lambda(self: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
-    """The docker helper's signature, served in-process (kept for any moto path calling it directly)."""
+    """The docker helper's signature, served by the worker processes (for any moto path calling it)."""
     parsed = json.loads(event) if isinstance(event, str) and event else (event or {})
-    result = _ACTIVE[-1].invoke(self, parsed)
+    result = _active().invoke(self, parsed)
     return result.payload.decode(), result.function_error is not None, result.log_tail
-
-
-def _sandbox_before_send(request: Any, **_: Any) -> Any:
-    """Registered on every botocore session: in-process transport for SDK calls made by a handler."""
-    if _SANDBOX_ENV.get() is None or not _ACTIVE:
-        return None
-    return _ACTIVE[-1].sandbox_request(request)
-
-
-_BUILTIN_HOOK = ("before-send", _sandbox_before_send)
-
-
-def _route_std_streams() -> None:
-    """Make sys.stdout/sys.stderr route invocation output to the invocation's log buffer."""
-    if not isinstance(sys.stdout, _RoutingStream):
-        sys.stdout = _RoutingStream(sys.stdout)
-    if not isinstance(sys.stderr, _RoutingStream):
-        sys.stderr = _RoutingStream(sys.stderr)
 
 
 _LAMBDA_FUNCTION = "moto.awslambda.models:LambdaFunction"
 
 
-def install(runtime: InProcessLambdaRuntime) -> None:
+def install(runtime: ProcessLambdaRuntime) -> None:
     """Route every moto Lambda invocation in this process to `runtime` (idempotent; last one wins).
 
     Raises `moto_compat.MotoCompatError` when moto's invoke path is not the one this module replaces."""
@@ -476,31 +423,22 @@ def install(runtime: InProcessLambdaRuntime) -> None:
                 moto_compat.surface("moto.awslambda.models:LambdaBackend.invoke"),
             )
         )
-        # Every botocore session created from now on (the handlers' clients are created in the sandbox)
-        # offers its requests to the in-process transport first.
-        botocore.handlers.BUILTIN_HANDLERS.append(_BUILTIN_HOOK)
-        _ORIGINALS["environ"] = os.environ
-        os.environ = SandboxEnviron(os.environ)  # noqa: B003 - replaced on purpose, never cleared
-        _route_std_streams()
-        powertools_isolation.install()
     _ACTIVE.append(runtime)
 
 
-def uninstall(runtime: InProcessLambdaRuntime) -> None:
-    """Undo `install` once the last runtime is gone (stdout/environ are restored only if still ours)."""
+def uninstall(runtime: ProcessLambdaRuntime) -> None:
+    """Stop `runtime`'s sandboxes; undo `install` once the last runtime is gone."""
     if runtime in _ACTIVE:
         _ACTIVE.remove(runtime)
     runtime.shutdown()
-    if _ACTIVE or not _PATCHES:
+    if _ACTIVE:
         return
     while _PATCHES:
         _PATCHES.pop().undo()
-    if _BUILTIN_HOOK in botocore.handlers.BUILTIN_HANDLERS:
-        botocore.handlers.BUILTIN_HANDLERS.remove(_BUILTIN_HOOK)
-    environ = _ORIGINALS.pop("environ")
-    if isinstance(os.environ, SandboxEnviron):
-        os.environ = environ  # noqa: B003
-    if isinstance(sys.stdout, _RoutingStream):
-        sys.stdout = sys.stdout.real
-    if isinstance(sys.stderr, _RoutingStream):
-        sys.stderr = sys.stderr.real
+
+
+@atexit.register
+def _stop_all() -> None:
+    """No sandbox outlives the process that started it, even when the local cloud was not stopped."""
+    for runtime in list(_ACTIVE):
+        runtime.shutdown()

@@ -5,7 +5,9 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
 - every request to the moto server (`MeterMiddleware`, a WSGI middleware around the server's app,
   installed by `MotoServer.start()`), and every request the in-process transport serves
   (`InProcessTransport` calls `METER.observe`), as (service, operation) counts, the service taken from
-  the SigV4 credential scope and the operation from `X-Amz-Target`, `Action=` or the REST path;
+  the SigV4 credential scope and the operation from `X-Amz-Target`, `Action=` or the REST path; and the
+  same counts per caller (`requests_by_caller`): the Lambda function whose role credentials signed the
+  request (`name_caller`, called by `lambda_runtime`), else ``other``;
 - DynamoDB capacity units, computed as DynamoDB does from item sizes (`item_size`): writes from the
   stored item before and after the write (read from moto's tables under the DynamoDB write lock, so
   nothing else writes in between), 1 WRU per started KB of the larger, 2x in transactions, a failed
@@ -228,6 +230,8 @@ class Meter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        #: access key -> the caller it belongs to (a Lambda function's role credentials); kept by reset()
+        self._caller_names: dict[str, str] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -235,6 +239,10 @@ class Meter:
             self._requests: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
             #: Requests and DynamoDB units by caller tag (`caller()`: e.g. a benchmark's own calls).
             self._callers: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
+            #: caller (a function's name, else "other") -> service -> operation -> count
+            self._by_caller: defaultdict[str, defaultdict[str, defaultdict[str, int]]] = defaultdict(
+                lambda: defaultdict(lambda: defaultdict(int))
+            )
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
             )
@@ -248,10 +256,17 @@ class Meter:
             self._log_bytes = 0
 
     # -- recorders (hooks for code that serves AWS without an API request) ----------------------------------
-    def record_request(self, service: str, operation: str) -> None:
+    def name_caller(self, access_key: str, caller: str) -> None:
+        """Attribute requests signed with `access_key` to `caller` (the Lambda runtime names each
+        function's role credentials after the function)."""
+        with self._lock:
+            self._caller_names[access_key] = caller
+
+    def record_request(self, service: str, operation: str, access_key: str = "") -> None:
         tag = CALLER.get()
         with self._lock:
             self._requests[service][operation] += 1
+            self._by_caller[self._caller_names.get(access_key, "other")][service][operation] += 1
             if tag:
                 self._callers[tag][f"{service}:{operation}"] += 1
 
@@ -307,6 +322,10 @@ class Meter:
             return {
                 "requests": {svc: dict(ops) for svc, ops in self._requests.items()},
                 "by_caller": {tag: dict(counts) for tag, counts in self._callers.items()},
+                "requests_by_caller": {
+                    caller: {svc: dict(ops) for svc, ops in services.items()}
+                    for caller, services in self._by_caller.items()
+                },
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
                     "read_units": sum(t["read_units"] for t in tables.values()),
@@ -339,7 +358,7 @@ class Meter:
         else:
             answer = call()
         try:
-            self.record_request(service, operation)
+            self.record_request(service, operation, request.access_key)
             if service == "dynamodb" and operation in _DYNAMODB_READS:
                 self._dynamodb_read(request, answer)
             elif service == "sqs":
@@ -609,7 +628,7 @@ class MeterMiddleware:
             return [payload]
         form_encoded = "x-www-form-urlencoded" in environ.get("CONTENT_TYPE", "")  # Action= in the body
         if probe.service not in self.BODY_SERVICES and not form_encoded:
-            self.meter.record_request(probe.service, probe.operation)
+            self.meter.record_request(probe.service, probe.operation, probe.access_key)
             return self.app(environ, start_response)
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""

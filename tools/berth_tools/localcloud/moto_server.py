@@ -26,7 +26,7 @@ LOCAL_HOST = "127.0.0.1"
 
 #: moto's user config (what `POST /moto-api/config` sets). Step Functions executions only run with
 #: `execute_state_machine`; Batch and Lambda never use docker here (there is no docker engine): Lambda
-#: invocations are served in-process by `berth_tools.localcloud.lambda_runtime`.
+#: invocations run in worker processes (`berth_tools.localcloud.lambda_runtime`).
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "batch": {"use_docker": False},

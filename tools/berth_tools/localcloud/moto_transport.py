@@ -1,7 +1,8 @@
 """Serve botocore requests addressed to the local moto server in the calling thread, without a socket.
 
-The Lambda handlers and the front door run in the same process as moto. Each of their AWS calls used
-to leave through urllib3, cross a loopback socket, wake a werkzeug server thread, be parsed as HTTP
+The front door and local Batch run in the same process as moto (the Lambda handlers do not: they run in
+worker processes and call the moto server over loopback, as they would call AWS). Each of their AWS
+calls used to leave through urllib3, cross a loopback socket, wake a werkzeug server thread, be parsed as HTTP
 again and only then reach moto's WSGI app; under load that plumbing cost as much CPU as moto's own
 work, and every hop was a thread hand-off under the GIL. `InProcessTransport` is a botocore
 `before-send` hook (the mechanism moto's own `mock_aws` uses) that hands the prepared request, as a
@@ -81,8 +82,7 @@ class InProcessTransport:
             for name, value in request.headers.items()
             if name.lower() not in ("content-length", "host")
         ]
-        # moto runs here as it would in its own server thread: with the process environment and real
-        # stdout, not the Lambda sandbox's (a fresh context has no sandbox environment or log buffer).
+        # moto runs here as it would in its own server thread: in a fresh context, nothing of the caller's.
         target = request.headers.get("X-Amz-Target") or ""
         if isinstance(target, bytes):
             target = target.decode()

@@ -4,14 +4,37 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 
-from berth_tools.localcloud.lambda_runtime import sandbox_environment
+_ENVIRONMENT_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def process_environment(env: dict[str, str]) -> Iterator[None]:
+    """Run the block with `env` set in this process's environment, then restore it.
+
+    For the local cloud's own use of Berth's adapters (seeding the store, `berth bench pass`): they read
+    their endpoint and credentials from the environment, as on Lambda. Blocks are serialised; SDK clients
+    created meanwhile by other threads of this process see `env` too (the local cloud's own clients pass
+    their endpoint and credentials explicitly)."""
+    with _ENVIRONMENT_LOCK:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @dataclass(frozen=True)
@@ -109,8 +132,8 @@ def seed_tenants(
 ) -> None:
     """Map each user's principal to its tenant and role, through Berth's own tenants repository.
 
-    The repository (pynamodb) reads its endpoint and credentials from the environment, so it runs in a
-    sandboxed environment pointing at moto (needs `lambda_runtime.install()` first).
+    The repository (pynamodb) reads its endpoint and credentials from the environment, so it runs
+    with this process's environment pointing at moto (`process_environment`).
     """
     env = {
         "AWS_ENDPOINT_URL": endpoint_url,
@@ -119,7 +142,7 @@ def seed_tenants(
         "AWS_ACCESS_KEY_ID": "seed",
         "AWS_SECRET_ACCESS_KEY": "seed",
     }
-    with sandbox_environment(env):
+    with process_environment(env):
         put_member = writer or tenant_repository_writer(tenants_table)
         for user in users:
             put_member(user.arn, user.tenant, user.role, user.unique_id)
