@@ -159,13 +159,17 @@ def test_a_scan_in_another_thread_sees_the_whole_table_while_a_query_runs(ddb: A
     undo = moto_dynamodb_query.install()
     try:
         scanned: list[int] = []
+        workers: list[threading.Thread] = []
         original = Table.all_items
 
         def slow_all_items(self: Any) -> list[Any]:  # a scan starts while the query is narrowed
-            if threading.current_thread() is threading.main_thread() and not scanned:
+            if threading.current_thread() is threading.main_thread() and not workers:
                 worker = threading.Thread(target=lambda: scanned.append(ddb.scan(TableName="jobs")["Count"]))
+                workers.append(worker)
                 worker.start()
-                worker.join()
+                # Where dynamodb_isolation is installed (a local cloud ran earlier in this process) the
+                # scan waits for the query's lock: then it runs after it, which must see the table too.
+                worker.join(timeout=2)
             return list(original(self))
 
         Table.all_items = slow_all_items  # type: ignore[method-assign]
@@ -178,6 +182,8 @@ def test_a_scan_in_another_thread_sees_the_whole_table_while_a_query_runs(ddb: A
             )
         finally:
             Table.all_items = original  # type: ignore[method-assign]
+        for worker in workers:
+            worker.join(timeout=60)
         assert scanned == [120]
     finally:
         undo()
