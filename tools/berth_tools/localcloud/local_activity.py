@@ -17,7 +17,7 @@ _TERMINAL = frozenset(str(s) for s in TERMINAL)
 
 
 def jobs_in_flight(account_id: str, region: str, table_name: str) -> bool:
-    """True when the jobs table holds a job whose ``status`` is not terminal (or cannot be read)."""
+    """True when the jobs table holds a job whose ``status`` is not terminal (or the table cannot be read)."""
     backends = moto_compat.surface("moto.dynamodb.models:dynamodb_backends")
     try:
         table = backends[account_id][region].tables[table_name]
@@ -27,6 +27,10 @@ def jobs_in_flight(account_id: str, region: str, table_name: str) -> bool:
         items = list(entry.values()) if isinstance(entry, dict) else [entry]
         for item in items:
             status = item.attrs.get("status")
-            if status is None or str(status.value) not in _TERMINAL:
+            if status is None:
+                # An array's parent, counter or parameter chunk (dal/arrays.py): not a job; an array
+                # with tasks left to create asks for its own passes (the expander's trigger).
+                continue
+            if str(status.value) not in _TERMINAL:
                 return True
     return False
