@@ -53,7 +53,7 @@ def _wait_running(client: ApiClient, job_id: str, mark: Path) -> int:
         time.sleep(0.25)
 
 
-def test_sigint_with_running_jobs_leaves_no_process_behind(tmp_path: Path) -> None:
+def test_sigint_with_running_jobs_leaves_no_process_behind(tmp_path: Path, job_dir: Path) -> None:
     cloud = start_local_cloud(
         tmp_path / "state",
         "--agents",
@@ -69,7 +69,7 @@ def test_sigint_with_running_jobs_leaves_no_process_behind(tmp_path: Path) -> No
         alice = cloud.client("alice")
         jobs = {}
         for placement in ("onprem", "cloud"):
-            mark = tmp_path / f"{placement}.pid"
+            mark = job_dir / f"{placement}.pid"  # jobs run under uids of their own as root
             r = alice.post("/v1/jobs", json=_spec(f"long-{placement}", mark, placement))
             assert r.status == 201, r.text
             jobs[placement] = (r.json()["id"], mark)

@@ -340,7 +340,8 @@ def test_submits_keep_under_the_configured_rate(cloud: tuple[CloudDispatchServic
     outcomes = [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs]
     elapsed = time.perf_counter() - t0
     assert outcomes == ["submitted"] * 60
-    assert 60 / elapsed <= 40.0 and elapsed >= 59 / 40.0
+    # the first goes at once (burst 1), then one per 1/40 s: 59 intervals
+    assert 59 / elapsed <= 40.0
     assert [limited.submit(SubmitRequest(job_id=j.id, attempt=1)) for j in jobs[:5]] == ["exists"] * 5
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import tracemalloc
 from collections.abc import Iterator
 
 import pytest
@@ -56,17 +57,27 @@ def test_concurrent_submits_are_neither_lost_nor_doubled_and_memory_stays_bounde
         monkeypatch.delenv(name, raising=False)
     config = ClientConfig(api_url=loaded_cloud.api_url, region=loaded_cloud.region, profile="alice")
     gc.collect()
-    report = measure(
-        lambda: BerthClient(config),
-        SUBMITS,
-        concurrency=CLIENTS,
-        pid=os.getpid(),
-        warmup=2 * CLIENTS,
-    )
+    tracemalloc.start()
+    try:
+        report = measure(
+            lambda: BerthClient(config),
+            2 * CLIENTS,  # warm-up: the sandboxes, connections and the server's threads
+            concurrency=CLIENTS,
+            pid=os.getpid(),
+        )
+        gc.collect()
+        heap_before = tracemalloc.get_traced_memory()[0]
+        report = measure(lambda: BerthClient(config), SUBMITS, concurrency=CLIENTS, pid=os.getpid())
+        gc.collect()
+        heap_growth_kib = (tracemalloc.get_traced_memory()[0] - heap_before) / 1024 / SUBMITS
+    finally:
+        tracemalloc.stop()
     assert report.errors == {}
     assert (report.ok, report.failed, report.lost, report.duplicated) == (SUBMITS, 0, 0, 0)
-    assert report.rss_growth_per_submit_kib is not None
-    assert report.rss_growth_per_submit_kib <= MAX_GROWTH_PER_SUBMIT_KIB, report
+    # The Python heap of the process that holds moto (what a leak of models or copies would grow). Its
+    # RSS also moves with the allocator's per-thread arenas of the moto server's request threads (the
+    # Lambda sandboxes call it over HTTP), so RSS is reported by `berth bench api`, not bounded here.
+    assert heap_growth_kib <= MAX_GROWTH_PER_SUBMIT_KIB, (heap_growth_kib, report)
     # deterministic as well: moto keeps no model instance beyond the items the tables hold
     gc.collect()
     tables = dynamodb_backends["123456789012"]["us-east-1"].tables.values()

@@ -4,6 +4,8 @@ same results as moto builds them per event and per execution."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,8 +14,6 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
-from moto.events.utils import EventTemplateParser
-from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 
 from berth_tools.localcloud import moto_asl, moto_events
 
@@ -33,16 +33,26 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         undo_events()
 
 
+_INSTALL_UNDO = """
+from moto.events.utils import EventTemplateParser
+from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from berth_tools.localcloud import moto_asl, moto_events
+parse, asl_parse = EventTemplateParser.parse, AmazonStateLanguageParser.parse
+undo_events, undo_asl = moto_events.install(), moto_asl.install()
+assert EventTemplateParser.parse is not parse and AmazonStateLanguageParser.parse is not asl_parse
+moto_events.install()()  # a second install is a no-op (and so is its undo)
+moto_asl.install()()
+assert EventTemplateParser.parse is not parse
+undo_asl()
+undo_events()
+assert EventTemplateParser.parse is parse and AmazonStateLanguageParser.parse is asl_parse
+"""
+
+
 def test_install_is_idempotent_and_undo_restores() -> None:
-    parse, asl_parse = EventTemplateParser.parse, AmazonStateLanguageParser.parse
-    undo_events, undo_asl = moto_events.install(), moto_asl.install()
-    assert EventTemplateParser.parse is not parse and AmazonStateLanguageParser.parse is not asl_parse
-    moto_events.install()()  # a second install is a no-op (and so is its undo)
-    moto_asl.install()()
-    assert EventTemplateParser.parse is not parse
-    undo_asl()
-    undo_events()
-    assert EventTemplateParser.parse is parse and AmazonStateLanguageParser.parse is asl_parse
+    # In a fresh interpreter: a local cloud started earlier in this process keeps the patches in place.
+    done = subprocess.run([sys.executable, "-c", _INSTALL_UNDO], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def _queue(name: str) -> tuple[Any, str, str]:

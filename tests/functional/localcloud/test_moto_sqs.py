@@ -4,6 +4,8 @@ DLQ redrive, retention, receipt handles, attribute counts)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,6 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
-from moto.sqs.models import Queue, SQSBackend
 
 from berth_tools.localcloud import moto_sqs
 
@@ -46,14 +47,23 @@ def receive(sqs: Any, url: str, n: int = 10, **kw: Any) -> list[dict[str, Any]]:
     )
 
 
+_INSTALL_UNDO = """
+from moto.sqs.models import Queue, SQSBackend
+from berth_tools.localcloud import moto_sqs
+original = SQSBackend.receive_message
+undo = moto_sqs.install()
+assert SQSBackend.receive_message is not original
+assert moto_sqs.install()() is None  # a second install is a no-op
+undo()
+assert SQSBackend.receive_message is original
+assert isinstance(vars(Queue)["attributes"], property)
+"""
+
+
 def test_install_replaces_and_undo_restores() -> None:
-    original = SQSBackend.receive_message
-    undo = moto_sqs.install()
-    assert SQSBackend.receive_message is not original
-    assert moto_sqs.install()() is None  # a second install is a no-op
-    undo()
-    assert SQSBackend.receive_message is original
-    assert isinstance(vars(Queue)["attributes"], property)
+    # In a fresh interpreter: a local cloud started earlier in this process keeps the patches in place.
+    done = subprocess.run([sys.executable, "-c", _INSTALL_UNDO], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_visibility_timeout_hides_then_returns_a_message(sqs: Any) -> None:
