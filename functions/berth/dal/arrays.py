@@ -11,7 +11,8 @@ from typing import Any
 from pynamodb.connection import Connection
 from pynamodb.transactions import TransactWrite
 
-from berth.dal.errors import translated
+from berth.dal.claims import configured_claims, read_claim
+from berth.dal.errors import failed_conditions, translated
 from berth.dal.models import (
     JobRow,
     array_chunk_model,
@@ -25,7 +26,7 @@ from berth.dal.models import (
 )
 from berth.dal.tenants import TENANT
 from berth.domain.arrays import COUNTER_SHARDS, JobArray, counter_shard, counts_from_deltas, task_id
-from berth.domain.errors import AlreadySubmitted, Conflict, QuotaExceeded, StoreUnavailable
+from berth.domain.errors import AlreadySubmitted, Conflict, QuotaExceeded
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent, iso
 from berth.domain.job_spec import JobSpec
@@ -120,7 +121,7 @@ class DynamoArrayRepository:
                 for k, (start, entries) in enumerate(chunks):
                     tx.save(self._Chunk(chunk_key(array.id, k), start=start, params=entries))
                 if claim is not None:
-                    Claim = self._claim_model()
+                    Claim = configured_claims(self._Claim)
                     tx.save(
                         Claim(
                             claim.key,
@@ -138,11 +139,11 @@ class DynamoArrayRepository:
                 )
                 tx.update(self._Pending(PENDING), actions=[self._Pending.arrays.add({array.id})])
         except Conflict as exc:
-            failed = _failed(exc)
+            failed = failed_conditions(exc)
             # pynamodb sends puts before updates: parent, chunks..., [claim], tenant counter, pending.
             claim_at = 1 + len(chunks)
             if claim is not None and claim_at in failed:
-                held = self._read_claim(claim.key)
+                held = read_claim(self._Claim, claim.key)
                 if held is not None:
                     raise AlreadySubmitted(held[0], held[1]) from exc
             if claim_at + (1 if claim is not None else 0) in failed:
@@ -150,20 +151,6 @@ class DynamoArrayRepository:
                     f"tenant {array.tenant!r} has no room for {array.size} more active jobs"
                 ) from exc
             raise
-
-    def _claim_model(self) -> Any:
-        if self._Claim is None:
-            raise StoreUnavailable("no idempotency table configured for keyed submits")
-        return self._Claim
-
-    def _read_claim(self, key: str) -> tuple[str, str] | None:
-        Claim = self._claim_model()
-        with translated("read idempotency claim"):
-            try:
-                row = Claim.get(key, consistent_read=True)
-            except Claim.DoesNotExist:
-                return None
-        return str(row.job_id), str(row.fingerprint)
 
     def put_tasks(self, tasks: Iterable[tuple[Job, JobEvent]], rows: Any) -> None:
         """Write task jobs and their first events (BatchWriteItem, 25 a call; unprocessed items are
@@ -311,12 +298,6 @@ class DynamoArrayRepository:
                 for row in self._Job.batch_get(ids[i : i + BATCH_GET], consistent_read=True):
                     rows[row.job_id] = row
         return [job_of(rows[i]) for i in ids if i in rows]
-
-
-def _failed(exc: Exception) -> set[int]:
-    cause = exc.__cause__
-    reasons = getattr(cause, "cancellation_reasons", None) or []
-    return {i for i, r in enumerate(reasons) if r is not None and r.code == "ConditionalCheckFailed"}
 
 
 __all__ = ["Conflict", "DynamoArrayRepository", "counter_move"]

@@ -35,3 +35,11 @@ def translated(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"{what}: state store unavailable ({_code(exc)})") from exc
     except (BotoCoreError, ClientError) as exc:
         raise StoreUnavailable(f"{what}: state store unavailable ({exc.__class__.__name__})") from exc
+
+
+def failed_conditions(exc: Exception) -> set[int]:
+    """Which items of a canceled transaction (a ``Conflict`` raised by ``translated``) failed their
+    condition, by index, if known."""
+    cause = exc.__cause__
+    reasons = getattr(cause, "cancellation_reasons", None) or []
+    return {i for i, r in enumerate(reasons) if r is not None and r.code == "ConditionalCheckFailed"}

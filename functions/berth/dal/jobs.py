@@ -11,7 +11,8 @@ from pynamodb.connection import Connection
 from pynamodb.transactions import TransactWrite
 
 from berth.dal.arrays import counter_move
-from berth.dal.errors import translated
+from berth.dal.claims import configured_claims, read_claim
+from berth.dal.errors import failed_conditions, translated
 from berth.dal.models import (
     QUEUE_PROJECTION,
     JobEventRow,
@@ -46,13 +47,6 @@ from berth.domain.workflow import RunState
 
 class ArrayReader(Protocol):
     def get_many(self, array_ids: list[str]) -> list[Any]: ...
-
-
-def _failed_items(exc: Exception) -> set[int]:
-    """Which items of a canceled transaction failed their condition (indexes), if known."""
-    cause = exc.__cause__
-    reasons = getattr(cause, "cancellation_reasons", None) or []
-    return {i for i, r in enumerate(reasons) if r is not None and r.code == "ConditionalCheckFailed"}
 
 
 _CREATED_KEY = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z#j-[0-9a-z]{26}")
@@ -193,7 +187,7 @@ class DynamoJobRepository:
                     condition=counter.does_not_exist() | (counter < max_active),
                 )
                 if claim is not None:
-                    Claim = self._claim_model()
+                    Claim = configured_claims(self._Claim)
                     expires = int(claim.expires_at.timestamp())
                     now = int(job.created_at.timestamp())
                     tx.save(
@@ -203,9 +197,9 @@ class DynamoJobRepository:
                     )
         except Conflict as exc:
             # pynamodb sends puts before updates: job, event, [claim], counter.
-            failed = _failed_items(exc)
+            failed = failed_conditions(exc)
             if claim is not None and 2 in failed:
-                held = self._read_claim(claim.key)
+                held = read_claim(self._Claim, claim.key)
                 if held is not None:
                     raise AlreadySubmitted(held[0], held[1]) from exc
             if (3 if claim is not None else 2) in failed:
@@ -213,20 +207,6 @@ class DynamoJobRepository:
                     f"tenant {job.tenant!r} is at its max_active_jobs ({max_active})"
                 ) from exc
             raise
-
-    def _claim_model(self) -> Any:
-        if self._Claim is None:
-            raise StoreUnavailable("no idempotency table configured for keyed submits")
-        return self._Claim
-
-    def _read_claim(self, key: str) -> tuple[str, str] | None:
-        Claim = self._claim_model()
-        with translated("read idempotency claim"):
-            try:
-                row = Claim.get(key, consistent_read=True)
-            except Claim.DoesNotExist:
-                return None
-        return str(row.job_id), str(row.fingerprint)
 
     def save(self, job: Job, event: JobEvent) -> None:
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
