@@ -24,6 +24,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from berth.domain.cloud import ACTED_ON_STATUSES
 from berth_infra.cloud_config import FORWARD_ROLE_PREFIX, FORWARD_RULE_NAME, CloudRegion
 
 #: The ECS-optimised GPU AMI Batch launches (NVIDIA driver, container toolkit). Amazon Linux 2 left
@@ -190,7 +191,10 @@ class BatchRegionStack(Stack):
             event_pattern={
                 "source": ["aws.batch"],
                 "detail-type": [BATCH_STATE_CHANGE],
-                "detail": {"jobQueue": [{"prefix": queue_arn_prefix}]},
+                "detail": {
+                    "jobQueue": [{"prefix": queue_arn_prefix}],
+                    "status": [str(s) for s in ACTED_ON_STATUSES],
+                },
             },
             targets=[
                 events.CfnRule.TargetProperty(

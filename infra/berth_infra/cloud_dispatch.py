@@ -22,6 +22,8 @@ from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from berth.domain.cloud import ACTED_ON_STATUSES
+
 #: Batch allows 50 SubmitJob calls a second per account; Berth keeps under it.
 DEFAULT_SUBMIT_RATE = 40
 DEFAULT_SUBMIT_CONCURRENCY = 2
@@ -96,7 +98,11 @@ class CloudDispatch(Construct):
             "BatchEventsRule",
             description="Batch Job State Change events forwarded from the Batch regions -> BatchEventsQueue",
             event_bus=bus,
-            event_pattern=events.EventPattern(source=[BATCH_SOURCE], detail_type=[BATCH_DETAIL_TYPE]),
+            event_pattern=events.EventPattern(
+                source=[BATCH_SOURCE],
+                detail_type=[BATCH_DETAIL_TYPE],
+                detail={"status": [str(s) for s in ACTED_ON_STATUSES]},
+            ),
             targets=[targets.SqsQueue(self.events_queue)],
         )
 

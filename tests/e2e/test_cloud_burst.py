@@ -1,8 +1,9 @@
 """A burst of cloud jobs through the Batch submit throttle (issue 11): its own `berth local up` with a
 low submit rate (`--function-env BERTH_BATCH_SUBMIT_RATE=1.5`, one submit instance), 60
 `placement: cloud` jobs submitted at once; every one COMPLETES in the cloud, each attempt has exactly
-one Batch job (ListJobs by name in every region), and the SubmitJobs are spread over time as the rate
-allows. `berth bench e2e --placement cloud` is the long form (docs/operations.md)."""
+one Batch job (ListJobs by name in every region), every task token is answered once, the events
+function reads Batch once per batch of events (the local cloud's meter), and the SubmitJobs are
+spread over time as the rate allows. `berth bench e2e --placement cloud` is the long form (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import boto3
 
 from berth_tools.bench.batch_audit import price_file_regions
+from berth_tools.localcloud.metering import read_meter
 
 JOBS = 60
 #: Batch calls a second over all submit instances: below the API's intake here, so the burst queues
@@ -95,6 +97,16 @@ def test_a_burst_of_cloud_jobs_through_the_submit_throttle_loses_none_and_submit
     assert {n: c for n, c in names.items() if c > 1} == {}, "an attempt was submitted twice"
     assert set(names) >= expected and sum(names[n] for n in expected) == JOBS
     assert sum(int(final[j]["attempts"]) for j in ids) == JOBS, "a job needed a second attempt"
+    # Calls per job (the local cloud's meter, by the signing function): every placement token and
+    # every dispatch token answered exactly once (the sweep leaves a fresh outcome to its event), and
+    # the events function reads Batch once per SQS batch of events, not once per event (it was six
+    # DescribeJobs a job before the rules forwarded only RUNNING, SUCCEEDED and FAILED).
+    by_caller = read_meter(cloud.env["AWS_ENDPOINT_URL"])["meter"]["requests_by_caller"]
+    answers = sum(c.get("states", {}).get("SendTaskSuccess", 0) for c in by_caller.values())
+    assert answers == 2 * JOBS, by_caller
+    (events_fn,) = [c for name, c in by_caller.items() if "BatchEventsFunction" in name]
+    assert events_fn["states"]["SendTaskSuccess"] == JOBS, events_fn
+    assert events_fn["batch"]["POST /v1/describejobs"] <= JOBS / 2, events_fn
     # The throttle: SUBMIT_RATE a second, a bucket of SUBMIT_RATE, so the SubmitJobs take at least
     # (JOBS - SUBMIT_RATE) / SUBMIT_RATE = 39 s, longer than the API takes the 60 jobs in (about 27 s
     # on the 2-core VM under load): without the throttle they would follow the intake.

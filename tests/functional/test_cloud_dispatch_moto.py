@@ -254,8 +254,16 @@ def test_the_events_handler_reads_the_forwarded_event(
         function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
         invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
 
-    assert batch_events.lambda_handler({"Records": [record]}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
-    assert ("succeed", "tok", {"result": "succeeded", "exit_code": 0}) in tokens.calls
+    # The same Batch job's earlier event in the same SQS batch, and a record that is no event at all.
+    early = json.loads(json.dumps(sample))
+    early["detail"]["status"] = "RUNNING"
+    records = [
+        {**record, "messageId": "m0", "body": json.dumps(early)},
+        record,
+        {**record, "messageId": "junk", "body": "{not json"},
+    ]
+    assert batch_events.lambda_handler({"Records": records}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
+    assert tokens.calls == [("succeed", "tok", {"result": "succeeded", "exit_code": 0})]  # answered once
     # the attempt's log stream is recorded from DescribeJobs' container.logStreamName (the real adapter
     # parses it), never from the event's own copy
     batch = boto3.client("batch", region_name=REGION)

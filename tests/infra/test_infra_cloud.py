@@ -303,6 +303,7 @@ def test_job_state_changes_are_forwarded_to_the_home_bus(synthesized: Synthesize
         pattern = props["EventPattern"]
         assert pattern["source"] == ["aws.batch"]
         assert pattern["detail-type"] == ["Batch Job State Change"]
+        assert pattern["detail"]["status"] == ["RUNNING", "SUCCEEDED", "FAILED"]  # what Berth acts on
         (prefix,) = pattern["detail"]["jobQueue"]
         assert _text(prefix["prefix"]) == f"arn:aws:batch:{region}:<AccountId>:job-queue/berth-"
         (target,) = props["Targets"]

@@ -309,7 +309,11 @@ def test_batch_events_reach_their_queue_and_function(synthesized: Synthesized) -
         if r["Properties"].get("EventPattern", {}).get("source") == ["aws.batch"]
     ]
     assert rule["EventBusName"] == {"Ref": bus}
-    assert rule["EventPattern"] == {"source": ["aws.batch"], "detail-type": ["Batch Job State Change"]}
+    assert rule["EventPattern"] == {
+        "source": ["aws.batch"],
+        "detail-type": ["Batch Job State Change"],
+        "detail": {"status": ["RUNNING", "SUCCEEDED", "FAILED"]},
+    }
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [queue, "Arn"]}
     fn_id, _ = _function(synthesized, "berth.handlers.batch_events.lambda_handler")

@@ -95,6 +95,7 @@ class FakeJobs:
             self.jobs[job.id] = job
 
     def get(self, job_id: str) -> Job | None:
+        self.reads["get"] += 1
         return self.jobs.get(job_id)
 
     def list_for_tenant(
@@ -578,6 +579,7 @@ class FakeBatch:
         self.throttle_next = 0
         self.down: set[str] = set()
         self.lookups = 0
+        self.describes: list[tuple[str, tuple[str, ...]]] = []  # (region, ids) of each DescribeJobs
 
     def _check(self, region: str) -> None:
         from berth.domain.cloud import CloudThrottled, CloudUnavailable
@@ -605,6 +607,7 @@ class FakeBatch:
 
     def describe(self, region: str, batch_job_ids: list[str]) -> list[Any]:
         self._check(region)
+        self.describes.append((region, tuple(batch_job_ids)))
         return [self.jobs[i] for i in batch_job_ids if i in self.jobs]
 
     def terminate(self, region: str, batch_job_id: str, reason: str, tenant: str) -> None:
@@ -623,8 +626,11 @@ class FakeBatch:
         reason: str = "",
         exit_code: int | None = None,
         log_stream: str | None = None,
+        started_at: Any = None,
+        stopped_at: Any = None,
     ) -> None:
-        """A state change; ``log_stream`` (container.logStreamName) once given stays, as on Batch."""
+        """A state change; ``log_stream`` (container.logStreamName) once given stays, as on Batch;
+        so do ``started_at`` and ``stopped_at`` (startedAt, stoppedAt) once given."""
         import dataclasses
 
         old = self.jobs[batch_job_id]
@@ -634,6 +640,8 @@ class FakeBatch:
             status_reason=reason,
             exit_code=exit_code,
             log_stream=log_stream or old.log_stream,
+            started_at=started_at or old.started_at,
+            stopped_at=stopped_at or old.stopped_at,
         )
 
 

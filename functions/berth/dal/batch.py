@@ -118,6 +118,7 @@ def _batch_job(item: dict[str, Any]) -> BatchJob:
         container_reason=str(container.get("reason") or ""),
         created_at=ts(item.get("createdAt")),
         started_at=ts(item.get("startedAt")),
+        stopped_at=ts(item.get("stoppedAt")),
         log_stream=str(container["logStreamName"]) if container.get("logStreamName") else None,
     )
 

@@ -135,6 +135,11 @@ class BatchStatus(StrEnum):
         return self in (BatchStatus.SUBMITTED, BatchStatus.PENDING, BatchStatus.RUNNABLE)
 
 
+#: The state changes the cloud branch acts on: both event rules (each region's, the home bus's)
+#: forward only these; SUBMITTED..STARTING change nothing Berth keeps (the sweep watches waits).
+ACTED_ON_STATUSES = (BatchStatus.RUNNING, BatchStatus.SUCCEEDED, BatchStatus.FAILED)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchJob:
     """What DescribeJobs says about one Batch job (the only source the cloud branch trusts)."""
@@ -147,6 +152,8 @@ class BatchJob:
     container_reason: str = ""
     created_at: datetime | None = None
     started_at: datetime | None = None
+    #: ``stoppedAt``: when the job reached SUCCEEDED or FAILED; None while it has not.
+    stopped_at: datetime | None = None
     #: ``container.logStreamName``: the stream the awslogs driver writes the container's output to
     #: (``<awslogs-stream-prefix>/default/<ECS task id>``); None until the container has started.
     log_stream: str | None = None
@@ -265,6 +272,9 @@ class CloudSettings:
     """A cloud attempt waiting this long for an instance (SUBMITTED..RUNNABLE) fails as ``Capacity``."""
     submit_grace_s: int = 120
     """A dispatched attempt with no Batch job after this long gets its submit request sent again."""
+    event_grace_s: int = 60
+    """The sweep leaves a Batch outcome younger than this (since ``stoppedAt``) to the job's own
+    state-change event, so the attempt's token is answered once; older, the event was missed."""
     account: str = ""
     partition: str = "aws"
     endpoint_url: str | None = None

@@ -261,6 +261,7 @@ def cloud_dispatch_service() -> CloudDispatchService | None:
             data_bucket=cfg.data_bucket,
             runnable_timeout_s=cfg.runnable_timeout_s,
             submit_grace_s=cfg.batch_submit_grace_s,
+            event_grace_s=cfg.batch_event_grace_s,
             account=cfg.account_id,
             partition=cfg.partition,
             endpoint_url=cfg.batch_endpoint_url or None,

@@ -88,6 +88,8 @@ class Settings(BaseSettings):
     runnable_timeout_s: int = 600
     #: A dispatched cloud attempt still without a Batch job after this long is submitted again.
     batch_submit_grace_s: int = 120
+    #: The sweep answers a Batch outcome this long after it (the state-change event answers first).
+    batch_event_grace_s: int = 60
     #: The account whose per-tenant job roles (``Berth-job-<tenant>``) Batch jobs run as.
     account_id: str = ""
     partition: str = "aws"

@@ -12,8 +12,8 @@ Pure logic over ports (docs/workflow.md, "The cloud branch").
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from berth.domain.cloud import (
@@ -52,6 +52,16 @@ def cloud_attempt(job: Job) -> CloudPlacement | None:
     if job.status in ACTIVE and isinstance(job.placement, CloudPlacement):
         return job.placement
     return None
+
+
+@dataclass(frozen=True)
+class EventReads:
+    """What one SQS batch of Batch events read for all of them at once (``logic/batch_events.py``):
+    the jobs they name by id (None: not stored), the Batch jobs by id in the job's region (None:
+    Batch does not know it). An id absent from either is read on its own."""
+
+    jobs: Mapping[str, Job | None] = field(default_factory=dict)
+    states: Mapping[str, BatchJob | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,14 +173,24 @@ class CloudDispatchService:
             )
 
     # -- Batch Job State Change events -----------------------------------------------------------
-    def on_event(self, batch_job_id: str, name: str) -> str:
+    def on_event(
+        self,
+        batch_job_id: str,
+        name: str,
+        reported: BatchStatus | None = None,
+        reads: EventReads | None = None,
+    ) -> str:
         """Reconcile one Batch job that changed state. The event only names it: the job comes from
-        the store, the state from DescribeJobs in the job's region. Events of an older attempt (or
-        of a job Berth no longer runs) are ignored, and their Batch job terminated if still alive."""
+        the store, the state from DescribeJobs in the job's region (``reads``: what the event's SQS
+        batch read for all its events at once). Events of an older attempt (or of a job Berth no
+        longer runs) are ignored, and their Batch job terminated if still alive. An event that
+        ``reported`` an earlier state than Batch's outcome moves the job to RUNNING at most: the
+        outcome's own event answers the token (once), the sweep when that event is missed."""
         parsed = parse_batch_job_name(name)
         if parsed is None:
             return "foreign"
-        job = self.jobs.get(parsed[0])
+        reads = reads or EventReads()
+        job = reads.jobs[parsed[0]] if parsed[0] in reads.jobs else self.jobs.get(parsed[0])
         if job is None:
             return "unknown"
         placement = cloud_attempt(job)
@@ -178,16 +198,26 @@ class CloudDispatchService:
             placement is None or job.attempts != parsed[1] or job.run.batch_job_id not in (None, batch_job_id)
         )
         if stale or placement is None:
-            self._terminate_orphan(job, batch_job_id)
+            self._terminate_orphan(job, batch_job_id, reads)
             return "stale"
-        described = self.batch.describe(placement.region, [batch_job_id])
-        if not described:
+        bj = self._state(placement.region, batch_job_id, reads)
+        if bj is None:
             return "unknown"
         if job.run.batch_job_id is None:
             job = self._adopt(job, batch_job_id)
             if job is None:
                 return "stale"
-        return self.reconcile(job, described[0])
+        if reported is not None and not reported.is_terminal and bj.status.is_terminal:
+            if bj.started_at is None:
+                return "waiting"
+            return self.reconcile(job, replace(bj, status=BatchStatus.RUNNING))
+        return self.reconcile(job, bj)
+
+    def _state(self, region: str, batch_job_id: str, reads: EventReads) -> BatchJob | None:
+        if batch_job_id in reads.states:
+            return reads.states[batch_job_id]
+        described = self.batch.describe(region, [batch_job_id])
+        return described[0] if described else None
 
     def _adopt(self, job: Job, batch_job_id: str) -> Job | None:
         """An event that beat the submit's own write: record the Batch job now (conditionally)."""
@@ -206,17 +236,19 @@ class CloudDispatchService:
                 job = fresh
         return None
 
-    def _terminate_orphan(self, job: Job, batch_job_id: str) -> None:
-        region = _region_of(job)
+    def _terminate_orphan(self, job: Job, batch_job_id: str, reads: EventReads) -> None:
+        region = region_of(job)
         if region is None:
             return
         try:
-            for bj in self.batch.describe(region, [batch_job_id]):
-                self.record_log_stream(job, bj)  # an earlier attempt's output stays readable
-                if not bj.status.is_terminal:
-                    self.batch.terminate(
-                        region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current", job.tenant
-                    )
+            bj = self._state(region, batch_job_id, reads)
+            if bj is None:
+                return
+            self.record_log_stream(job, bj)  # an earlier attempt's output stays readable
+            if not bj.status.is_terminal:
+                self.batch.terminate(
+                    region, batch_job_id, TERMINATED_BY_BERTH + "attempt no longer current", job.tenant
+                )
         except CloudError:
             return  # the sweep of a later event tries again; an orphan costs money, not correctness
 
@@ -299,8 +331,8 @@ class CloudDispatchService:
         raise Conflict(f"job {job.id!r} kept changing while starting")
 
 
-def _region_of(job: Job) -> str | None:
+def region_of(job: Job) -> str | None:
     return job.placement.region if isinstance(job.placement, CloudPlacement) else None
 
 
-__all__ = ["TERMINATED_BY_BERTH", "CloudDispatchService", "cloud_attempt"]
+__all__ = ["TERMINATED_BY_BERTH", "CloudDispatchService", "EventReads", "cloud_attempt", "region_of"]

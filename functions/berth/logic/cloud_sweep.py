@@ -8,8 +8,9 @@ Each pass looks at every placed cloud attempt through DescribeJobs (100 ids a ca
 - a dispatched attempt with no Batch job after ``submit_grace_s`` gets its submit request again (a
   lost message; the submit is idempotent); one whose Batch job Batch no longer knows fails as
   ``CloudApiError`` and is re-placed;
-- a Batch outcome whose event was missed is reconciled as the event would have been (and the log
-  stream Batch named for the attempt is recorded on the job if it is not yet);
+- a Batch outcome whose event was missed (none came within ``event_grace_s`` of its ``stoppedAt``) is
+  reconciled as the event would have been (and the log stream Batch named for the attempt is recorded
+  on the job if it is not yet); a younger one is left to its event, so the token is answered once;
 - a region whose API fails counts a region-wide circuit failure; an attempt not yet running in a
   region whose circuit the core holds open fails as ``CloudApiError`` and is re-placed elsewhere.
 """
@@ -118,7 +119,7 @@ class CloudSweep:
             elif bj is not None and not bj.status.is_terminal:
                 why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.stop}"
                 self._terminate(job, bj.batch_job_id, why, report)
-            elif bj is not None:
+            elif bj is not None and not self._event_due(bj, now):
                 report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded"))
             return
         if batch_id is None:
@@ -147,10 +148,18 @@ class CloudSweep:
                 report.capacity_timeouts += 1
             self._terminate(job, bj.batch_job_id, "no capacity", report)
             return
+        if self._event_due(bj, now):
+            return  # its own state-change event answers the token (once)
         if bj.status.is_terminal or (bj.status.value == "RUNNING" and job.status is S.STARTING):
             report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded", "running"))
         elif bj.log_stream and job.run.log_stream_of(job.attempts) is None:
             svc.record_log_stream(job, bj)  # its event was missed: the logs route needs the stream
+
+    def _event_due(self, bj: BatchJob, now: datetime) -> bool:
+        """A Batch outcome younger than ``event_grace_s``: its state-change event is on its way."""
+        if not bj.status.is_terminal or bj.stopped_at is None:
+            return False
+        return (now - bj.stopped_at).total_seconds() < self.service.settings.event_grace_s
 
     def _terminate(self, job: Job, batch_job_id: str, why: str, report: SweepReport) -> None:
         region = job.placement.region if isinstance(job.placement, CloudPlacement) else ""

@@ -56,6 +56,19 @@ def probe_spec(gpu_type: str, run_s: float, tag: str, i: int, placement: str = "
     }
 
 
+def calls_per_job(requests: dict[str, dict[str, int]], jobs: int) -> dict[str, Any]:
+    """AWS calls per finished job by service and operation, from the meter's request counts (the
+    fleet's heartbeats and the scheduler's timer included, as everything metered in the run is)."""
+    jobs = max(1, jobs)
+    per = {
+        service: {op: round(n / jobs, 3) for op, n in sorted(ops.items())}
+        for service, ops in sorted(requests.items())
+        if ops
+    }
+    total = sum(n for ops in requests.values() for n in ops.values())
+    return {"aws_calls_per_job": per, "aws_calls_per_job_total": round(total / jobs, 2)}
+
+
 def run_e2e(
     client: Callable[[], BerthClient],
     jobs: int,
@@ -157,6 +170,7 @@ def run_e2e(
             "dynamodb_write_units": round(m.get("dynamodb", {}).get("write_units", 0) / done, 2),
             "dynamodb_read_units": round(m.get("dynamodb", {}).get("read_units", 0) / done, 2),
         }
+        report.update(calls_per_job(m.get("requests", {}), done))
         batch_calls = m.get("requests", {}).get("batch", {})
         report["batch_api_calls"] = sum(batch_calls.values())
         report["batch_api_calls_per_job"] = round(sum(batch_calls.values()) / max(1, len(ids)), 3)
