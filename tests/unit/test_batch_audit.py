@@ -72,3 +72,17 @@ def test_cloud_report_counts_batch_calls_per_job_lost_and_duplicated(monkeypatch
     assert report["submit_to_running_p50_s"] == 1.0
     with pytest.raises(ValueError):
         e2e_bench.run_e2e(lambda: _FakeClient([]), jobs=1, placement="mars")  # type: ignore[arg-type,return-value]
+
+
+def test_calls_per_job_divides_every_metered_operation_by_the_jobs_that_ended() -> None:
+    from berth_tools.bench.e2e_bench import calls_per_job
+
+    requests = {"states": {"SendTaskSuccess": 20}, "dynamodb": {"GetItem": 45, "BatchGetItem": 3}, "sqs": {}}
+    assert calls_per_job(requests, 10) == {
+        "aws_calls_per_job": {
+            "dynamodb": {"BatchGetItem": 0.3, "GetItem": 4.5},
+            "states": {"SendTaskSuccess": 2.0},
+        },
+        "aws_calls_per_job_total": 6.8,
+    }
+    assert calls_per_job({}, 0) == {"aws_calls_per_job": {}, "aws_calls_per_job_total": 0.0}
