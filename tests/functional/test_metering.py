@@ -291,6 +291,24 @@ def test_reset_and_requests_by_operation(server: MotoServer, ddb: Any) -> None:
     assert refused.value.code == 404
 
 
+def test_a_tagged_access_key_counts_an_http_callers_requests_and_units_under_its_tag(
+    server: MotoServer, ddb: Any
+) -> None:
+    # A client in another thread (or process) reaches the server over HTTP, where its context
+    # variable is not seen: the key it signs with names it (`berth bench pass` counts its pass so).
+    _meter(server, reset=True)
+    tagged = boto3.session.Session(
+        aws_access_key_id="tagged-key", aws_secret_access_key="x", region_name="us-east-1"
+    ).client("dynamodb", endpoint_url=server.endpoint_url)
+    metering.METER.tag_access_key("tagged-key", "bench-pass")
+    tagged.put_item(TableName=TABLE, Item=_item("tagged", 100))
+    tagged.get_item(TableName=TABLE, Key={"pk": {"S": "tagged"}})
+    ddb.get_item(TableName=TABLE, Key={"pk": {"S": "tagged"}})  # another key: not the tag's
+    mine = _meter(server)["meter"]["by_caller"]["bench-pass"]
+    assert mine["dynamodb:PutItem"] == 1 and mine["dynamodb:GetItem"] == 1
+    assert mine["dynamodb_write_units"] == 1.0 and mine["dynamodb_read_units"] == 0.5
+
+
 def test_bill_at_list_prices() -> None:
     meter = metering.Meter()
     for _ in range(1000):

@@ -232,6 +232,9 @@ class Meter:
         self._lock = threading.Lock()
         #: access key -> the caller it belongs to (a Lambda function's role credentials); kept by reset()
         self._caller_names: dict[str, str] = {}
+        #: access key -> caller tag (`tag_access_key`): a client in another thread or process, whose
+        #: context variable the server never sees, is counted under its tag; kept by reset()
+        self._key_tags: dict[str, str] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -262,8 +265,17 @@ class Meter:
         with self._lock:
             self._caller_names[access_key] = caller
 
+    def tag_access_key(self, access_key: str, tag: str) -> None:
+        """Count requests signed with `access_key` (and their DynamoDB units) under caller tag `tag`,
+        as `caller(tag)` does for calls made in the server's own context."""
+        with self._lock:
+            self._key_tags[access_key] = tag
+
+    def tag_of(self, access_key: str) -> str:
+        return CALLER.get() or self._key_tags.get(access_key, "")
+
     def record_request(self, service: str, operation: str, access_key: str = "") -> None:
-        tag = CALLER.get()
+        tag = self.tag_of(access_key)
         with self._lock:
             self._requests[service][operation] += 1
             self._by_caller[self._caller_names.get(access_key, "other")][service][operation] += 1
@@ -352,6 +364,11 @@ class Meter:
         """Serve `request` with `call()` and count it (DynamoDB writes run under the write lock), after
         the added AWS latency (`aws_latency`, slept before any lock is taken)."""
         aws_latency.wait()
+        tag = self.tag_of(request.access_key)
+        with caller(tag) if tag else contextlib.nullcontext():
+            return self._observe(request, call)
+
+    def _observe(self, request: ObservedRequest, call: Callable[[], Answer]) -> Answer:
         service, operation = request.service, request.operation
         if service == "dynamodb" and operation in _DYNAMODB_WRITES:
             answer = self._dynamodb_write(request, call)
