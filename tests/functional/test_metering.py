@@ -307,6 +307,16 @@ def test_a_tagged_access_key_counts_an_http_callers_requests_and_units_under_its
     mine = _meter(server)["meter"]["by_caller"]["bench-pass"]
     assert mine["dynamodb:PutItem"] == 1 and mine["dynamodb:GetItem"] == 1
     assert mine["dynamodb_write_units"] == 1.0 and mine["dynamodb_read_units"] == 0.5
+    assert mine["emulator_s"] > 0 and "in_flight" not in mine  # moto's wall time serving them
+
+
+def test_the_emulators_busy_time_counts_overlapping_calls_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 1.0, 3.0, 4.0, 10.0, 12.0])  # a in, b in, a out, b out; c in, c out
+    monkeypatch.setattr(metering.time, "perf_counter", lambda: next(clock))
+    meter = metering.Meter()
+    for delta in (+1, +1, -1, -1, +1, -1):
+        meter._busy("t", delta)
+    assert meter.snapshot()["by_caller"]["t"] == {"emulator_s": 6.0}  # 0..4 and 10..12
 
 
 def test_bill_at_list_prices() -> None:
