@@ -313,3 +313,45 @@ def test_a_gang_across_hosts_is_one_transaction() -> None:
     assert calls == [["h0", "h1"]]
     placed = _check_placed_once(w, [job])
     assert len(placed) == 1 and len(w.held()) == 8
+
+
+def _submit_as(w: World, tenant: str, user: str) -> Job:
+    from berth.domain.job import new_job, new_job_id
+    from berth.domain.job_spec import JobSpec
+
+    spec = JobSpec.model_validate(
+        {"name": "t", "image": "busybox", "command": ["true"], "resources": {"gpu_type": "A100", "gpus": 8}}
+    )
+    job, event = new_job(new_job_id(w.clock()), tenant, user, spec, w.clock())
+    w.jobs.create(job, event, max_active=1000)
+    w.workflow.await_placement(job.id, f"place-{job.id}")
+    return job
+
+
+def test_a_pass_writes_at_most_its_reason_budget_heads_of_every_tenant_first() -> None:
+    w = World(hosts=1, gpus=8)
+    object.__setattr__(w.scheduler, "max_reason_writes", 3)
+    first_job = w.submit(gpus=8)  # the host's heartbeat goes stale as the clock moves: all nine wait
+    w.workflow.await_placement(first_job.id, f"place-{first_job.id}")
+    queued: dict[str, list[Job]] = {"vision": [first_job], "nlp": []}
+    for _ in range(4):
+        for tenant, user in (("vision", "alice"), ("nlp", "nina")):
+            w.clock.now += timedelta(seconds=1)
+            queued[tenant].append(_submit_as(w, tenant, user))
+    first = w.scheduler.run_pass()
+    waiting = {t: [j for j in js if w.job(j.id).status is S.QUEUED] for t, js in queued.items()}
+    total = sum(len(js) for js in waiting.values())
+    assert total >= 7 and first.reasons_written == 3 and first.reasons_deferred == total - 3
+    written = {
+        j.id
+        for js in waiting.values()
+        for j in js
+        if w.job(j.id).reason.startswith("waiting for placement (")
+    }
+    # Round-robin over the tenants (by name) in queue order: both heads, then nlp's second.
+    assert written == {waiting["nlp"][0].id, waiting["vision"][0].id, waiting["nlp"][1].id}
+    second = w.scheduler.run_pass()  # the written ones are unchanged: the next three
+    assert second.reasons_written == 3 and second.reasons_deferred == total - 6
+    third = w.scheduler.run_pass()
+    assert third.reasons_written == total - 6 and third.reasons_deferred == 0
+    assert all(w.job(j.id).reason.startswith("waiting for placement (") for js in queued.values() for j in js)

@@ -40,11 +40,13 @@ from berth.logic.cloud_sweep import CloudSweep, SweepReport
 from berth.logic.pass_apply import (
     APPLY_WORKERS,
     DEADLINE_RESERVE_S,
+    MAX_REASON_WRITES,
     MIN_PLACEMENTS,
     Deadline,
     GpuPicker,
     HostLocks,
     Outcome,
+    heads_first,
     placed_job,
     run_bounded,
 )
@@ -128,6 +130,8 @@ class SchedulerService:
     deadline_reserve_s: float = DEADLINE_RESERVE_S
     #: Placements a pass starts even past its deadline (progress when the load ate the time).
     min_placements: int = MIN_PLACEMENTS
+    #: Changed reasons a pass writes at most, heads of the tenants' queues first.
+    max_reason_writes: int = MAX_REASON_WRITES
 
     def __post_init__(self) -> None:
         if self.placements is None:
@@ -415,9 +419,11 @@ class SchedulerService:
                 changes.append((entry, f"{prefix}: {text}"))
         if not changes:
             return 0, 0
-        tasks = [lambda e=e, reason=reason: self._set_reason(e, reason) for e, reason in changes]
+        ordered = heads_first(changes)
+        now, later = ordered[: self.max_reason_writes], len(ordered) - self.max_reason_writes
+        tasks = [lambda e=e, reason=reason: self._set_reason(e, reason) for e, reason in now]
         results = run_bounded(tasks, self.apply_workers, deadline or Deadline(), None)
-        return results.count(True), results.count(None)
+        return results.count(True), results.count(None) + max(0, later)
 
     def _set_reason(self, entry: QueueEntry, reason: str) -> bool:
         """The reason alone (no new version, no event): the queue entry's copy is the only index
