@@ -41,8 +41,17 @@ PASS_ACCESS_KEY = "bench"
 def _function_environment(cloud: LocalCloud, name: str) -> dict[str, str]:
     lam = cloud.session().client("lambda", endpoint_url=cloud.endpoint_url)
     env = lam.get_function_configuration(FunctionName=name)["Environment"]["Variables"]
+    # The pass asks for the next pass (deferred placements) on a queue of its own: on the deployed
+    # trigger queue the local cloud would run the deployed function's pass beside the bench's second
+    # one, both deciding the same jobs (the loser's transactions fail, safely, and it places nothing).
+    sqs = cloud.session().client("sqs", endpoint_url=cloud.endpoint_url)
+    trigger = sqs.create_queue(QueueName="berth-bench-pass-trigger")["QueueUrl"]
     return {
         **env,
+        "BERTH_SCHEDULER_QUEUE_URL": trigger,
+        # No executions park the seeded tokens: Step Functions refuses every answer, and re-answering
+        # them after the local cloud's short orphan grace would fill the second pass with refusals.
+        "BERTH_ORPHAN_GRACE_S": str(10**9),
         "AWS_ENDPOINT_URL": cloud.endpoint_url,
         "AWS_REGION": cloud.region,
         "AWS_DEFAULT_REGION": cloud.region,
