@@ -86,3 +86,18 @@ def test_calls_per_job_divides_every_metered_operation_by_the_jobs_that_ended() 
         "aws_calls_per_job_total": 6.8,
     }
     assert calls_per_job({}, 0) == {"aws_calls_per_job": {}, "aws_calls_per_job_total": 0.0}
+
+
+def test_calls_per_job_by_caller_names_each_function_by_its_logical_name() -> None:
+    from berth_tools.bench.e2e_bench import calls_per_job_by_caller
+
+    by_caller = {
+        "Berth-ApiFunction685AAB5B-VZ14DK27OFKA": {"dynamodb": {"GetItem": 30, "Query": 2}},
+        "Berth-WorkflowBatchEventsFunctionFD4CABB4-0YDW": {"batch": {"POST /v1/describejobs": 4}},
+        "other": {"sqs": {"ReceiveMessage": 10}},
+    }
+    assert calls_per_job_by_caller(by_caller, 2) == {
+        "ApiFunction": 16.0,
+        "other": 5.0,
+        "WorkflowBatchEventsFunction": 2.0,
+    }

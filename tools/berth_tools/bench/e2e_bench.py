@@ -10,6 +10,7 @@ heartbeats and the scheduler's timer included.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 import uuid
@@ -67,6 +68,26 @@ def calls_per_job(requests: dict[str, dict[str, int]], jobs: int) -> dict[str, A
     }
     total = sum(n for ops in requests.values() for n in ops.values())
     return {"aws_calls_per_job": per, "aws_calls_per_job_total": round(total / jobs, 2)}
+
+
+def calls_per_job_by_caller(by_caller: dict[str, dict[str, dict[str, int]]], jobs: int) -> dict[str, float]:
+    """All metered calls per finished job, by the function whose credentials signed them (the API
+    function serves the bench's own polling; ``other``: the local cloud's event sources and the
+    agents, which sign with their own keys)."""
+    jobs = max(1, jobs)
+    totals = {
+        _function_name(caller): sum(n for ops in services.values() for n in ops.values())
+        for caller, services in by_caller.items()
+    }
+    return {name: round(n / jobs, 2) for name, n in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def _function_name(physical: str) -> str:
+    """``Berth-WorkflowBatchEventsFunctionFD4CABB4-0YDW`` -> ``WorkflowBatchEventsFunction``."""
+    parts = physical.split("-")
+    if len(parts) >= 3 and parts[0] == "Berth":
+        return re.sub(r"[0-9A-F]{8}$", "", parts[1])  # CDK's logical id hash
+    return physical
 
 
 def run_e2e(
@@ -171,6 +192,7 @@ def run_e2e(
             "dynamodb_read_units": round(m.get("dynamodb", {}).get("read_units", 0) / done, 2),
         }
         report.update(calls_per_job(m.get("requests", {}), done))
+        report["aws_calls_per_job_by_caller"] = calls_per_job_by_caller(m.get("requests_by_caller", {}), done)
         batch_calls = m.get("requests", {}).get("batch", {})
         report["batch_api_calls"] = sum(batch_calls.values())
         report["batch_api_calls_per_job"] = round(sum(batch_calls.values()) / max(1, len(ids)), 3)
