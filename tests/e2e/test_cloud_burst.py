@@ -3,7 +3,8 @@ low submit rate (`--function-env BERTH_BATCH_SUBMIT_RATE=1.5`, one submit instan
 `placement: cloud` jobs submitted at once; every one COMPLETES in the cloud, each attempt has exactly
 one Batch job (ListJobs by name in every region), every task token is answered once, the events
 function reads Batch once per batch of events (the local cloud's meter), and the SubmitJobs are
-spread over time as the rate allows. `berth bench e2e --placement cloud` is the long form (docs/operations.md)."""
+spread over time as the rate allows. `berth bench e2e --placement cloud` is the long form
+(docs/operations.md)."""
 
 from __future__ import annotations
 
