@@ -40,6 +40,8 @@ from berth_agent.gpus import Inventory
 from berth_agent.ledger import AttemptLedger
 
 log = logging.getLogger(__name__)
+#: A work message whose GPUs this agent still counts busy is visible again after this long.
+BUSY_RETRY_S = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ class Message:
 class WorkQueue(Protocol):
     def receive(self, wait_s: int) -> list[Message]: ...
     def delete(self, receipt: str) -> None: ...
+    def retry_soon(self, receipt: str, delay_s: int) -> None:
+        """Make the message visible again in ``delay_s`` rather than after the visibility timeout."""
+        ...
 
 
 class SqsQueue:
@@ -67,6 +72,11 @@ class SqsQueue:
 
     def delete(self, receipt: str) -> None:
         self._client.delete_message(QueueUrl=self.url, ReceiptHandle=receipt)
+
+    def retry_soon(self, receipt: str, delay_s: int) -> None:
+        self._client.change_message_visibility(
+            QueueUrl=self.url, ReceiptHandle=receipt, VisibilityTimeout=delay_s
+        )
 
 
 class Runner(Protocol):
@@ -259,11 +269,17 @@ class Daemon:
                 log.info("duplicate work message deleted", extra={"job_id": key[0], "attempt": key[1]})
                 queue.delete(message.receipt)
                 return False
-            if any(g in self._busy for g in gpus):
-                return False  # redelivered after its visibility timeout, when they may be free
-            for g in gpus:
-                self._busy[g] = key
-            self._taken.add(key)
+            busy = any(g in self._busy for g in gpus)
+            if not busy:
+                for g in gpus:
+                    self._busy[g] = key
+                self._taken.add(key)
+        if busy:
+            # The control plane freed these GPUs (the attempt before reported its end) while its
+            # thread here still finishes up: back on the queue in a second, not after the queue's
+            # visibility timeout (60 s, the dispatch's whole heartbeat window).
+            self._retry_soon(queue, message, key)
+            return False
 
         def work() -> None:
             try:
@@ -280,6 +296,15 @@ class Daemon:
         self._threads.append(t)
         t.start()
         return True
+
+    def _retry_soon(self, queue: WorkQueue, message: Message, key: tuple[str, int]) -> None:
+        try:
+            queue.retry_soon(message.receipt, BUSY_RETRY_S)
+        except Exception as exc:  # it comes back after the visibility timeout all the same
+            log.warning(
+                "busy work message not returned early",
+                extra={"job_id": key[0], "attempt": key[1], "error": str(exc)},
+            )
 
     def _reap_threads(self) -> None:
         self._threads = [t for t in self._threads if t.is_alive()]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from berth_agent.config import AgentConfig
-from berth_agent.daemon import Daemon, Message, SqsQueue
+from berth_agent.daemon import BUSY_RETRY_S, Daemon, Message, SqsQueue
 from berth_agent.gpus import Gpu, Inventory
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 
@@ -35,6 +35,7 @@ class FakeQueue:
     def __init__(self, batches: list[list[Message]]) -> None:
         self.batches = batches
         self.deleted: list[str] = []
+        self.retried: list[tuple[str, int]] = []
 
     def receive(self, wait_s: int) -> list[Message]:
         if self.batches:
@@ -44,6 +45,9 @@ class FakeQueue:
 
     def delete(self, receipt: str) -> None:
         self.deleted.append(receipt)
+
+    def retry_soon(self, receipt: str, delay_s: int) -> None:
+        self.retried.append((receipt, delay_s))
 
 
 class FakeRunner:
@@ -162,8 +166,8 @@ def test_intake_is_gpu_aware_and_deletes_after_the_claim(tmp_path: Path) -> None
     d = _daemon(tmp_path, queue, runner, FakeApi())
     assert d.offer(queue, _msg("j1", ["GPU-a"]))
     _until(lambda: queue.deleted == ["r-j1"])
-    assert not d.offer(queue, _msg("j2", ["GPU-a", "GPU-b"]))  # GPU-a busy: left for redelivery
-    assert queue.deleted == ["r-j1"]
+    assert not d.offer(queue, _msg("j2", ["GPU-a", "GPU-b"]))  # GPU-a busy: back on the queue soon
+    assert queue.deleted == ["r-j1"] and queue.retried == [("r-j2", BUSY_RETRY_S)]
     assert d.offer(queue, _msg("j3", ["GPU-b"]))
     assert not d.offer(queue, Message("not json", "r-bad"))
     assert "r-bad" in queue.deleted
@@ -277,13 +281,31 @@ def test_sqs_queue_adapter() -> None:
         def delete_message(self, **kw: Any) -> None:
             calls.append(("delete", kw))
 
+        def change_message_visibility(self, **kw: Any) -> None:
+            calls.append(("visibility", kw))
+
     q = SqsQueue(Sqs(), "https://sqs/q")
     assert q.receive(20) == [Message("{}", "rh")]
+    q.retry_soon("rh", 1)
     q.delete("rh")
     assert calls == [
         ("receive", {"QueueUrl": "https://sqs/q", "WaitTimeSeconds": 20, "MaxNumberOfMessages": 1}),
+        ("visibility", {"QueueUrl": "https://sqs/q", "ReceiptHandle": "rh", "VisibilityTimeout": 1}),
         ("delete", {"QueueUrl": "https://sqs/q", "ReceiptHandle": "rh"}),
     ]
+
+
+def test_a_busy_message_that_cannot_be_returned_early_is_left_to_its_timeout(tmp_path: Path) -> None:
+    class Refusing(FakeQueue):
+        def retry_soon(self, receipt: str, delay_s: int) -> None:
+            raise ConnectionError("sqs unreachable")
+
+    queue, runner = Refusing([]), FakeRunner()
+    d = _daemon(tmp_path, queue, runner, FakeApi())
+    assert d.offer(queue, _msg("j1", ["GPU-a"]))
+    assert not d.offer(queue, _msg("j2", ["GPU-a"]))  # not taken, and no error out of the loop
+    runner.release.set()
+    _until(lambda: not d._threads_alive())
 
 
 def test_lease_lost_stops_the_attempts(tmp_path: Path) -> None:

@@ -140,6 +140,7 @@ class HostQueue:
         self.seen = 0
         self.pending: list[Message] = []
         self.deleted: list[str] = []
+        self.delivered: dict[str, Message] = {}
         self.lock = threading.Lock()
         self.dead = False  # its agent is gone: it receives nothing more
 
@@ -156,6 +157,7 @@ class HostQueue:
         with self.lock:
             self._collect()
             out, self.pending = self.pending[:1], self.pending[1:]
+            self.delivered.update((m.receipt, m) for m in out)
         if not out:
             time.sleep(0.02)
         return out
@@ -167,6 +169,12 @@ class HostQueue:
     def delete(self, receipt: str) -> None:
         with self.lock:
             self.deleted.append(receipt)
+
+    def retry_soon(self, receipt: str, delay_s: int) -> None:
+        with self.lock:
+            message = self.delivered.get(receipt)
+            if message is not None:
+                self.pending.append(message)  # visible again (at once, here)
 
 
 class CountingExecutor(ProcessExecutor):
