@@ -98,15 +98,16 @@ def test_a_burst_of_cloud_jobs_through_the_submit_throttle_loses_none_and_submit
     assert {n: c for n, c in names.items() if c > 1} == {}, "an attempt was submitted twice"
     assert set(names) >= expected and sum(names[n] for n in expected) == JOBS
     assert sum(int(final[j]["attempts"]) for j in ids) == JOBS, "a job needed a second attempt"
-    # Calls per job (the local cloud's meter, by the signing function): every placement token and
-    # every dispatch token answered exactly once (the sweep leaves a fresh outcome to its event), and
-    # the events function reads Batch once per SQS batch of events, not once per event (it was six
-    # DescribeJobs a job before the rules forwarded only RUNNING, SUCCEEDED and FAILED).
+    # Calls per job (the local cloud's meter, by the signing function): no dispatch token answered
+    # twice by the events (the sweep leaves a fresh outcome to its event; before, early events read
+    # after the outcome answered 45 more; every job COMPLETED, so each was answered), and the events
+    # function reads Batch once per SQS batch of events, not once per event (it was six DescribeJobs
+    # a job before the rules forwarded only RUNNING, SUCCEEDED and FAILED). The scheduler's placement
+    # answers are not counted: a placement whose dispatch is slower than the local orphan grace
+    # (10 s) is answered again, by design (Step Functions refuses the second answer).
     by_caller = read_meter(cloud.env["AWS_ENDPOINT_URL"])["meter"]["requests_by_caller"]
-    answers = sum(c.get("states", {}).get("SendTaskSuccess", 0) for c in by_caller.values())
-    assert answers == 2 * JOBS, by_caller
     (events_fn,) = [c for name, c in by_caller.items() if "BatchEventsFunction" in name]
-    assert events_fn["states"]["SendTaskSuccess"] == JOBS, events_fn
+    assert events_fn["states"]["SendTaskSuccess"] <= JOBS, events_fn  # never twice (was 105 for 60)
     assert events_fn["batch"]["POST /v1/describejobs"] <= JOBS / 2, events_fn
     # The throttle: SUBMIT_RATE a second, a bucket of SUBMIT_RATE, so the SubmitJobs take at least
     # (JOBS - SUBMIT_RATE) / SUBMIT_RATE = 39 s, longer than the API takes the 60 jobs in (about 27 s
