@@ -226,10 +226,6 @@ def caller(tag: str) -> Iterator[None]:
         CALLER.reset(token)
 
 
-#: `Meter._busy`'s running state in a tag's counters, not figures (left out of snapshots).
-_BUSY_STATE = ("in_flight", "busy_since")
-
-
 class Meter:
     """Thread-safe counters of what the control plane would be billed for."""
 
@@ -240,10 +236,16 @@ class Meter:
         #: access key -> caller tag (`tag_access_key`): a client in another thread or process, whose
         #: context variable the server never sees, is counted under its tag; kept by reset()
         self._key_tags: dict[str, str] = {}
+        #: caller tag -> (its calls the emulator is serving now, since when); kept by reset()
+        self._in_flight: dict[str, tuple[int, float]] = {}
         self.reset()
 
     def reset(self) -> None:
         with self._lock:
+            serving = {tag: n for tag, (n, _) in self._in_flight.items() if n > 0}
+            if serving:  # calls in flight count from here on
+                now = time.perf_counter()
+                self._in_flight = {tag: (n, now) for tag, n in serving.items()}
             self._requests: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
             #: Requests and DynamoDB units by caller tag (`caller()`: e.g. a benchmark's own calls).
             self._callers: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -338,10 +340,7 @@ class Meter:
             functions = {name: dict(entry) for name, entry in self._lambda.items()}
             return {
                 "requests": {svc: dict(ops) for svc, ops in self._requests.items()},
-                "by_caller": {
-                    tag: {k: v for k, v in counts.items() if k not in _BUSY_STATE}
-                    for tag, counts in self._callers.items()
-                },
+                "by_caller": {tag: dict(counts) for tag, counts in self._callers.items()},
                 "requests_by_caller": {
                     caller: {svc: dict(ops) for svc, ops in services.items()}
                     for caller, services in self._by_caller.items()
@@ -388,11 +387,10 @@ class Meter:
         from moto's (``emulator_s``)."""
         now = time.perf_counter()
         with self._lock:
-            counts = self._callers[tag]
-            if counts["in_flight"] > 0:
-                counts["emulator_s"] += now - counts["busy_since"]
-            counts["in_flight"] += delta
-            counts["busy_since"] = now
+            serving, since = self._in_flight.get(tag, (0, now))
+            if serving > 0:
+                self._callers[tag]["emulator_s"] += now - since
+            self._in_flight[tag] = (serving + delta, now)
 
     def _observe(self, request: ObservedRequest, call: Callable[[], Answer]) -> Answer:
         service, operation = request.service, request.operation
