@@ -74,12 +74,11 @@ def calls_per_job_by_caller(by_caller: dict[str, dict[str, dict[str, int]]], job
     """All metered calls per finished job, by the function whose credentials signed them (the API
     function serves the bench's own polling; ``other``: the local cloud's event sources and the
     agents, which sign with their own keys)."""
-    jobs = max(1, jobs)
     totals = {
-        _function_name(caller): sum(n for ops in services.values() for n in ops.values())
+        _function_name(caller): calls_per_job(services, jobs)["aws_calls_per_job_total"]
         for caller, services in by_caller.items()
     }
-    return {name: round(n / jobs, 2) for name, n in sorted(totals.items(), key=lambda kv: -kv[1])}
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def _function_name(physical: str) -> str:
