@@ -149,3 +149,36 @@ def test_explain_of_a_job_behind_the_read_budget_says_it_was_not_considered(worl
     assert behind["outcome"] == "not-considered"
     assert behind["explanation"]["tenant_not_considered"] == 2 and behind["explanation"]["tenant_read"] == 2
     assert "behind the first 2" in behind["explanation"]["summary"]
+
+
+def test_explain_of_a_job_placed_while_it_reads_the_snapshot_says_where(world) -> None:  # type: ignore[no-untyped-def]
+    """The job is read QUEUED, then a pass places it before the snapshot is read: explain answers
+    from the job as it is now (placed), never a bare "not-pending"."""
+    from berth.domain.tenancy import Caller, Role
+    from berth.logic.jobs import JobService
+
+    _, source, _, clock = world
+    job, ev = new_job(new_job_id(NOW), "vision", "arn:x", _spec(gpus=1), NOW)
+    source.jobs.create(job, ev, max_active=10)
+    where = OnPremPlacement(pool="p", gpu_type="V100", hosts=(HostGpus(host_id="live", gpus=1),))
+
+    class PlacingSource:
+        """The store as a pass that places the job between explain's two reads leaves it."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(source, name)
+
+        def snapshot(self):  # type: ignore[no-untyped-def]
+            stored = source.jobs.get(job.id)
+            moved, event = stored.transition(
+                JobStatus.STARTING, "placed", NOW, site=Site.ONPREM, placement=where
+            )
+            source.jobs.save(moved, event)
+            return source.snapshot()
+
+    svc = FleetService(PlacingSource(), cache_s=0.0)  # type: ignore[arg-type]
+    out = svc.explain(
+        JobService(source.jobs, source.tenants, clock), Caller("arn:x", "vision", Role.MEMBER), job.id
+    )
+    assert out["outcome"] == "placed" and out["status"] == "STARTING", out
+    assert [h["host_id"] for h in out["placement"]["hosts"]] == ["live"] and out["explanation"] is None

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, ValidationFailed
 from berth.domain.fleet import StoredDocument
+from berth.domain.job import Job
 from berth.domain.job_spec import JobSpec
 from berth.domain.status import JobStatus
 from berth.domain.storage import dataset_names
@@ -155,22 +156,18 @@ class FleetService:
         """Why a job is pending (the core's outcome for it in a pass over the store now), or where
         it was placed. The same tenant check as reading the job."""
         job = jobs.get(caller, job_id)
-        out: dict[str, Any] = {
-            "job_id": job.id,
-            "tenant": job.tenant,
-            "status": str(job.status),
-            "reason": job.reason,
-            "site": None if job.site is None else str(job.site),
-            "placement": None if job.placement is None else job.placement.model_dump(mode="json"),
-        }
         if not job.status.is_active or job.placement is not None:
-            out.update(outcome="placed" if job.placement is not None else "finished", explanation=None)
-            return out
+            return _settled(job)
         snapshot, fleet, _pending = self.source.snapshot()
         now = self.source.clock().timestamp()
+        out = _described(job)
         try:
             explanation = explain_job(snapshot, fleet.policy, now, job.id)
         except KeyError:
+            # Not pending in a snapshot read after the job: a pass may have placed it in between.
+            fresh = jobs.get(caller, job_id)
+            if not fresh.status.is_active or fresh.placement is not None:
+                return _settled(fresh)
             unread = not_considered(snapshot, job.tenant) if job.status is JobStatus.QUEUED else None
             out.update(outcome="not-pending" if unread is None else "not-considered", explanation=unread)
             return out
@@ -279,3 +276,22 @@ class FleetService:
 
 def _zero() -> dict[str, int]:
     return {"gpus": 0, "used_gpus": 0, "free_gpus": 0, "unavailable_gpus": 0}
+
+
+def _described(job: Job) -> dict[str, Any]:
+    """What explain says of any job before its outcome."""
+    return {
+        "job_id": job.id,
+        "tenant": job.tenant,
+        "status": str(job.status),
+        "reason": job.reason,
+        "site": None if job.site is None else str(job.site),
+        "placement": None if job.placement is None else job.placement.model_dump(mode="json"),
+    }
+
+
+def _settled(job: Job) -> dict[str, Any]:
+    """Explain of a job that is placed or has ended: where, and no explanation."""
+    out = _described(job)
+    out.update(outcome="placed" if job.placement is not None else "finished", explanation=None)
+    return out
