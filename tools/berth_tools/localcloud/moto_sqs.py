@@ -182,46 +182,43 @@ def _receive_message(
             if result or (wait_seconds_timeout and unix_time() > polling_end):
                 break
             to_dlq: list[Any] = []
-            expired: list[Any] = []
-            now = _now_ms()
-            for message in list(queue._messages):
-                if not now > message.visible_at or now < message.delayed_until:
-                    continue
-                if message in queue.pending_messages:
-                    # pending but visible again: the consumer's visibility timeout ran out
-                    queue.pending_messages.remove(message)
-                    pending_groups = set(queue.pending_message_groups)
-                if message.group_id and queue.fifo_queue and message.group_id in pending_groups:
-                    continue  # a previous receive still holds this group
-                if _expired(queue, message, now):
-                    expired.append(message)
-                    continue
-                if (
-                    queue.dead_letter_queue is not None
-                    and queue.redrive_policy
-                    and message.approximate_receive_count >= queue.redrive_policy["maxReceiveCount"]
-                ):
-                    to_dlq.append(message)
-                    continue
-                queue.pending_messages.add(message)
-                message.mark_received(visibility_timeout=visibility_timeout)
-                _handles(queue)[message.receipt_handle] = message
-                copied = deepcopy(message)  # filtering attributes must not change the stored message
-                filter_attributes(copied, names)
-                result.append(copied)
-                if len(result) >= count:
-                    break
+            # One receive at a time picks from the queue, and a delete cannot remove a message between
+            # a receive seeing it and marking it received (the queue's lock is reentrant): two
+            # concurrent receives never hand out one message twice, nor a message deleted meanwhile.
             with queue._messages_lock:
-                for message in expired:
-                    if message in queue._messages:
-                        queue._messages.remove(message)
-                    _forget_handles(queue, message)
-            for message in to_dlq:
-                with queue._messages_lock:
-                    if message not in queue._messages:
-                        continue  # deleted meanwhile
+                now = _now_ms()
+                expired: list[Any] = []
+                for message in queue._messages:
+                    if not now > message.visible_at or now < message.delayed_until:
+                        continue
+                    if message in queue.pending_messages:
+                        # pending but visible again: the consumer's visibility timeout ran out
+                        queue.pending_messages.remove(message)
+                        pending_groups = set(queue.pending_message_groups)
+                    if message.group_id and queue.fifo_queue and message.group_id in pending_groups:
+                        continue  # a previous receive still holds this group
+                    if _expired(queue, message, now):
+                        expired.append(message)
+                        continue
+                    if (
+                        queue.dead_letter_queue is not None
+                        and queue.redrive_policy
+                        and message.approximate_receive_count >= queue.redrive_policy["maxReceiveCount"]
+                    ):
+                        to_dlq.append(message)
+                        continue
+                    queue.pending_messages.add(message)
+                    message.mark_received(visibility_timeout=visibility_timeout)
+                    _handles(queue)[message.receipt_handle] = message
+                    copied = deepcopy(message)  # filtering attributes must not change the stored message
+                    filter_attributes(copied, names)
+                    result.append(copied)
+                    if len(result) >= count:
+                        break
+                for message in expired + to_dlq:
                     queue._messages.remove(message)
-                _forget_handles(queue, message)
+                    _forget_handles(queue, message)
+            for message in to_dlq:  # outside this queue's lock: the DLQ takes its own
                 queue.dead_letter_queue.add_message(message)
             if not result:
                 if wait_seconds_timeout == 0:
@@ -237,13 +234,14 @@ def _delete_message(original: Callable[..., None]) -> Callable[..., None]:
         deleted = _deleted(self)
         if receipt_handle in deleted or receipt_handle in self.deleted_messages:
             return  # deleted before: SQS answers success again
-        message = _find(self, receipt_handle)
-        if message is None:
-            raise receipt_invalid()
-        with self._messages_lock:  # in place: a send appending meanwhile is not lost (moto rebuilt the list)
-            if message in self._messages:
-                self._messages.remove(message)
-        self.pending_messages.discard(message)
+        # under the queue's lock: a receive never marks a message this delete is removing, and a send
+        # appending meanwhile is not lost (moto rebuilt the list)
+        with self._messages_lock:
+            message = _find(self, receipt_handle)
+            if message is None:
+                raise receipt_invalid()
+            self._messages.remove(message)
+            self.pending_messages.discard(message)
         for handle in message.all_receipt_handles:  # remembered, but not forever (moto's set grows)
             deleted[handle] = None
         while len(deleted) > DELETED_HANDLES_KEPT:
@@ -260,7 +258,8 @@ def _change_message_visibility(
     invalid_value = moto_compat.surface("moto.sqs.exceptions:InvalidParameterValue")
     receipt_invalid = moto_compat.surface("moto.sqs.exceptions:ReceiptHandleIsInvalid")
     queue = self.get_queue(queue_name)
-    message = _find(queue, receipt_handle)
+    with queue._messages_lock:
+        message = _find(queue, receipt_handle)
     if message is None:
         raise receipt_invalid
     given = _now_ms() + int(visibility_timeout) * 1000
