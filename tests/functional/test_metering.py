@@ -310,6 +310,27 @@ def test_a_tagged_access_key_counts_an_http_callers_requests_and_units_under_its
     assert mine["emulator_s"] > 0 and "in_flight" not in mine  # moto's wall time serving them
 
 
+def test_calls_count_under_the_activity_their_sandbox_serves(server: MotoServer) -> None:
+    # The Lambda runtime names what a sandbox serves (an API route) while it serves it; the sandbox's
+    # calls meanwhile count under that activity too, and calls after it ends under none.
+    _meter(server, reset=True)
+    key = "sandbox-key"
+    sandbox = boto3.session.Session(
+        aws_access_key_id=key, aws_secret_access_key="x", region_name="us-east-1"
+    ).client("dynamodb", endpoint_url=server.endpoint_url)
+    metering.METER.name_caller(key, "Berth-ApiFunction685AAB5B-X")
+    metering.METER.begin_activity(key, "GET /v1/jobs/{id}")
+    sandbox.get_item(TableName=TABLE, Key={"pk": {"S": "a"}})
+    sandbox.get_item(TableName=TABLE, Key={"pk": {"S": "b"}})
+    metering.METER.end_activity(key)
+    sandbox.get_item(TableName=TABLE, Key={"pk": {"S": "c"}})
+    meter = _meter(server)["meter"]
+    assert meter["requests_by_caller"]["Berth-ApiFunction685AAB5B-X"] == {"dynamodb": {"GetItem": 3}}
+    assert meter["requests_by_activity"] == {
+        "Berth-ApiFunction685AAB5B-X": {"GET /v1/jobs/{id}": {"dynamodb": {"GetItem": 2}}}
+    }
+
+
 def test_the_emulators_busy_time_counts_overlapping_calls_once(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([0.0, 1.0, 3.0, 4.0, 10.0, 12.0])  # a in, b in, a out, b out; c in, c out
     monkeypatch.setattr(metering.time, "perf_counter", lambda: next(clock))

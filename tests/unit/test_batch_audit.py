@@ -101,3 +101,31 @@ def test_calls_per_job_by_caller_names_each_function_by_its_logical_name() -> No
         "other": 5.0,
         "WorkflowBatchEventsFunction": 2.0,
     }
+
+
+def test_control_plane_calls_leave_out_what_served_the_benchs_own_reads() -> None:
+    from berth_tools.bench.e2e_bench import control_plane_calls_per_job
+
+    requests = {"dynamodb": {"GetItem": 50, "TransactWriteItems": 10}, "sqs": {"ReceiveMessage": 20}}
+    by_activity = {
+        "Berth-ApiFunction685AAB5B-X": {
+            "GET /v1/jobs/{id}": {"dynamodb": {"GetItem": 40}},  # the bench polling: left out
+            "POST /v1/jobs": {"dynamodb": {"GetItem": 2, "TransactWriteItems": 10}},  # submits: kept
+        },
+        "Berth-AgentApiFunctionABCDEF12-Y": {"GET /v1/agent/work": {"dynamodb": {"GetItem": 5}}},  # kept
+    }
+    report = control_plane_calls_per_job(requests, by_activity, 10)
+    assert report["aws_calls_per_job_bench_reads_total"] == 4.0
+    assert report["aws_calls_per_job_control_plane"] == {
+        "dynamodb": {"GetItem": 1.0, "TransactWriteItems": 1.0},
+        "sqs": {"ReceiveMessage": 2.0},
+    }
+    assert report["aws_calls_per_job_control_plane_total"] == 4.0
+
+
+def test_an_api_gateway_invocation_is_named_by_its_method_and_resource() -> None:
+    from berth_tools.localcloud.lambda_runtime import activity_of
+
+    event = {"httpMethod": "GET", "resource": "/v1/jobs/{id}", "path": "/v1/jobs/j-1"}
+    assert activity_of(event) == "GET /v1/jobs/{id}"
+    assert activity_of({"Records": []}) == "" and activity_of([1, 2]) == "" and activity_of(None) == ""

@@ -81,6 +81,50 @@ def calls_per_job_by_caller(by_caller: dict[str, dict[str, dict[str, int]]], job
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
+#: The API function (by `_function_name`): the bench's polling and history reads are its GET routes.
+API_FUNCTION = "ApiFunction"
+
+
+def bench_reads(by_activity: dict[str, dict[str, dict[str, dict[str, int]]]]) -> dict[str, dict[str, int]]:
+    """The AWS calls the API function made while serving a GET: the bench's own reads (it polls each
+    job's status and reads its events; nothing in the control plane reads its own public API)."""
+    reads: dict[str, dict[str, int]] = {}
+    for caller, activities in by_activity.items():
+        if _function_name(caller) != API_FUNCTION:
+            continue
+        for activity, services in activities.items():
+            if not activity.startswith("GET "):
+                continue
+            for service, ops in services.items():
+                for op, n in ops.items():
+                    reads.setdefault(service, {})
+                    reads[service][op] = reads[service].get(op, 0) + n
+    return reads
+
+
+def control_plane_calls_per_job(
+    requests: dict[str, dict[str, int]],
+    by_activity: dict[str, dict[str, dict[str, dict[str, int]]]],
+    jobs: int,
+) -> dict[str, Any]:
+    """Every metered call per job less those that served the bench's own reads (`bench_reads`):
+    the control plane's calls (functions, agents, the local cloud's event sources and emulated
+    integrations) per finished job, by service and operation and in total."""
+    reads = bench_reads(by_activity)
+    rest = {
+        service: {op: n - reads.get(service, {}).get(op, 0) for op, n in ops.items()}
+        for service, ops in requests.items()
+    }
+    rest = {service: {op: n for op, n in ops.items() if n > 0} for service, ops in rest.items()}
+    control = calls_per_job(rest, jobs)
+    served = calls_per_job(reads, jobs)
+    return {
+        "aws_calls_per_job_control_plane": control["aws_calls_per_job"],
+        "aws_calls_per_job_control_plane_total": control["aws_calls_per_job_total"],
+        "aws_calls_per_job_bench_reads_total": served["aws_calls_per_job_total"],
+    }
+
+
 def _function_name(physical: str) -> str:
     """``Berth-WorkflowBatchEventsFunctionFD4CABB4-0YDW`` -> ``WorkflowBatchEventsFunction``."""
     parts = physical.split("-")
@@ -192,6 +236,9 @@ def run_e2e(
         }
         report.update(calls_per_job(m.get("requests", {}), done))
         report["aws_calls_per_job_by_caller"] = calls_per_job_by_caller(m.get("requests_by_caller", {}), done)
+        report.update(
+            control_plane_calls_per_job(m.get("requests", {}), m.get("requests_by_activity", {}), done)
+        )
         batch_calls = m.get("requests", {}).get("batch", {})
         report["batch_api_calls"] = sum(batch_calls.values())
         report["batch_api_calls_per_job"] = round(sum(batch_calls.values()) / max(1, len(ids)), 3)

@@ -256,6 +256,10 @@ class ProcessLambdaRuntime:
             "log_stream": worker.log_stream,
         }
         init_ms = worker.init_ms if cold else None
+        access_key = worker.env.get("AWS_ACCESS_KEY_ID", "")
+        activity = activity_of(event)
+        if activity:
+            metering.METER.begin_activity(access_key, activity)
         try:
             answer: Answer = worker.invoke(message, timeout_s)
         except SandboxTimeout:
@@ -279,6 +283,9 @@ class ProcessLambdaRuntime:
                 fn, worker.log_stream, request_id, init_output, output + text + "\nRuntime.ExitError\n",
                 error, 0.0, rss, init_ms,
             )  # fmt: skip
+        finally:
+            if activity:
+                metering.METER.end_activity(access_key)
         # Retired before its credentials expire: the next invocation gets a fresh sandbox.
         entry.pool.release(worker, retire=time.time() - worker.started_at > SANDBOX_MAX_AGE_S)
         reply = answer.message
@@ -351,6 +358,14 @@ class ProcessLambdaRuntime:
         workers = [worker for entry in pools for worker in entry.pool.close()]
         for worker in workers:
             worker.join()
+
+
+def activity_of(event: Any) -> str:
+    """What an invocation serves, for the meter: an API Gateway proxy event's method and resource
+    (``GET /v1/jobs/{id}``); "" for any other event."""
+    if isinstance(event, dict) and isinstance(event.get("httpMethod"), str) and event.get("resource"):
+        return f"{event['httpMethod']} {event['resource']}"
+    return ""
 
 
 def _trace_header(event: Any) -> str:

@@ -7,7 +7,10 @@ One process-global `Meter` (`METER`; moto's backends are process-global too) see
   (`InProcessTransport` calls `METER.observe`), as (service, operation) counts, the service taken from
   the SigV4 credential scope and the operation from `X-Amz-Target`, `Action=` or the REST path; and the
   same counts per caller (`requests_by_caller`): the Lambda function whose role credentials signed the
-  request (`name_caller`, called by `lambda_runtime`), else ``other``;
+  request (`name_caller`, called by `lambda_runtime`), else ``other``; and per caller and activity
+  (`requests_by_activity`): what the signing sandbox was serving at the time (`begin_activity`; the
+  runtime names an API Gateway invocation by its method and resource, ``GET /v1/jobs/{id}``), so a
+  benchmark can tell the calls that served its own reads from the control plane's;
 - DynamoDB capacity units, computed as DynamoDB does from item sizes (`item_size`): writes from the
   stored item before and after the write (read from moto's tables under the DynamoDB write lock, so
   nothing else writes in between), 1 WRU per started KB of the larger, 2x in transactions, a failed
@@ -238,6 +241,8 @@ class Meter:
         self._key_tags: dict[str, str] = {}
         #: caller tag -> (its calls the emulator is serving now, since when); kept by reset()
         self._in_flight: dict[str, tuple[int, float]] = {}
+        #: access key -> what the sandbox holding it serves now (`begin_activity`); kept by reset()
+        self._activities: dict[str, str] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -252,6 +257,10 @@ class Meter:
             #: caller (a function's name, else "other") -> service -> operation -> count
             self._by_caller: defaultdict[str, defaultdict[str, defaultdict[str, int]]] = defaultdict(
                 lambda: defaultdict(lambda: defaultdict(int))
+            )
+            #: caller -> activity -> service -> operation -> count (calls made while an activity ran)
+            self._by_activity: defaultdict[str, defaultdict[str, defaultdict[str, defaultdict[str, int]]]] = (
+                defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(int))))
             )
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
@@ -278,6 +287,16 @@ class Meter:
         with self._lock:
             self._key_tags[access_key] = tag
 
+    def begin_activity(self, access_key: str, activity: str) -> None:
+        """Until `end_activity`, requests signed with `access_key` also count under `activity` (a
+        Lambda sandbox serves one event at a time, so its calls meanwhile are that event's)."""
+        with self._lock:
+            self._activities[access_key] = activity
+
+    def end_activity(self, access_key: str) -> None:
+        with self._lock:
+            self._activities.pop(access_key, None)
+
     def tag_of(self, access_key: str) -> str:
         return CALLER.get() or self._key_tags.get(access_key, "")
 
@@ -285,7 +304,11 @@ class Meter:
         tag = self.tag_of(access_key)
         with self._lock:
             self._requests[service][operation] += 1
-            self._by_caller[self._caller_names.get(access_key, "other")][service][operation] += 1
+            name = self._caller_names.get(access_key, "other")
+            self._by_caller[name][service][operation] += 1
+            activity = self._activities.get(access_key)
+            if activity is not None:
+                self._by_activity[name][activity][service][operation] += 1
             if tag:
                 self._callers[tag][f"{service}:{operation}"] += 1
 
@@ -344,6 +367,13 @@ class Meter:
                 "requests_by_caller": {
                     caller: {svc: dict(ops) for svc, ops in services.items()}
                     for caller, services in self._by_caller.items()
+                },
+                "requests_by_activity": {
+                    caller: {
+                        activity: {svc: dict(ops) for svc, ops in services.items()}
+                        for activity, services in activities.items()
+                    }
+                    for caller, activities in self._by_activity.items()
                 },
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
