@@ -42,8 +42,11 @@ lint: install
 	$(BIN)/mypy functions tools infra
 	$(BIN)/lint-imports
 
+# Two workers (pytest-xdist): the end-to-end tests, which mostly wait on their local cloud, in one;
+# the rest of the suite beside them (tests/conftest.py groups what shares a fixture).
+PYTEST_WORKERS ?= 2
 test: install synth lint
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
