@@ -46,7 +46,7 @@ lint: install
 # the rest of the suite beside them (tests/conftest.py groups what shares a fixture).
 PYTEST_WORKERS ?= 2
 test: install synth lint
-	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope --durations=25 tests
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit

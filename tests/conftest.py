@@ -1,35 +1,43 @@
 """Suite-wide settings. Property tests have no per-example deadline: this runs on shared 2-core
 machines, where timing is noise; their speed is watched by the suite's total time instead.
 
-Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test is grouped so that what
-shares an expensive fixture runs in one worker: each end-to-end module starts its own `berth local up`
-and they all share a session-scoped one, so `tests/e2e` is one group (one local cloud with agents at a
-time); `tests/infra` shares one synthesised app, so it is one group; every other module is a group of
-its own (its module-scoped local cloud or moto is built once). The end-to-end tests spend most of their
-time waiting on the local cloud, so the other worker runs the rest of the suite beside them."""
+Under pytest-xdist (`make test` runs ``-n 2``) the work is dealt out by `SuiteScheduling`: what
+shares an expensive fixture runs in one worker. Each end-to-end module starts its own `berth local up`
+and they all share a session-scoped one, so `tests/e2e` is one unit (one local cloud with agents at a
+time, in the order the suite lists them); `tests/infra` shares one synthesised app, so it is one unit;
+every other module is a unit of its own (its module-scoped local cloud or moto is built once). The
+end-to-end tests spend most of their time waiting on their local cloud, so the other worker runs the
+rest of the suite beside them. (xdist's own ``loadgroup`` cannot do this on pytest 9: the group it
+appends to a node id never reaches the scheduler.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-import pytest
 from hypothesis import settings
 
 settings.register_profile("berth", deadline=None, print_blob=True)
 settings.load_profile("berth")
 
-TESTS = Path(__file__).resolve().parent
-WHOLE_DIRECTORY_GROUPS = ("e2e", "infra")
+#: Directories under tests/ whose modules all go to one worker, one after the other.
+WHOLE_DIRECTORY_UNITS = ("e2e", "infra")
 
 
-def xdist_group_of(path: Path) -> str:
-    """The xdist group of the test module at `path` (tests/e2e and tests/infra are one group each)."""
-    relative = path.resolve().relative_to(TESTS)
-    if relative.parts[0] in WHOLE_DIRECTORY_GROUPS:
-        return relative.parts[0]
-    return relative.with_suffix("").as_posix()
+def work_unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ``e2e`` or ``infra`` for the tests under those
+    directories, else its module (``tests/unit/test_cost.py``)."""
+    module = nodeid.split("::", 1)[0]
+    parts = module.split("/")
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in WHOLE_DIRECTORY_UNITS:
+        return parts[1]
+    return module
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(Path(str(item.path)))))
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit_of(nodeid)
+
+    return SuiteScheduling(config, log)

@@ -37,7 +37,11 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def measure(seconds: float, agents: int, settle_s: float, extra: list[str]) -> dict[str, Any]:
+def start_local_cloud(
+    agents: int, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], Path, list[str], float]:
+    """`berth local up` on a fresh temp state dir, in its own session; returns once its `env` file
+    exists: (the process, the state dir, the command, seconds until ready)."""
     state = Path(tempfile.mkdtemp(prefix="berth-idle-"))
     berth = Path(sys.executable).with_name("berth")
     cmd = [str(berth), "local", "up", "--state-dir", str(state), "--agents", str(agents), "--quiet", *extra]
@@ -51,7 +55,28 @@ def measure(seconds: float, agents: int, settle_s: float, extra: list[str]) -> d
             process.kill()
             raise SystemExit("berth local up was not ready in 600 s")
         time.sleep(0.2)
-    ready_s = time.monotonic() - started
+    return process, state, cmd, time.monotonic() - started
+
+
+def stop_local_cloud(process: subprocess.Popen[bytes]) -> tuple[float, list[dict[str, Any]]]:
+    """SIGINT to the local cloud alone (as a terminal sends it to the foreground process; its children
+    are in its session, not its terminal's group here, so it must stop them itself); polls until its
+    whole tree is gone. Returns (seconds, what was left and then killed)."""
+    tree = descendants(process.pid)
+    t_sig = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    while alive(tree) and time.monotonic() - t_sig < 120:
+        time.sleep(0.05)
+    stop_s = time.monotonic() - t_sig
+    left = [{"pid": p, "cmd": command_line(p)[:120]} for p in alive(tree)]
+    for pid in alive(tree):
+        os.kill(pid, signal.SIGKILL)
+    process.wait()
+    return stop_s, left
+
+
+def measure(seconds: float, agents: int, settle_s: float, extra: list[str]) -> dict[str, Any]:
+    process, _state, cmd, ready_s = start_local_cloud(agents, extra)
     time.sleep(settle_s)
     load_before = os.getloadavg()
     tree = descendants(process.pid)
@@ -70,18 +95,7 @@ def measure(seconds: float, agents: int, settle_s: float, extra: list[str]) -> d
     cloud_s = sum(p["cpu_s"] for p in per_process if p["pid"] == process.pid)
     agent_s = sum(p["cpu_s"] for p in per_process if "berth_agent" in p["cmd"] or "berth-agent" in p["cmd"])
     other_s = sum(p["cpu_s"] for p in per_process) - cloud_s - agent_s
-    # Ctrl-C: SIGINT to the local cloud alone (as a terminal sends it to the foreground process; its
-    # children are in its session, not its terminal's group here, so it must stop them itself).
-    tree = descendants(process.pid)
-    t_sig = time.monotonic()
-    process.send_signal(signal.SIGINT)
-    while alive(tree) and time.monotonic() - t_sig < 120:
-        time.sleep(0.05)
-    stop_s = time.monotonic() - t_sig
-    left = [{"pid": p, "cmd": command_line(p)[:120]} for p in alive(tree)]
-    for pid in alive(tree):
-        os.kill(pid, signal.SIGKILL)
-    process.wait()
+    stop_s, left = stop_local_cloud(process)
     return {
         "command": " ".join(cmd),
         "ready_s": round(ready_s, 1),
