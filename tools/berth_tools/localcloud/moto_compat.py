@@ -533,6 +533,15 @@ SURFACES: tuple[Surface, ...] = (
         "read",
         "the components of a program",
     ),
+    # -- emulator hot paths: Step Functions' Lambda client built once (moto_sfn_clients) --------------------
+    Surface(
+        "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for",
+        "wrapped",
+        "a lambda:invoke task's SDK client, built once per region, service and endpoint, not per task run",
+        ("region", "service", "state_credentials"),
+    ),
+    Surface("moto.core.models:botocore_stubber", "read", "whether moto intercepts botocore (a key part)"),
+    Surface("moto.settings:moto_server_port", "called", "the server's port (part of the client cache key)"),
     # -- emulator hot paths: stream pollers woken by stream writes (moto_streams) ---------------------------
     Surface(
         "moto.dynamodb.models.table:StreamShard.add",

@@ -18,6 +18,7 @@ from berth_tools.localcloud import (
     moto_dynamodb_query,
     moto_events,
     moto_faithful,
+    moto_sfn_clients,
     moto_sqs,
     moto_streams,
 )
@@ -75,6 +76,7 @@ class MotoServer:
         moto_streams.install()  # stream writes wake the stream pollers
         moto_events.install()  # EventBridge input paths compiled once
         moto_asl.install()  # a state machine's definition parsed once
+        moto_sfn_clients.install()  # a Lambda task's SDK client built once
         moto_dynamodb_query.install()  # a Query reads its partition, not the whole table
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
