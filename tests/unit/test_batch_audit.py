@@ -40,7 +40,21 @@ class _FakeClient:
 
     def get(self, job_id: str) -> dict[str, Any]:
         status = "FAILED" if job_id == "j3" else "COMPLETED"
-        return {"status": status, "site": "cloud", "attempts": 1, "created_at": "2026-01-01T00:00:00Z"}
+        return {
+            "id": job_id,
+            "status": status,
+            "site": "cloud",
+            "attempts": 1,
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+
+    def list(self, limit: int = 50, next_token: str | None = None) -> dict[str, Any]:
+        # Three a page (the bench asks for 100), and a job of an earlier run the bench must ignore.
+        jobs = [self.get(f"j{i + 1}") for i in range(len(self.specs))]
+        jobs.append({**self.get("old-1"), "status": "RUNNING"})
+        start = int(next_token or 0)
+        more = start + 3 < len(jobs)
+        return {"jobs": jobs[start : start + 3], "next_token": str(start + 3) if more else None}
 
     def events(self, job_id: str) -> dict[str, Any]:
         return {"events": [{"to": "RUNNING", "at": "2026-01-01T00:00:01Z"}]}
