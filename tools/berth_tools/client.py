@@ -10,6 +10,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,17 @@ class BerthClient:
         """A tenant's usage in a month (None: the caller's own tenant; the current month)."""
         path = "/v1/usage" if tenant is None else f"/v1/tenants/{_seg(tenant)}/usage"
         return self.call("GET", path, query={"month": month})
+
+
+def every_job(client: BerthClient, page_size: int = 100) -> Iterator[dict[str, Any]]:
+    """Every job of the caller's tenant (an array is one row), page by page, following ``next_token``."""
+    token: str | None = None
+    while True:
+        page = client.list(limit=page_size, next_token=token)
+        yield from page.get("jobs", [])
+        token = page.get("next_token")
+        if not token:
+            return
 
 
 def _seg(value: str) -> str:

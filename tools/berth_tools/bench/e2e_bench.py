@@ -15,13 +15,13 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
 from berth_tools.bench import batch_audit
-from berth_tools.client import BerthClient, ClientError
+from berth_tools.client import BerthClient, ClientError, every_job
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
 
@@ -133,17 +133,6 @@ def _function_name(physical: str) -> str:
     return physical
 
 
-def listed_jobs(client: BerthClient) -> Iterator[dict[str, Any]]:
-    """Every job of the caller's tenant, page by page (100 a page)."""
-    token: str | None = None
-    while True:
-        page = client.list(limit=100, next_token=token)
-        yield from page.get("jobs", [])
-        token = page.get("next_token")
-        if not token:
-            return
-
-
 def run_e2e(
     client: Callable[[], BerthClient],
     jobs: int,
@@ -192,7 +181,7 @@ def run_e2e(
     while pending and time.monotonic() < deadline:
         # The tenant's listing, a page of 100 per request, rather than a GET per job: the bench's own
         # reads stay a small part of what the API serves however many jobs are in flight.
-        for job in listed_jobs(c):
+        for job in every_job(c):
             if job.get("id") in pending and job.get("status") in TERMINAL:
                 final[job["id"]] = job
                 pending.discard(job["id"])

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from berth_tools.client import BerthClient, ClientError
+from berth_tools.client import BerthClient, ClientError, every_job
 
 SPEC: dict[str, Any] = {
     "name": "latency-probe",
@@ -210,18 +210,8 @@ def measure(
 
 def _listed_names(client: BerthClient, prefix: str) -> list[str]:
     """Names of the caller's jobs starting with `prefix`, one entry per listed job (duplicates kept)."""
-    names: list[str] = []
-    token: str | None = None
-    while True:
-        page = client.list(limit=100, next_token=token)
-        names.extend(
-            str(job["spec"]["name"])
-            for job in page.get("jobs", [])
-            if str(job.get("spec", {}).get("name", "")).startswith(prefix)
-        )
-        token = page.get("next_token")
-        if not token:
-            return names
+    names = (str(job.get("spec", {}).get("name", "")) for job in every_job(client))
+    return [name for name in names if name.startswith(prefix)]
 
 
 def _cancel(client: BerthClient, job_id: str) -> None:
