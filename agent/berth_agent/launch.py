@@ -3,7 +3,9 @@
 The Batch job definition of a code-bundle job runs this module in the configured base image with
 ``BERTH_LAUNCH`` = a JSON launch spec (docs/cloud-interface: job_id, attempt, tenant, command, env,
 code {uri, digest} | null, data [{source, mount}], outputs {bucket, prefix}, checkpoint_prefix,
-timeout_s, aws_region, endpoint_url | null, secret_env: [ENV_NAME] | absent). It does what the
+timeout_s, aws_region, endpoint_url | null, secret_env: [ENV_NAME] | absent; for a child of a group's
+array job, a ``tasks`` table instead of job_id, command and array_env, whose row
+``AWS_BATCH_JOB_ARRAY_INDEX`` picks: ``task_row``). It does what the
 agent's process executor does for an on-prem attempt, with the same functions, so a job behaves the
 same on both sites:
 
@@ -60,8 +62,36 @@ CACHE_BYTES = 64 * 1024**3
 _TICK_S = 0.2
 
 
+ARRAY_INDEX_ENV = "AWS_BATCH_JOB_ARRAY_INDEX"
+
+
 class LaunchSpecError(ValueError):
     pass
+
+
+class NoTaskHere(LaunchSpecError):
+    """A child of a group's array job whose task no longer runs this attempt: it runs nothing."""
+
+
+def task_row(obj: dict[str, Any], array_index: str | None) -> dict[str, Any]:
+    """The launch spec of this container: the spec itself, or, for a child of a group's Batch array
+    job (a ``tasks`` table, one row per child), the spec with the row ``array_index`` names merged in
+    (its ``job_id``, ``command`` and ``array_env``)."""
+    tasks = obj.get("tasks")
+    if tasks is None:
+        return obj
+    if not isinstance(tasks, list) or not tasks:
+        raise LaunchSpecError("tasks must be a non-empty list")
+    if array_index is None or not array_index.isdigit() or int(array_index) >= len(tasks):
+        raise LaunchSpecError(f"{ARRAY_INDEX_ENV}={array_index!r} names no row of the {len(tasks)} tasks")
+    row = tasks[int(array_index)]
+    if row is None:
+        raise NoTaskHere(f"child {array_index} of the group has no task to run (it moved on)")
+    if not isinstance(row, dict) or set(row) - {"job_id", "command", "array_env"}:
+        raise LaunchSpecError(f"tasks[{array_index}] is not a task row")
+    merged = {k: v for k, v in obj.items() if k != "tasks"}
+    merged.update(row)
+    return merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +124,15 @@ class LaunchSpec:
     """Names of variables ECS resolved from Secrets Manager (the values never sit in the spec)."""
 
     @classmethod
-    def parse(cls, raw: str | Mapping[str, Any]) -> LaunchSpec:
+    def parse(cls, raw: str | Mapping[str, Any], array_index: str | None = None) -> LaunchSpec:
+        """The spec in ``raw``; ``array_index``: ``AWS_BATCH_JOB_ARRAY_INDEX`` (a group's child)."""
         try:
             obj = json.loads(raw) if isinstance(raw, str) else dict(raw)
         except ValueError as exc:
             raise LaunchSpecError(f"{LAUNCH_ENV} is not JSON: {exc}") from exc
         if not isinstance(obj, dict):
             raise LaunchSpecError(f"{LAUNCH_ENV} is not a JSON object")
+        obj = task_row(obj, array_index)
         try:
             command = obj["command"]
             if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
@@ -344,7 +376,10 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         print(f"berth-launch: {LAUNCH_ENV} is not set", file=sys.stderr, flush=True)
         return EXIT_USAGE
     try:
-        spec = LaunchSpec.parse(raw)
+        spec = LaunchSpec.parse(raw, env.get(ARRAY_INDEX_ENV))
+    except NoTaskHere as exc:
+        print(f"berth-launch: {exc}", file=sys.stderr, flush=True)
+        return 0
     except LaunchSpecError as exc:
         print(f"berth-launch: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE

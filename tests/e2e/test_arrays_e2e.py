@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tests.e2e.conftest import ApiClient, LocalCloudProcess, log_lines, start_local_cloud
 from tests.e2e.test_cloud_e2e import _set_policy
 
@@ -126,3 +128,41 @@ def test_bulk_cancel_stops_running_and_queued_tasks(cloud: LocalCloudProcess) ->
     # Another tenant sees none of it.
     assert cloud.client("bob").get(f"/v1/jobs/{array_id}").status == 404
     assert cloud.client("bob").post(f"/v1/jobs/{array_id}/cancel").status == 404
+
+
+def test_a_cloud_sweep_of_a_code_bundle_runs_as_batch_array_jobs(
+    cloud: LocalCloudProcess, tmp_path: Path
+) -> None:
+    """The pass groups the tasks it places alike into one Batch array job; each child's launcher runs
+    its own task (its row of the group's table) and the task's own logs, events and outcome follow."""
+    alice = cloud.client("alice")
+    n = 4
+    code = tmp_path / "sweep"
+    code.mkdir()
+    (code / "task.py").write_text(TASK_PY.replace("; ", "\n"))
+    spec = {
+        "name": "e2e-bundle-sweep",
+        "code": "./sweep",
+        "command": ["python3", "task.py", "lr={lr}"],
+        "resources": {"gpu_type": "A100", "gpus": 1, "cpu": 1, "memory_gib": 1},
+        "constraints": {"placement": "cloud"},
+        "array": {"parameters": [{"lr": f"0.{i + 1}"} for i in range(n)]},
+    }
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    out = _berth(cloud, "submit", "-f", str(tmp_path / "sweep.yaml"), "--output", "json")
+    assert out.returncode == 0, out.stderr
+    array_id = json.loads(out.stdout)["id"]
+    arr = _wait_counts(alice, array_id, lambda c: sum(c.get(s, 0) for s in ENDED) == n)
+    assert arr["array"]["counts"] == {"COMPLETED": n}, arr
+    groups = []
+    for i in range(n):
+        tid = f"{array_id}:{i}"
+        task = alice.get(f"/v1/jobs/{tid}").json()
+        assert task["status"] == "COMPLETED" and task["site"] == "cloud", task
+        groups.append(task["placement"].get("group"))
+        lines = log_lines(alice, tid, 1, 1, timeout=30)
+        assert lines == [f"task {i} of {n} lr 0.{i + 1} arg lr=0.{i + 1} id {tid}"], lines
+    # the tasks one pass placed together ran as one array job (the expander may split them over
+    # passes, so at least two shared one)
+    shared = [g for g in groups if g is not None]
+    assert len(shared) >= 2 and len({json.dumps(g, sort_keys=True) for g in shared}) < len(shared), groups

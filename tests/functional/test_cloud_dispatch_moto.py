@@ -389,3 +389,66 @@ def test_secrets_live_in_a_definition_per_secret_set_with_the_tenants_execution_
             f"arn:aws:secretsmanager:{REGION}:123456789012:secret:berth/vision/{n}" for n in ("a", "b")
         }
         assert d["tags"] == {"berth:tenant": "vision"}
+
+
+def test_a_group_of_array_tasks_is_one_array_job_on_batch(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from berth.domain.arrays import task_id, task_spec
+    from berth.domain.cloud import expected_batch_name
+    from berth.domain.placement import BatchGroup
+
+    service, tokens, url = cloud
+    array_id = new_job_id(NOW)
+    base = JobSpec.model_validate(
+        {
+            "name": "sweep",
+            "code": "sha256:" + "b" * 64,
+            "command": ["python", "train.py", "{lr}"],
+            "resources": {"gpu_type": "A10G", "gpus": 1},
+            "array": {"size": 3},
+        }
+    )
+    group = BatchGroup(first=0, size=3)
+    placement = CloudPlacement(
+        region=REGION, queue=QUEUE, instance_type="g5.xlarge", gpu_type="A10G", group=group
+    )
+    tasks = []
+    for i in range(3):
+        job, event = new_job(
+            task_id(array_id, i), "vision", "alice", task_spec(base, array_id, i, 3, {"lr": i}), NOW
+        )
+        service.jobs.create(job, event, max_active=100)
+        placed, event = job.transition(
+            JobStatus.STARTING,
+            "placed",
+            NOW,
+            site=placement.site,
+            placement=placement,
+            attempts=1,
+            run=job.run.model_copy(update={"fencing_token": "f"}),
+        )
+        service.jobs.save(placed, event)
+        service.dispatch(placed.id, 1, f"tok-{i}")
+        tasks.append(placed)
+    name = expected_batch_name(tasks[0])
+    messages = _receive(url)
+    assert {m["Attributes"]["MessageGroupId"] for m in messages} == {name}
+    outcomes = [service.submit(SubmitRequest.model_validate_json(m["Body"])) for m in messages]
+    assert outcomes == ["submitted"] * len(messages)
+    batch = boto3.client("batch", region_name=REGION)
+    listed = batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [name]}])[
+        "jobSummaryList"
+    ]
+    parents = [j for j in listed if ":" not in j["jobId"]]
+    assert len(parents) == 1  # one SubmitJob for the group
+    (found,) = service.batch.find(REGION, QUEUE, name)  # the parent only, never its children
+    assert found.batch_job_id == parents[0]["jobId"]
+    stored = [service.jobs.get(t.id) for t in tasks[: len(messages)]]
+    assert [s.run.batch_job_id for s in stored if s] == [
+        f"{found.batch_job_id}:{k}" for k in range(len(messages))
+    ]
+    child = f"{found.batch_job_id}:0"
+    _wait_for(batch, child, "SUCCEEDED")
+    assert service.on_event(child, name, BatchStatus.SUCCEEDED) == "succeeded"
+    assert ("succeed", "tok-0", {"result": "succeeded", "exit_code": 0}) in tokens.calls

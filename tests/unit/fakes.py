@@ -598,12 +598,18 @@ class FakeBatch:
         self.submitted.append(request)
         self.jobs[job_id] = BatchJob(job_id, request.name, BatchStatus.SUBMITTED)
         self.queues[job_id] = request.queue
+        for k in range(request.array_size):  # an array job's children: ``<parent>:<k>``, its name
+            self.jobs[f"{job_id}:{k}"] = BatchJob(f"{job_id}:{k}", request.name, BatchStatus.SUBMITTED)
+            self.queues[f"{job_id}:{k}"] = request.queue
         return job_id
 
     def find(self, region: str, queue: str, name: str) -> list[Any]:
         self._check(region)
         self.lookups += 1
-        return [j for i, j in self.jobs.items() if j.name == name and self.queues.get(i) == queue]
+        # As ListJobs without arrayJobId: an array job, never its children
+        return [
+            j for i, j in self.jobs.items() if j.name == name and self.queues.get(i) == queue and ":" not in i
+        ]
 
     def describe(self, region: str, batch_job_ids: list[str]) -> list[Any]:
         self._check(region)

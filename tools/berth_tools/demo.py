@@ -562,6 +562,40 @@ def run(s: Scenario) -> None:
             f"{', '.join(sorted(regions)) or 'on-prem'}; circuits now {state}"
         )
 
+    def cloud_sweep() -> str:
+        spec = _yaml(EXAMPLES / "mnist-bundle.yaml")
+        n = 8
+        spec.update(
+            name="mnist-cloud-sweep",
+            code=str(EXAMPLES / "mnist"),
+            command=["python3", "train.py", "--epochs", "{epochs}"],
+            constraints={"placement": "cloud"},
+            array={"parameters": [{"epochs": i + 1} for i in range(n)]},
+        )
+        for key in ("data", "secrets"):
+            spec.pop(key, None)
+        code, arr, err = s.cli("alice", "submit", "-f", spec_file("mnist-cloud-sweep.yaml", spec))
+        assert code == 0 and arr["array"]["size"] == n, (code, arr, err)
+        array_id = arr["id"]
+        deadline = time.monotonic() + 150
+        while True:
+            counts = alice.get(array_id)["array"]["counts"]
+            if sum(counts.get(k, 0) for k in ("COMPLETED", "FAILED", "CANCELED")) == n:
+                break
+            assert time.monotonic() < deadline, counts
+            time.sleep(1)
+        assert counts == {"COMPLETED": n}, counts
+        tasks = [alice.get(f"{array_id}:{i}") for i in range(n)]
+        assert all(t["site"] == "cloud" for t in tasks), [t["site"] for t in tasks]
+        groups = {json.dumps(t["placement"].get("group"), sort_keys=True) for t in tasks}
+        singles = sum(1 for t in tasks if t["placement"].get("group") is None)
+        submits = len(groups - {"null"}) + singles
+        assert submits < n, [t["placement"] for t in tasks]
+        return (
+            f"{n} tasks of ./mnist ran in the cloud as {submits} Batch SubmitJob(s) "
+            f"(array jobs of the tasks each pass placed together); each task COMPLETED with its own logs"
+        )
+
     def where_and_cost() -> str:
         rows = []
         for key in ("alice", "full0", *burst["first"], *burst["rerouted"]):
@@ -616,6 +650,7 @@ def run(s: Scenario) -> None:
         ("an admin lets team vision burst to the cloud", only_vision_bursts),
         ("on-prem V100s fill up: vision's jobs burst to AWS Batch, bob's wait on-prem", bursts_to_cloud),
         ("a region's Batch API goes down: jobs go to another region", region_outage),
+        ("a cloud sweep of a code bundle runs as Batch array jobs", cloud_sweep),
         ("where each job ran and what it cost", where_and_cost),
     ]:
         s.step(title, fn)

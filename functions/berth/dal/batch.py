@@ -201,6 +201,7 @@ class BotoBatchGateway:
                 },
                 # Berth retries (re-placing elsewhere); Batch must not run an attempt twice.
                 retryStrategy={"attempts": 1},
+                **({"arrayProperties": {"size": request.array_size}} if request.array_size else {}),
                 timeout={"attemptDurationSeconds": request.timeout_s},
                 tags=request.tags,
                 propagateTags=True,
@@ -260,7 +261,12 @@ class BotoBatchGateway:
             resp = self._own(region).list_jobs(
                 jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}]
             )
-        out = [i for i in resp.get("jobSummaryList", []) if i.get("jobName") == name]
+        # An array job's children share its name: the job asked for is the one without ``:<index>``.
+        out = [
+            i
+            for i in resp.get("jobSummaryList", [])
+            if i.get("jobName") == name and ":" not in str(i.get("jobId", ""))
+        ]
         return [_batch_job(i) for i in out]
 
     def describe(self, region: str, batch_job_ids: list[str]) -> list[BatchJob]:
@@ -277,8 +283,8 @@ class BotoBatchGateway:
 
 
 class SqsSubmitQueue:
-    """The FIFO submit queue: one message group per job (its requests in order, never two of one
-    job at once), deduplicated by ``<action>-<job>-a<attempt>`` for SQS's five minutes."""
+    """The FIFO submit queue: one message group per job, or per Batch array group (its requests in
+    order, never two at once), deduplicated by ``<action>-<job>-a<attempt>`` for SQS's five minutes."""
 
     def __init__(self, queue_url: str) -> None:
         self.queue_url = queue_url
@@ -292,7 +298,7 @@ class SqsSubmitQueue:
             self._sqs.send_message(
                 QueueUrl=self.queue_url,
                 MessageBody=request.model_dump_json(),
-                MessageGroupId=request.job_id,
+                MessageGroupId=request.message_group,
                 MessageDeduplicationId=request.dedup_id,
             )
         except (ClientError, BotoCoreError) as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from berth.domain.errors import DomainError
 from berth.domain.job import Job
-from berth.domain.placement import CloudPlacement
+from berth.domain.placement import MAX_BATCH_GROUP, BatchGroup, CloudPlacement
 from berth.domain.storage import bundle_key, job_output_prefix, parse_digest
 from berth.domain.workflow import Failure
 
@@ -51,6 +51,46 @@ def parse_batch_job_name(name: str) -> tuple[str, int] | None:
     """``(job_id, attempt)`` of a Batch job Berth submitted, else None."""
     m = _JOB_NAME_RE.fullmatch(name or "")
     return None if m is None else (m["job"].replace("_", ":"), int(m["attempt"]))
+
+
+_GROUP_NAME_RE = re.compile(
+    r"^(?P<array>j-[0-9a-z]{26})_(?P<first>[0-9]{1,5})-(?P<last>[0-9]{1,5})-g(?P<attempt>[0-9]{1,4})$"
+)
+
+
+def batch_group_name(array_id: str, group: BatchGroup, attempt: int) -> str:
+    """``<array id>_<first>-<last>-g<attempt>``: the Batch array job of a group of array tasks."""
+    return f"{array_id}_{group.first}-{group.first + group.size - 1}-g{attempt}"
+
+
+def expected_batch_name(job: Job) -> str:
+    """The name of the Batch job the job's current attempt runs in: its own, or its group's."""
+    placement = job.placement
+    if isinstance(placement, CloudPlacement) and placement.group is not None and job.spec.array_task:
+        return batch_group_name(job.spec.array_task.array_id, placement.group, job.attempts)
+    return batch_job_name(job.id, job.attempts)
+
+
+def group_child_id(parent_batch_job_id: str, index: int) -> str:
+    """A child of an array job, as Batch names it: ``<parent job id>:<index>``."""
+    return f"{parent_batch_job_id}:{index}"
+
+
+def batch_job_task(batch_job_id: str, name: str) -> tuple[str, int] | None:
+    """``(job_id, attempt)`` of the Berth attempt a Batch job runs: from its name, or, for a child
+    of a group's array job, from the group's name and the child's index. None for a Batch job that
+    is not Berth's, and for a group's parent array job (it runs nothing itself)."""
+    single = parse_batch_job_name(name)
+    if single is not None:
+        return single
+    m = _GROUP_NAME_RE.fullmatch(name or "")
+    parent, sep, child = (batch_job_id or "").rpartition(":")
+    if m is None or not sep or not parent or not child.isdigit():
+        return None
+    first, last, index = int(m["first"]), int(m["last"]), int(child)
+    if first + index > last:
+        return None
+    return f"{m['array']}:{first + index}", int(m["attempt"])
 
 
 def job_definition_name(image: str, tenant: str, secrets: tuple[tuple[str, str], ...] = ()) -> str:
@@ -254,6 +294,13 @@ class SubmitRequest(BaseModel):
     job_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: Annotated[int, Field(ge=1, le=1000)]
     action: str = "submit"
+    group: Annotated[str | None, Field(max_length=128)] = None
+    """The attempt's Batch array group (``batch_group_name``), if it runs in one: the group's requests
+    share one FIFO message group, so its array job is submitted by one of them at a time."""
+
+    @property
+    def message_group(self) -> str:
+        return self.group or self.job_id
 
     @property
     def dedup_id(self) -> str:
@@ -304,6 +351,8 @@ class BatchSubmission:
     secrets: tuple[tuple[str, str], ...] = ()
     """``(ENV_NAME, secret ARN)``: names only, resolved by ECS with ``execution_role`` at start."""
     execution_role: str = ""
+    array_size: int = 0
+    """Children of the Batch array job this submission is (0: a single job)."""
 
 
 def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> BatchSubmission:
@@ -376,7 +425,111 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
     )
 
 
+# -- array groups ------------------------------------------------------------------------------------
+#
+# Consecutive tasks of one array that one pass placed alike (same offer, same attempt number) run as
+# the children of one Batch array job: one SubmitJob for the group, not one per task. Every child
+# gets the same container overrides, so the per-task part (job id, command, array variables) travels
+# as a table in the launch spec; the launcher picks its row by ``AWS_BATCH_JOB_ARRAY_INDEX``. Image
+# jobs run their own command with no launcher to pick a row, so only code-bundle tasks are grouped.
+
+#: The group's task table at most this many bytes of JSON (SubmitJob takes 30 KiB in all).
+GROUP_TABLE_BYTES = 16_000
+#: Container variables that differ between an array's tasks: the table carries them instead.
+_PER_TASK_ENV = ("BERTH_JOB_ID", "BERTH_ARRAY_INDEX", "BERTH_ARRAY_SIZE")
+
+
+def groupable(job: Job, placement: CloudPlacement) -> bool:
+    """Whether the attempt may run as a child of a group's array job: an array task run by the
+    launcher (a code bundle), on one whole instance of its own, one node."""
+    spec = job.spec
+    return (
+        spec.array_task is not None
+        and spec.image is None
+        and spec.resources.nodes == 1
+        and placement.instances == 1
+    )
+
+
+def group_entry(job: Job) -> dict[str, Any]:
+    """One row of a group's task table: what differs between the tasks of one array."""
+    task = job.spec.array_task
+    return {
+        "job_id": job.id,
+        "command": list(job.spec.command),
+        "array_env": {} if task is None else task.env(),
+    }
+
+
+def group_entry_bytes(job: Job) -> int:
+    return len(json.dumps(group_entry(job), separators=(",", ":"))) + 1
+
+
+def group_submission(
+    members: list[Job | None], placement: CloudPlacement, settings: CloudSettings
+) -> BatchSubmission:
+    """The Batch array job of a group: child ``k`` runs ``members[k]`` (None: a task no longer on
+    this attempt, whose child exits at once without running anything). Raises ``SecretScopeError``
+    as ``submission`` does (the tasks of one array share their secrets)."""
+    present = [m for m in members if m is not None]
+    if not present or placement.group is None or len(members) != placement.group.size:
+        raise ValueError("a group needs its table, one row per child, and at least one task")
+    first = present[0]
+    assert first.spec.array_task is not None
+    base = submission(first, placement, settings)
+    launch = json.loads(base.environment["BERTH_LAUNCH"])
+    for key in ("job_id", "command", "array_env"):
+        launch.pop(key, None)
+    launch["tasks"] = [None if m is None else group_entry(m) for m in members]
+    array_id = first.spec.array_task.array_id
+    env = {
+        k: v
+        for k, v in base.environment.items()
+        if k not in _PER_TASK_ENV and not k.startswith("BERTH_PARAM_")
+    }
+    name = batch_group_name(array_id, placement.group, first.attempts)
+    env["BERTH_LAUNCH"] = json.dumps(launch, separators=(",", ":"))
+    env["BERTH_ARRAY_ID"] = array_id
+    tags = {**base.tags, "BERTH_JOB_ID": array_id, "berth:group": name}
+    return replace(base, name=name, environment=env, tags=tags, array_size=placement.group.size)
+
+
+def form_batch_groups(placed: list[tuple[Job, CloudPlacement]]) -> dict[str, BatchGroup]:
+    """The groups one pass's cloud placements form, by job id: runs of consecutive tasks of one
+    array, on the same attempt number, placed alike (``groupable``), at most ``MAX_BATCH_GROUP``
+    tasks and ``GROUP_TABLE_BYTES`` of table each; a run of one stays a Batch job of its own."""
+    runs: dict[tuple[Any, ...], list[tuple[int, Job]]] = {}
+    for job, placement in placed:
+        task = job.spec.array_task
+        if task is None or not groupable(job, placement):
+            continue
+        key = (task.array_id, job.attempts, placement.model_dump_json(exclude={"group"}))
+        runs.setdefault(key, []).append((task.index, job))
+    groups: dict[str, BatchGroup] = {}
+
+    def close(run: list[tuple[int, Job]]) -> None:
+        if len(run) >= 2:
+            group = BatchGroup(first=run[0][0], size=len(run))
+            groups.update({job.id: group for _, job in run})
+
+    for members in runs.values():
+        run: list[tuple[int, Job]] = []
+        used = 0
+        for index, job in sorted(members, key=lambda m: m[0]):
+            size = group_entry_bytes(job)
+            if run and (
+                index != run[-1][0] + 1 or len(run) >= MAX_BATCH_GROUP or used + size > GROUP_TABLE_BYTES
+            ):
+                close(run)
+                run, used = [], 0
+            run.append((index, job))
+            used += size
+        close(run)
+    return groups
+
+
 __all__ = [
+    "GROUP_TABLE_BYTES",
     "BatchJob",
     "BatchStatus",
     "BatchSubmission",
@@ -388,10 +541,19 @@ __all__ = [
     "CloudUnavailable",
     "SecretScopeError",
     "SubmitRequest",
+    "batch_group_name",
     "batch_job_name",
+    "batch_job_task",
     "batch_secrets",
     "execution_role_name",
+    "expected_batch_name",
     "failed_outcome",
+    "form_batch_groups",
+    "group_child_id",
+    "group_entry",
+    "group_entry_bytes",
+    "group_submission",
+    "groupable",
     "job_definition_name",
     "parse_batch_job_name",
     "submission",

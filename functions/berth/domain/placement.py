@@ -38,6 +38,20 @@ class OnPremPlacement(_Record):
     """The internal rate of its GPUs per hour, fixed when placed (``berth.domain.cost``)."""
 
 
+#: The most tasks one Batch array job carries (also one BatchGetItem's worth of members).
+MAX_BATCH_GROUP = 100
+
+
+class BatchGroup(_Record):
+    """An array task's attempt that runs as a child of a Batch array job with its neighbours: the
+    pass that placed them formed the group from consecutive tasks of one array, placed alike, on the
+    same attempt number. Child ``k`` of the Batch array job runs task ``first + k``
+    (``berth.domain.cloud``, "array groups")."""
+
+    first: int = Field(ge=0)
+    size: int = Field(ge=2, le=MAX_BATCH_GROUP)
+
+
 class CloudPlacement(_Record):
     site: Literal[Site.CLOUD] = Site.CLOUD
     region: str = Field(min_length=1)
@@ -49,6 +63,8 @@ class CloudPlacement(_Record):
     spot: bool = False
     hourly_usd: float = Field(default=0.0, ge=0.0)
     """What the job pays per hour: its instances' whole price, or its GPU share of a shared one."""
+    group: BatchGroup | None = None
+    """Set when this attempt runs as one child of a Batch array job (None: a Batch job of its own)."""
 
 
 JobPlacement = Annotated[OnPremPlacement | CloudPlacement, Field(discriminator="site")]

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from berth.domain.cloud import BatchJob, BatchStatus, CloudError, parse_batch_job_name
+from berth.domain.cloud import BatchJob, BatchStatus, CloudError, batch_job_task
 from berth.domain.errors import StoreUnavailable
 from berth.domain.job import Job
 from berth.logic.cloud_dispatch import CloudDispatchService, EventReads, region_of
@@ -47,7 +47,7 @@ def parse_event(body: str) -> BatchEvent | None:
 
 def read_once(service: CloudDispatchService, events: Sequence[BatchEvent]) -> EventReads:
     """The jobs and Batch jobs ``events`` name, in one BatchGetItem and a DescribeJobs per region."""
-    named = {e.batch_job_id: parse_batch_job_name(e.name) for e in events}
+    named = {e.batch_job_id: batch_job_task(e.batch_job_id, e.name) for e in events}
     job_ids = sorted({p[0] for p in named.values() if p is not None})
     if not job_ids:
         return EventReads()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from berth.domain.arrays import task_id
 from berth.domain.cloud import (
     REGION_WIDE,
     TERMINATED_BY_BERTH,
@@ -28,9 +29,11 @@ from berth.domain.cloud import (
     CloudUnavailable,
     SecretScopeError,
     SubmitRequest,
-    batch_job_name,
+    batch_job_task,
+    expected_batch_name,
     failed_outcome,
-    parse_batch_job_name,
+    group_child_id,
+    group_submission,
     submission,
 )
 from berth.domain.errors import Conflict
@@ -44,6 +47,8 @@ from berth.domain.workflow import Failure
 Clock = Callable[[], datetime]
 S = JobStatus
 RETRIES = 8
+#: Group array-job ids remembered per sandbox (a group's later requests skip the ListJobs).
+PARENTS_KEPT = 1024
 ACTIVE = (S.STARTING, S.RUNNING, S.CANCELING)
 
 
@@ -73,6 +78,8 @@ class CloudDispatchService:
     circuits: CircuitRepository
     clock: Clock
     settings: CloudSettings = field(default_factory=CloudSettings)
+    #: Group name -> its array job's id, as this sandbox submitted or found it (ids never change).
+    _parents: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def _now(self) -> float:
         return self.clock().timestamp()
@@ -97,7 +104,7 @@ class CloudDispatchService:
                 self.jobs.update(job.updated(job.updated_at, run=run))
             except Conflict:
                 continue
-            self.submits.send(SubmitRequest(job_id=job_id, attempt=attempt))
+            self.submits.send(submit_request(job))
             return
         raise Conflict(f"job {job_id!r} kept changing while dispatching")
 
@@ -120,7 +127,6 @@ class CloudDispatchService:
             if job.status is S.CANCELING:
                 self.cancel_unrecorded(job)
                 return "canceled"
-            name = batch_job_name(job.id, job.attempts)
             try:
                 batch_request = submission(job, placement, self.settings)
             except SecretScopeError as exc:
@@ -128,8 +134,11 @@ class CloudDispatchService:
                     self.tokens.fail(token, Failure.INVALID_SPEC.error_name, exc.message)
                 return "refused"
             try:
-                found = self.batch.find(placement.region, placement.queue, name)
-                batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
+                if placement.group is not None:
+                    batch_id = self._group_child(job, placement)
+                else:
+                    found = self.batch.find(placement.region, placement.queue, batch_request.name)
+                    batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
             except CloudThrottled:
                 # Still throttled after the adapter's backoff: part of the region's live signal, and
                 # the request stays on the queue (redelivered later, never dropped).
@@ -151,17 +160,50 @@ class CloudDispatchService:
             return "submitted"
         raise Conflict(f"job {request.job_id!r} kept changing while submitting")
 
+    def _group_child(self, job: Job, placement: CloudPlacement) -> str:
+        """The Batch job id of the attempt's child in its group's array job, which the first of the
+        group's requests to get here submits (its requests share a FIFO message group, so one at a
+        time): found by name (or remembered from this sandbox's earlier requests), else submitted
+        with a row for every task still on this attempt. Child ``k`` runs task ``first + k``."""
+        group, task = placement.group, job.spec.array_task
+        assert group is not None and task is not None
+        name = expected_batch_name(job)
+        parent = self._parents.get(name)
+        if parent is None:
+            found = [
+                b
+                for b in self.batch.find(placement.region, placement.queue, name)
+                if ":" not in b.batch_job_id
+            ]
+            if found:
+                parent = found[0].batch_job_id
+            else:
+                ids = [task_id(task.array_id, group.first + k) for k in range(group.size)]
+                stored = self.jobs.get_many(ids)
+                members = [_on_group(stored.get(i), name) for i in ids]
+                parent = self.batch.submit(group_submission(members, placement, self.settings))
+            self._parents[name] = parent
+            while len(self._parents) > PARENTS_KEPT:
+                self._parents.pop(next(iter(self._parents)))
+        return group_child_id(parent, task.index - group.first)
+
     def cancel_unrecorded(self, job: Job) -> None:
         """End a canceled attempt that has no Batch job on record: a job of its name that a crashed
         submit left behind is terminated, then its token fails ``Canceled``."""
         placement = cloud_attempt(job)
         if placement is None:
             return
-        name = batch_job_name(job.id, job.attempts)
+        name = expected_batch_name(job)
+        reason = TERMINATED_BY_BERTH + "canceled"
         try:
-            for bj in self.batch.find(placement.region, placement.queue, name):
+            found = self.batch.find(placement.region, placement.queue, name)
+            if placement.group is not None and job.spec.array_task is not None:
+                # only this task's child: its neighbours in the group run on
+                index = job.spec.array_task.index - placement.group.first
+                children = [group_child_id(b.batch_job_id, index) for b in found if ":" not in b.batch_job_id]
+                found = self.batch.describe(placement.region, children) if children else []
+            for bj in found:
                 if not bj.status.is_terminal:
-                    reason = TERMINATED_BY_BERTH + "canceled"
                     self.batch.terminate(placement.region, bj.batch_job_id, reason, job.tenant)
         except CloudThrottled:
             raise
@@ -186,7 +228,7 @@ class CloudDispatchService:
         longer runs) are ignored, and their Batch job terminated if still alive. An event that
         ``reported`` an earlier state than Batch's outcome moves the job to RUNNING at most: the
         outcome's own event answers the token (once), the sweep when that event is missed."""
-        parsed = parse_batch_job_name(name)
+        parsed = batch_job_task(batch_job_id, name)
         if parsed is None:
             return "foreign"
         reads = reads or EventReads()
@@ -195,7 +237,10 @@ class CloudDispatchService:
             return "unknown"
         placement = cloud_attempt(job)
         stale = (
-            placement is None or job.attempts != parsed[1] or job.run.batch_job_id not in (None, batch_job_id)
+            placement is None
+            or job.attempts != parsed[1]
+            or expected_batch_name(job) != name
+            or job.run.batch_job_id not in (None, batch_job_id)
         )
         if stale or placement is None:
             self._terminate_orphan(job, batch_job_id, reads)
@@ -282,7 +327,7 @@ class CloudDispatchService:
         the attempt from its name) on the job, so ``GET /v1/jobs/{id}/logs`` reads it, also once the
         job has moved on. Idempotent; returns the job as stored afterwards when it is still on the
         same version line of that attempt, else the job as given."""
-        parsed = parse_batch_job_name(bj.name)
+        parsed = batch_job_task(bj.batch_job_id, bj.name)
         if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
             return job
         attempt, stream = parsed[1], str(bj.log_stream)
@@ -331,8 +376,33 @@ class CloudDispatchService:
         raise Conflict(f"job {job.id!r} kept changing while starting")
 
 
+def submit_request(job: Job) -> SubmitRequest:
+    """The submit queue's message for the job's current attempt (its group's, if it has one)."""
+    group = None
+    if isinstance(job.placement, CloudPlacement) and job.placement.group is not None:
+        group = expected_batch_name(job)
+    return SubmitRequest(job_id=job.id, attempt=job.attempts, group=group)
+
+
+def _on_group(job: Job | None, name: str) -> Job | None:
+    """The task, if its current attempt is still waiting for this group's array job, else None (its
+    child runs nothing: it was canceled, moved on, or never placed here)."""
+    if job is None or job.status is not S.STARTING or job.run.stop or cloud_attempt(job) is None:
+        return None
+    if job.run.batch_job_id is not None or expected_batch_name(job) != name:
+        return None
+    return job
+
+
 def region_of(job: Job) -> str | None:
     return job.placement.region if isinstance(job.placement, CloudPlacement) else None
 
 
-__all__ = ["TERMINATED_BY_BERTH", "CloudDispatchService", "EventReads", "cloud_attempt", "region_of"]
+__all__ = [
+    "TERMINATED_BY_BERTH",
+    "CloudDispatchService",
+    "EventReads",
+    "cloud_attempt",
+    "region_of",
+    "submit_request",
+]

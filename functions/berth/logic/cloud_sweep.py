@@ -27,13 +27,12 @@ from berth.domain.cloud import (
     TERMINATED_BY_BERTH,
     BatchJob,
     CloudError,
-    SubmitRequest,
 )
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
-from berth.logic.cloud_dispatch import CloudDispatchService, cloud_attempt
+from berth.logic.cloud_dispatch import CloudDispatchService, cloud_attempt, submit_request
 
 S = JobStatus
 #: DescribeJobs takes at most 100 ids.
@@ -128,7 +127,7 @@ class CloudSweep:
                 cause = f"{placement.region}: circuit open before the Batch job was submitted"
                 report.failed_over += int(svc.tokens.fail(token, Failure.CLOUD_API.error_name, cause))
             elif token and waited >= svc.settings.submit_grace_s:
-                svc.submits.send(SubmitRequest(job_id=job.id, attempt=job.attempts))
+                svc.submits.send(submit_request(job))
                 report.resubmitted += 1
             return
         submitted = job.run.submitted_at or job.updated_at

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from berth.domain.cost import CostRates, onprem_hourly_usd
 from berth.domain.fleet import HostRecord
 from berth.domain.job import Job, JobEvent
-from berth.domain.placement import HostGpus
+from berth.domain.placement import BatchGroup, HostGpus
 from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.scheduler.decisions import Assignment, OnPremAssignment
@@ -152,9 +152,10 @@ def placed_job(
     held: tuple[HostGpus, ...],
     rates: CostRates,
     fencing_token: str,
+    group: BatchGroup | None = None,
 ) -> tuple[Job, JobEvent]:
     """The job as ``assignment`` places it (STARTING, attempt n+1, holding ``held``, with a new
-    fencing token) and its event."""
+    fencing token; a cloud attempt in ``group``, if the pass formed one) and its event."""
     if isinstance(assignment, OnPremAssignment):
         gpus = sum(h.gpus for h in held)
         placement: Any = assignment.record().model_copy(
@@ -162,8 +163,10 @@ def placed_job(
         )
         where = f"on-prem pool {assignment.pool}: " + ", ".join(f"{h.host_id} ({h.gpus})" for h in held)
     else:
-        placement = assignment.record()
+        placement = assignment.record().model_copy(update={"group": group})
         where = f"cloud {assignment.region} {assignment.instance_type}{' spot' if assignment.spot else ''}"
+        if group is not None:
+            where += f" (Batch array of tasks {group.first}-{group.first + group.size - 1})"
     attempt = job.attempts + 1
     run = job.run.model_copy(
         update={

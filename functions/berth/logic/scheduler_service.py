@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from berth.domain.cloud import form_batch_groups
 from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit
 from berth.domain.errors import Conflict, StoreUnavailable
 from berth.domain.fleet import HoldRequest, attempt_key
 from berth.domain.job import Job
-from berth.domain.placement import HostGpus, OnPremPlacement
+from berth.domain.placement import BatchGroup, HostGpus, OnPremPlacement
 from berth.domain.ports import (
     Executions,
     HostRepository,
@@ -286,14 +287,24 @@ class SchedulerService:
         ``records`` (disjoint across the pass); each one's outcome, in order."""
         picker = GpuPicker(records)
         locks = HostLocks()
+        groups = form_batch_groups(
+            [(j, a.record()) for j, a in placements if not isinstance(a, OnPremAssignment)]
+        )
         tasks = []
         for job, assignment in placements:
             gpu_ids = None
             if isinstance(assignment, OnPremAssignment):
                 gpu_ids = {h: picker.take(h, gpus) for h, gpus in assignment.hosts}
 
-            def task(job: Job = job, assignment: Assignment = assignment, gpu_ids: Any = gpu_ids) -> Outcome:
-                placed = self.apply_placement(job, assignment, now, rates, gpu_ids=gpu_ids, locks=locks)
+            def task(
+                job: Job = job,
+                assignment: Assignment = assignment,
+                gpu_ids: Any = gpu_ids,
+                group: BatchGroup | None = groups.get(job.id),
+            ) -> Outcome:
+                placed = self.apply_placement(
+                    job, assignment, now, rates, gpu_ids=gpu_ids, locks=locks, group=group
+                )
                 return Outcome.PLACED if placed else Outcome.SKIPPED
 
             tasks.append(task)
@@ -309,6 +320,7 @@ class SchedulerService:
         rates: CostRates | None = None,
         gpu_ids: dict[str, tuple[str, ...] | None] | None = None,
         locks: HostLocks | None = None,
+        group: BatchGroup | None = None,
     ) -> bool:
         """Place ``job`` as ``assignment`` says, in one transaction, and answer its placement token;
         False when the transaction lost a race (decided again next pass). ``gpu_ids``: the UUIDs to
@@ -329,7 +341,7 @@ class SchedulerService:
                     return False
                 held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=picked))
                 holds.append(HoldRequest(host_id, picked, assignment.cpu, assignment.memory_gib, now))
-        nxt, event = placed_job(job, assignment, now, tuple(held), rates, self.new_token())
+        nxt, event = placed_job(job, assignment, now, tuple(held), rates, self.new_token(), group)
         assert self.placements is not None
         try:
             with locks.holding(h.host_id for h in held) if locks is not None else _nothing():

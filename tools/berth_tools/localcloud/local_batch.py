@@ -69,6 +69,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from berth.domain.arrays import from_aws_name
+from berth.domain.cloud import batch_job_task
 from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
 from berth_agent.executors.process import ProcessRun, UidPool
 from berth_agent.logship import LogShipper
@@ -274,7 +276,8 @@ class LocalBatch:
     # -- the job's thread -------------------------------------------------------------------------
     def execute(self, job: Any) -> None:
         env = self._environment(job)
-        run = _Run(job, env.get("BERTH_JOB_ID"), _int(env.get("BERTH_ATTEMPT"), 1))
+        task = batch_job_task(str(job.job_id), str(job.job_name))  # a group's child runs one task
+        run = _Run(job, task[0] if task else None, task[1] if task else 1)
         with self._lock:
             self._runs[job.job_id] = run
         try:
@@ -454,6 +457,7 @@ class LocalBatch:
                 "AWS_BATCH_JOB_ID": job.job_id,
                 "AWS_BATCH_JQ_NAME": job.job_queue.name,
                 "AWS_BATCH_JOB_ATTEMPT": str(len(job.attempts)),
+                **self._array_env(job),
                 "AWS_REGION": region,
                 "AWS_DEFAULT_REGION": region,
                 "AWS_ENDPOINT_URL": self.endpoint_url,
@@ -471,6 +475,12 @@ class LocalBatch:
             env["PYTHONPATH"] = os.pathsep.join(_package_roots())
             env.setdefault("BERTH_LAUNCH_WORK_DIR", str(workdir / "launch"))
         return argv, env
+
+    @staticmethod
+    def _array_env(job: Any) -> dict[str, str]:
+        """A child of an array job sees its index (``AWS_BATCH_JOB_ARRAY_INDEX``), as on Batch."""
+        index = (getattr(job, "array_properties", None) or {}).get("index")
+        return {} if index is None else {"AWS_BATCH_JOB_ARRAY_INDEX": str(index)}
 
     def _role_credentials(self, job: Any) -> dict[str, str]:
         """STS credentials of the definition's `jobRoleArn` (what the container's role endpoint serves)."""
@@ -591,17 +601,18 @@ class LocalBatch:
     # -- faults and shutdown ----------------------------------------------------------------------
     def spot_interrupt(self, berth_job_id: str) -> str | None:
         """Reclaim the instance of the Berth job's running Batch job (the latest attempt, by its name
-        `<job_id>-a<n>`): the process is killed and the job fails with the spot reason."""
-        prefix = f"{berth_job_id}-a"
+        `<job_id>-a<n>`, or its child of a group's array job): the process is killed and the job
+        fails with the spot reason."""
+        wanted = from_aws_name(berth_job_id)
         with self._lock:
             candidates = [
                 r
                 for r in self._runs.values()
-                if str(r.job.job_name).startswith(prefix) and r.handle is not None and not r.job.job_stopped
+                if r.berth_job_id == wanted and r.handle is not None and not r.job.job_stopped
             ]
         if not candidates:
             return None
-        run = max(candidates, key=lambda r: _int(str(r.job.job_name)[len(prefix) :], 0))
+        run = max(candidates, key=lambda r: r.attempt)
         run.spot = True
         assert run.handle is not None
         run.handle.cancel(0)
