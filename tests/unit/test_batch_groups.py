@@ -253,3 +253,28 @@ def test_the_launcher_runs_nothing_for_a_child_without_a_task(capsys: pytest.Cap
     assert main({"BERTH_LAUNCH": json.dumps(table)}) == 64
     with pytest.raises(LaunchSpecError):
         LaunchSpec.parse({**table, "tasks": [{"job_id": "j:0", "command": ["true"], "rm": "-rf"}]}, "0")
+
+
+def test_a_groups_tokens_are_answered_only_once_all_its_tasks_are_placed() -> None:
+    """The first submit of a group reads its tasks: a task placed after a neighbour's token was
+    answered (and its submit ran) would get no row and never run. So the pass answers a group's
+    tokens after its last placement."""
+    w = CloudWorld()
+    jobs = _tasks(w, range(4))
+    order: list[str] = []
+    place = w.scheduler.placements.place  # type: ignore[union-attr]
+    succeed = w.tokens.succeed
+
+    def placing(job: Job, *args: Any) -> None:
+        place(job, *args)
+        order.append("place")
+
+    def answering(token: str, output: dict[str, Any]) -> bool:
+        order.append("answer")
+        return succeed(token, output)
+
+    w.scheduler.placements.place = placing  # type: ignore[union-attr, method-assign]
+    w.tokens.succeed = answering  # type: ignore[method-assign]
+    _placed(w, jobs)
+    assert order == ["place"] * 4 + ["answer"] * 4
+    assert all(_group(w.job(j.id)) == BatchGroup(first=0, size=4) for j in jobs)

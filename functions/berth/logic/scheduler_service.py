@@ -290,6 +290,9 @@ class SchedulerService:
         groups = form_batch_groups(
             [(j, a.record()) for j, a in placements if not isinstance(a, OnPremAssignment)]
         )
+        # A group's tokens are answered once every placement of the pass is in: the first of its
+        # submits reads the group's tasks, and must find each one that will ever carry the group.
+        later: list[tuple[str, dict[str, Any]]] = []
         tasks = []
         for job, assignment in placements:
             gpu_ids = None
@@ -303,14 +306,32 @@ class SchedulerService:
                 group: BatchGroup | None = groups.get(job.id),
             ) -> Outcome:
                 placed = self.apply_placement(
-                    job, assignment, now, rates, gpu_ids=gpu_ids, locks=locks, group=group
+                    job,
+                    assignment,
+                    now,
+                    rates,
+                    gpu_ids=gpu_ids,
+                    locks=locks,
+                    group=group,
+                    answers=None if group is None else later,
                 )
                 return Outcome.PLACED if placed else Outcome.SKIPPED
 
             tasks.append(task)
-        return run_bounded(
+        outcomes = run_bounded(
             tasks, self.apply_workers, deadline or Deadline(), Outcome.DEFERRED, minimum=self.min_placements
         )
+        self._answer(later)
+        return outcomes
+
+    def _answer(self, answers: list[tuple[str, dict[str, Any]]]) -> None:
+        def answer(token: str, output: dict[str, Any]) -> bool:
+            with suppress(StoreUnavailable):  # a later pass answers it (reanswer_placements)
+                return self.tokens.succeed(token, output)
+            return False
+
+        calls = [lambda t=t, o=o: answer(t, o) for t, o in answers]
+        run_bounded(calls, self.apply_workers, Deadline(), False, minimum=len(calls))
 
     def apply_placement(
         self,
@@ -321,10 +342,12 @@ class SchedulerService:
         gpu_ids: dict[str, tuple[str, ...] | None] | None = None,
         locks: HostLocks | None = None,
         group: BatchGroup | None = None,
+        answers: list[tuple[str, dict[str, Any]]] | None = None,
     ) -> bool:
         """Place ``job`` as ``assignment`` says, in one transaction, and answer its placement token;
         False when the transaction lost a race (decided again next pass). ``gpu_ids``: the UUIDs to
-        hold on each host (a pass picks them from its snapshot); None: read the hosts for them."""
+        hold on each host (a pass picks them from its snapshot); None: read the hosts for them.
+        ``answers``: where to leave the token's answer for the caller to send, instead of now."""
         rates = rates or CostRates()
         attempt = job.attempts + 1
         key = attempt_key(job.id, attempt)
@@ -351,7 +374,9 @@ class SchedulerService:
         if self.after_apply is not None:
             self.after_apply(nxt)
         token = job.run.placement_token
-        if token:
+        if token and answers is not None:
+            answers.append((token, placement_output(nxt)))
+        elif token:
             # Placed all the same when the answer fails: a later pass answers it (reanswer_placements).
             with suppress(StoreUnavailable):
                 self.tokens.succeed(token, placement_output(nxt))
