@@ -48,7 +48,9 @@ class _FakeClient:
             "created_at": "2026-01-01T00:00:00Z",
         }
 
-    def list(self, limit: int = 50, next_token: str | None = None) -> dict[str, Any]:
+    def list(
+        self, limit: int = 50, next_token: str | None = None, array: str | None = None
+    ) -> dict[str, Any]:
         # Three a page (the bench asks for 100), and a job of an earlier run the bench must ignore.
         jobs = [self.get(f"j{i + 1}") for i in range(len(self.specs))]
         jobs.append({**self.get("old-1"), "status": "RUNNING"})
@@ -143,3 +145,64 @@ def test_an_api_gateway_invocation_is_named_by_its_method_and_resource() -> None
     event = {"httpMethod": "GET", "resource": "/v1/jobs/{id}", "path": "/v1/jobs/j-1"}
     assert activity_of(event) == "GET /v1/jobs/{id}"
     assert activity_of({"Records": []}) == "" and activity_of([1, 2]) == "" and activity_of(None) == ""
+
+
+class _FakeArrayClient(_FakeClient):
+    """Arrays: each submit is an array of ``size`` tasks, all COMPLETED in the cloud, tasks 0 and 1 of
+    each in one Batch group; the bundle is already stored."""
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.specs.append(spec)
+        return {"id": f"j-{len(self.specs):026d}", "array": spec["array"]}
+
+    def request_bundle(self, digest: str, size: int) -> dict[str, Any]:
+        return {"present": True}
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        if ":" not in job_id:
+            size = next(
+                s["array"]["size"] for i, s in enumerate(self.specs) if job_id.endswith(f"{i + 1:026d}")
+            )
+            return {"id": job_id, "array": {"size": size, "counts": {"COMPLETED": size}}}
+        index = int(job_id.rsplit(":", 1)[1])
+        group = {"first": 0, "size": 2} if index < 2 else None
+        return {**super().get("x"), "id": job_id, "placement": {"group": group}}
+
+    def list(
+        self, limit: int = 50, next_token: str | None = None, array: str | None = None
+    ) -> dict[str, Any]:
+        assert array is not None, "an array run lists tasks by array"
+        size = self.get(array)["array"]["size"]
+        return {"jobs": [self.get(f"{array}:{k}") for k in range(size)], "next_token": None}
+
+
+def test_an_array_run_submits_arrays_and_audits_grouped_batch_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from berth.domain.cloud import batch_group_name
+    from berth.domain.placement import BatchGroup
+
+    monkeypatch.setattr(e2e_bench.time, "sleep", lambda _s: None)
+    specs: list[dict[str, Any]] = []
+    first = f"j-{1:026d}"
+    names = Counter(
+        {batch_group_name(first, BatchGroup(first=0, size=2), 1): 1, f"{first}_2-a1": 1, f"{first}_3-a1": 1}
+    )
+    report = e2e_bench.run_e2e(
+        lambda: _FakeArrayClient(specs),  # type: ignore[arg-type,return-value]
+        jobs=7,
+        concurrency=1,
+        placement="cloud",
+        array_size=4,
+        meter=lambda _reset: {
+            "meter": {"requests": {"batch": {"SubmitJob": 3}}},
+            "bill": {"total_usd": "0", "per_service_usd": {}},
+        },
+        batch_jobs=lambda: names,
+    )
+    assert [s["array"] for s in specs] == [{"size": 4}, {"size": 3}]  # the last array is smaller
+    assert all(s["code"].startswith("sha256:") and "image" not in s for s in specs)
+    assert report["submitted"] == 7 and report["completed"] == 7 and report["lost"] == 0
+    assert report["batch_submit_jobs_per_job"] == round(3 / 7, 3)
+    # the first array: one group (tasks 0-1) and two single jobs, each submitted once
+    assert report["duplicated"] == 0 and report["batch_jobs"] == 3
+    # the second array's tasks have no Batch job in ``names``
+    assert report["cloud_without_batch_job"] == 3

@@ -225,11 +225,14 @@ class BerthClient:
         return self.call("GET", path, query={"month": month})
 
 
-def every_job(client: BerthClient, page_size: int = 100) -> Iterator[dict[str, Any]]:
-    """Every job of the caller's tenant (an array is one row), page by page, following ``next_token``."""
+def every_job(
+    client: BerthClient, page_size: int = 100, array: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every job of the caller's tenant (an array is one row), or every created task of ``array``,
+    page by page, following ``next_token``."""
     token: str | None = None
     while True:
-        page = client.list(limit=page_size, next_token=token)
+        page = client.list(limit=page_size, next_token=token, array=array)
         yield from page.get("jobs", [])
         token = page.get("next_token")
         if not token:

@@ -1,6 +1,7 @@
 """Count the AWS Batch jobs of a benchmark's Berth jobs: how many Batch jobs each attempt got.
 
 The dispatcher names every Batch job ``<job_id>-a<attempt>`` (docs/workflow.md, "The cloud branch"),
+or, for array tasks grouped into one Batch array job, ``<array id>_<first>-<last>-g<attempt>``,
 so one ListJobs per Berth queue (``berth-<region>-<family>-<ondemand|spot>``, found with DescribeJobQueues)
 in every region of the price file, with a ``JOB_NAME`` filter (which makes ListJobs return every
 status), shows whether an attempt was submitted once, never or more than once. Run it after reading
@@ -14,6 +15,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import boto3
+
+from berth.domain.arrays import parse_task_id
+from berth.domain.cloud import batch_group_name, batch_job_name
+from berth.domain.placement import BatchGroup
 
 #: The prefix of Berth's Batch queues (infra/berth_infra/batch.py).
 QUEUE_PREFIX = "berth-"
@@ -44,7 +49,8 @@ def batch_job_names(
                 jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [f"{prefix}*"]}]
             )
             for page in pages:
-                names.update(j["jobName"] for j in page.get("jobSummaryList", []))
+                # an array job's children share its name (only an emulator lists them here)
+                names.update(j["jobName"] for j in page.get("jobSummaryList", []) if ":" not in j["jobId"])
     return names
 
 
@@ -54,14 +60,23 @@ def audit(jobs: dict[str, dict[str, Any]], names: Counter[str]) -> dict[str, Any
     ``cloud_without_batch_job`` the jobs that ran in the cloud but have no Batch job for their last
     attempt."""
     duplicated = 0
-    batch_jobs = 0
     missing = 0
+    seen: set[str] = set()
     for job_id, job in jobs.items():
         attempts = max(1, int(job.get("attempts") or 1))
-        counts = [names.get(f"{job_id}-a{n}", 0) for n in range(1, attempts + 1)]
-        batch_jobs += sum(counts)
+        expected = [batch_job_name(job_id, n) for n in range(1, attempts + 1)]
+        group = (job.get("placement") or {}).get("group")
+        array = parse_task_id(job_id)
+        if group and array:  # the last attempt ran as a child of its group's array job
+            expected[-1] = batch_group_name(array[0], BatchGroup.model_validate(group), attempts)
+        counts = [names.get(n, 0) for n in expected]
+        seen.update(expected)
         if any(c > 1 for c in counts):
             duplicated += 1
         if job.get("site") == "cloud" and counts[-1] == 0:
             missing += 1
-    return {"duplicated": duplicated, "batch_jobs": batch_jobs, "cloud_without_batch_job": missing}
+    return {
+        "duplicated": duplicated,
+        "batch_jobs": sum(names.get(n, 0) for n in seen),
+        "cloud_without_batch_job": missing,
+    }

@@ -57,6 +57,38 @@ def probe_spec(gpu_type: str, run_s: float, tag: str, i: int, placement: str = "
     }
 
 
+#: What each task of a ``--array-size`` run runs: a code bundle (grouped into Batch array jobs in the
+#: cloud; an image task is a Batch job of its own), sleeping for its ``RUN_S``.
+TASK_PY = "import os, time\ntime.sleep(float(os.environ.get('RUN_S', '1')))\n"
+
+
+def array_spec(
+    gpu_type: str, run_s: float, tag: str, i: int, size: int, code: str, placement: str = "onprem"
+) -> dict[str, Any]:
+    """Array ``i`` of a run: ``size`` tasks of the code bundle ``code`` (``sha256:...``)."""
+    spec = probe_spec(gpu_type, run_s, tag, i, placement)
+    del spec["image"]
+    spec.update(
+        code=code,
+        command=["python3", "task.py"],
+        env={**spec["env"], "RUN_S": str(run_s)},
+        array={"size": size},
+    )
+    return spec
+
+
+def bundle_code(client: BerthClient) -> str:
+    """Upload the tasks' bundle (``TASK_PY``) once; its ``sha256:`` reference."""
+    import tempfile
+    from pathlib import Path
+
+    from berth_tools.bundle import upload
+
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
+        (Path(tmp) / "task.py").write_text(TASK_PY)
+        return upload(client, Path(tmp)).code
+
+
 def calls_per_job(requests: dict[str, dict[str, int]], jobs: int) -> dict[str, Any]:
     """AWS calls per finished job by service and operation, from the meter's request counts (the
     fleet's heartbeats and the scheduler's timer included, as everything metered in the run is)."""
@@ -144,10 +176,17 @@ def run_e2e(
     rate: float | None = None,
     placement: str = "onprem",
     batch_jobs: Callable[[], Counter[str]] | None = None,
+    array_size: int = 1,
 ) -> dict[str, Any]:
+    """``array_size`` > 1: the ``jobs`` are tasks of arrays of that size (the last may be smaller),
+    each running a code bundle; submits, errors and the submit time are then per array."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}")
+    if array_size < 1:
+        raise ValueError("array_size is at least 1")
     tag = uuid.uuid4().hex[:8]
+    sizes = [min(array_size, jobs - start) for start in range(0, jobs, array_size)]
+    code = bundle_code(client()) if array_size > 1 else ""
     if meter is not None:
         meter(True)
     started = time.monotonic()
@@ -163,28 +202,48 @@ def run_e2e(
         c = client()
         t0 = time.perf_counter()
         models = ANY_GPU[placement] if gpu_type == "any" else (gpu_type,)
+        model = models[i % len(models)]
         try:
-            job = c.submit(probe_spec(models[i % len(models)], run_s, tag, i, placement))
+            if array_size > 1:
+                spec = array_spec(model, run_s, tag, i, sizes[i], code, placement)
+            else:
+                spec = probe_spec(model, run_s, tag, i, placement)
+            job = c.submit(spec)
         except ClientError as exc:
             key = f"{exc.status} {exc.code}: {exc.message[:120]}"
             errors[key] = errors.get(key, 0) + 1
             return
         submit_ms.append((time.perf_counter() - t0) * 1000)
-        ids.append(job["id"])
+        if array_size > 1:
+            arrays.append(job["id"])
+            ids.extend(f"{job['id']}:{k}" for k in range(sizes[i]))
+        else:
+            ids.append(job["id"])
 
+    arrays: list[str] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(submit, range(jobs)))
+        list(pool.map(submit, range(len(sizes) if array_size > 1 else jobs)))
     c = client()
     deadline = time.monotonic() + timeout_s
     pending = set(ids)
     final: dict[str, dict[str, Any]] = {}
     while pending and time.monotonic() < deadline:
         # The tenant's listing, a page of 100 per request, rather than a GET per job: the bench's own
-        # reads stay a small part of what the API serves however many jobs are in flight.
-        for job in every_job(c):
-            if job.get("id") in pending and job.get("status") in TERMINAL:
-                final[job["id"]] = job
-                pending.discard(job["id"])
+        # reads stay a small part of what the API serves however many jobs are in flight. An array's
+        # tasks are listed by array, once its counts say every task has ended.
+        if arrays:
+            for array_id in list(arrays):
+                counts = c.get(array_id).get("array", {}).get("counts", {})
+                if set(counts) <= set(TERMINAL):
+                    arrays.remove(array_id)
+                    for job in every_job(c, array=array_id):
+                        final[job["id"]] = job
+                        pending.discard(job["id"])
+        else:
+            for job in every_job(c):
+                if job.get("id") in pending and job.get("status") in TERMINAL:
+                    final[job["id"]] = job
+                    pending.discard(job["id"])
         if pending:
             time.sleep(1.0)
     wall = time.monotonic() - started
@@ -198,6 +257,7 @@ def run_e2e(
         attempts.append(int(job["attempts"]))
     report: dict[str, Any] = {
         "jobs": jobs,
+        "array_size": array_size,
         "submitted": len(ids),
         "completed": sum(1 for j in final.values() if j["status"] == "COMPLETED"),
         "failed": sum(1 for j in final.values() if j["status"] == "FAILED"),
@@ -244,6 +304,8 @@ def run_e2e(
         report["batch_api_calls"] = sum(batch_calls.values())
         report["batch_api_calls_per_job"] = round(sum(batch_calls.values()) / max(1, len(ids)), 3)
         report["batch_api_calls_by_operation"] = dict(sorted(batch_calls.items()))
+        submits = sum(n for op, n in batch_calls.items() if op.lower().endswith("submitjob"))
+        report["batch_submit_jobs_per_job"] = round(submits / max(1, len(ids)), 3)
     if batch_jobs is not None:
         report.update(batch_audit.audit(final, batch_jobs()))
     return report

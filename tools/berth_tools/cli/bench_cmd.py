@@ -62,6 +62,16 @@ def e2e(
         ),
     ] = "onprem",
     aws_latency_ms: AwsLatencyOpt = 0.0,
+    array_size: Annotated[
+        int,
+        typer.Option(
+            "--array-size",
+            min=1,
+            max=10_000,
+            help="Submit the N jobs as arrays of this many tasks running a code bundle (in the cloud "
+            "they run as Batch array jobs); 1: single image jobs",
+        ),
+    ] = 1,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -111,6 +121,7 @@ def e2e(
                 rate=rate,
                 placement=placement,
                 batch_jobs=batch_jobs,
+                array_size=array_size,
             )
         finally:
             if previous_latency is not None and endpoint_url:
