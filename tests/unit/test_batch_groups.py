@@ -166,10 +166,12 @@ def test_a_task_canceled_before_the_submit_gets_no_row_and_after_it_only_its_chi
         w.dispatch(p)
     requests = {r.job_id: r for r in w.submits.take()}
     w.jobs.update(w.job(placed[1].id).updated(w.clock(), status=S.CANCELING))  # canceled at once
+    w.jobs.update(w.job(placed[3].id).updated(w.clock(), status=S.CANCELING))
     assert w.cloud.submit(requests[placed[0].id]) == "submitted"
     (sub,) = w.batch.submitted
     rows = json.loads(sub.environment["BERTH_LAUNCH"])["tasks"]
-    assert rows[1] is None and [r["job_id"] for r in rows if r] == [task_id(AID, i) for i in (0, 2, 3)]
+    assert rows[1] is None and [r["job_id"] for r in rows if r] == [task_id(AID, i) for i in (0, 2)]
+    assert sub.array_size == 3 == len(rows)  # no child for a canceled last task
     with pytest.raises(NoTaskHere):
         LaunchSpec.parse(sub.environment["BERTH_LAUNCH"], "1")
     # the canceled task's own request: nothing to terminate yet beyond its own child

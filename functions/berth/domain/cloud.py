@@ -469,7 +469,8 @@ def group_submission(
     members: list[Job | None], placement: CloudPlacement, settings: CloudSettings
 ) -> BatchSubmission:
     """The Batch array job of a group: child ``k`` runs ``members[k]`` (None: a task no longer on
-    this attempt, whose child exits at once without running anything). Raises ``SecretScopeError``
+    this attempt, whose child exits at once without running anything; trailing ones are left out,
+    so the array job may be smaller than the group). Raises ``SecretScopeError``
     as ``submission`` does (the tasks of one array share their secrets)."""
     present = [m for m in members if m is not None]
     if not present or placement.group is None or len(members) != placement.group.size:
@@ -480,7 +481,11 @@ def group_submission(
     launch = json.loads(base.environment["BERTH_LAUNCH"])
     for key in ("job_id", "command", "array_env"):
         launch.pop(key, None)
-    launch["tasks"] = [None if m is None else group_entry(m) for m in members]
+    # Children past the last task still on the group would only start and exit: Batch runs as many
+    # as the array's size, so the table ends at that task (an array job has at least 2 children).
+    last = max(k for k, m in enumerate(members) if m is not None)
+    size = max(2, last + 1)
+    launch["tasks"] = [None if m is None else group_entry(m) for m in members[:size]]
     array_id = first.spec.array_task.array_id
     env = {
         k: v
@@ -491,7 +496,7 @@ def group_submission(
     env["BERTH_LAUNCH"] = json.dumps(launch, separators=(",", ":"))
     env["BERTH_ARRAY_ID"] = array_id
     tags = {**base.tags, "BERTH_JOB_ID": array_id, "berth:group": name}
-    return replace(base, name=name, environment=env, tags=tags, array_size=placement.group.size)
+    return replace(base, name=name, environment=env, tags=tags, array_size=size)
 
 
 def form_batch_groups(placed: list[tuple[Job, CloudPlacement]]) -> dict[str, BatchGroup]:
