@@ -70,7 +70,8 @@ class FleetService:
         hit = self._cache.get(datasets)
         if hit is not None and now < hit[0]:
             return hit[1]
-        fleet = self.source.fleet(datasets)
+        # The feasibility check never reads the circuits (an open circuit is not infeasibility).
+        fleet = self.source.fleet(datasets, circuits=False)
         if self.cache_s > 0:
             if len(self._cache) > 256:
                 self._cache.clear()
