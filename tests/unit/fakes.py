@@ -21,7 +21,7 @@ from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument, 
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
-from berth.domain.ports import Member, Page, QueueHead, UploadTicket
+from berth.domain.ports import Member, Page, QueueHead, TenantRecord, UploadTicket
 from berth.domain.queue import QueueEntry, queue_entry
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
@@ -369,6 +369,8 @@ class FakeUsage:
 class FakeTenants:
     def __init__(self, table: FakeTenantTable | None = None) -> None:
         self.table = table if table is not None else FakeTenantTable()
+        #: Reads of the tenant record by method (each one GetItem on DynamoDB).
+        self.reads: Counter[str] = Counter()
 
     def member(self, principal: str) -> Member | None:
         item = self.table.items.get("PRINCIPAL#" + principal)
@@ -387,7 +389,15 @@ class FakeTenants:
             if Role(role) is not Role.HOST:
                 self.table.items.setdefault("TENANT#" + tenant, {"tenant": tenant, "directory": "T"})
 
+    def record(self, tenant: str) -> TenantRecord:
+        self.reads["record"] += 1
+        return TenantRecord(quota=self._quota(tenant), grants=self._grants(tenant))
+
     def quota(self, tenant: str) -> Quota | None:
+        self.reads["quota"] += 1
+        return self._quota(tenant)
+
+    def _quota(self, tenant: str) -> Quota | None:
         item = self.table.items.get("TENANT#" + tenant)
         if item is None or item.get("quota") is None:
             return None
@@ -402,6 +412,10 @@ class FakeTenants:
         return "TENANT#" + tenant in self.table.items
 
     def grants(self, tenant: str) -> DataGrants:
+        self.reads["grants"] += 1
+        return self._grants(tenant)
+
+    def _grants(self, tenant: str) -> DataGrants:
         item = self.table.items.get("TENANT#" + tenant, {})
         return DataGrants.model_validate(item["grants"]) if item.get("grants") else DataGrants()
 

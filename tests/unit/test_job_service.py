@@ -6,11 +6,12 @@ import pytest
 from berth.domain.errors import Conflict, Forbidden, NotFound, QuotaExceeded, Unauthenticated
 from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
+from berth.domain.ports import TenantRecord
 from berth.domain.status import JobStatus
 from berth.domain.tenancy import Caller, Quota, Role, canonical_principal
 from berth.logic.jobs import JobService
 from berth.logic.tenants import TenantService
-from tests.unit.fakes import FakeJobs, fake_store
+from tests.unit.fakes import FakeJobs, FakeTenants, fake_store
 
 ALICE = Caller("arn:aws:iam::1:user/alice", "vision", Role.MEMBER)
 BOB = Caller("arn:aws:iam::1:user/bob", "nlp", Role.MEMBER)
@@ -101,7 +102,7 @@ def test_active_job_quota(svc: JobService) -> None:
 def test_feasibility_check_refuses_before_storing(svc: JobService) -> None:
     from berth.domain.errors import Infeasible
 
-    def never(spec: JobSpec, tenant: str) -> None:
+    def never(spec: JobSpec, tenant: str, record: TenantRecord) -> None:
         raise Infeasible("no site has H100 for vision")
 
     strict = JobService(svc.jobs, svc.tenants, svc.clock, feasibility=never)
@@ -168,3 +169,21 @@ def test_keyed_submit_claims_its_key_in_the_creation(svc: JobService) -> None:
     bob = Caller("arn:aws:iam::1:user/bob", "nlp", Role.MEMBER)
     assert svc.submit(bob, SPEC, idempotency_key="k").id != first.id  # keys are per tenant
     assert len(svc.list_jobs(ALICE, None, 10, None).jobs) == 1
+
+
+def test_submit_reads_the_tenant_record_once_for_every_check(svc: JobService) -> None:
+    """The quota, the access check (grants) and the feasibility check (quota) share one read."""
+    seen: list[TenantRecord] = []
+
+    def check(spec: JobSpec, tenant: str, record: TenantRecord) -> None:
+        assert tenant == "vision"
+        seen.append(record)
+
+    svc.tenants.put_quota("vision", Quota(max_active_jobs=7))
+    checked = JobService(svc.jobs, svc.tenants, svc.clock, feasibility=check, access=check)
+    tenants = svc.tenants
+    assert isinstance(tenants, FakeTenants)
+    tenants.reads.clear()
+    checked.submit(ALICE, SPEC)
+    assert tenants.reads == {"record": 1}
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].quota == Quota(max_active_jobs=7)

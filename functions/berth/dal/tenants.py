@@ -6,7 +6,7 @@ from pynamodb.exceptions import PutError
 
 from berth.dal.errors import translated
 from berth.dal.models import tenant_model
-from berth.domain.ports import Member
+from berth.domain.ports import Member, TenantRecord
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role, canonical_principal
 
@@ -54,13 +54,20 @@ class DynamoTenantRepository:
                 return False
         return True
 
-    def quota(self, tenant: str) -> Quota | None:
-        with translated("read quota"):
+    def record(self, tenant: str) -> TenantRecord:
+        """One strongly consistent GetItem of ``TENANT#<tenant>``: its quota and grants together."""
+        with translated("read tenant record"):
             try:
                 row = self._Row.get(TENANT + tenant, consistent_read=True)
             except self._Row.DoesNotExist:
-                return None
-        return None if row.quota is None else Quota.model_validate(row.quota)
+                return TenantRecord()
+        return TenantRecord(
+            quota=None if row.quota is None else Quota.model_validate(row.quota),
+            grants=DataGrants() if row.grants is None else DataGrants.model_validate(row.grants),
+        )
+
+    def quota(self, tenant: str) -> Quota | None:
+        return self.record(tenant).quota
 
     def put_quota(self, tenant: str, quota: Quota) -> None:
         # Only the quota attributes: the record also holds ``active_jobs``, which job create and
@@ -72,12 +79,7 @@ class DynamoTenantRepository:
             )
 
     def grants(self, tenant: str) -> DataGrants:
-        with translated("read grants"):
-            try:
-                row = self._Row.get(TENANT + tenant, consistent_read=True)
-            except self._Row.DoesNotExist:
-                return DataGrants()
-        return DataGrants() if row.grants is None else DataGrants.model_validate(row.grants)
+        return self.record(tenant).grants
 
     def put_grants(self, tenant: str, grants: DataGrants) -> None:
         row = self._Row

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -165,8 +165,20 @@ class RateCounter(Protocol):
         ``limit``; False when the window is full. ``expires_at`` (epoch s): when the count may go."""
 
 
+@dataclass(frozen=True, slots=True)
+class TenantRecord:
+    """What a submit needs of its tenant's record (``TENANT#<name>``): read once per request, in one
+    strongly consistent read, and handed to the quota, access and feasibility checks."""
+
+    quota: Quota | None = None
+    grants: DataGrants = field(default_factory=DataGrants)
+
+
 class TenantRepository(Protocol):
     def member(self, principal: str) -> Member | None: ...
+
+    def record(self, tenant: str) -> TenantRecord:
+        """The tenant's quota (None: none set) and grants, in one strongly consistent read."""
 
     def put_member(self, principal: str, tenant: str, role: str, unique_id: str | None = None) -> None: ...
 

@@ -6,6 +6,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 
 import json
 import warnings
+from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Annotated, Any
@@ -139,6 +140,11 @@ def _rate_limiter() -> RateLimiter:
     )
 
 
+#: The job (or array) ``submit_once`` created or found in this request: the answer, without reading
+#: it again. Unset when Powertools answered from its record (a replay), which reads it afresh.
+_submitted: ContextVar[Any] = ContextVar("submitted", default=None)
+
+
 @cache
 def _idempotent_submit() -> Any:
     cfg = settings()
@@ -160,9 +166,11 @@ def _idempotent_submit() -> Any:
         )
         spec = JobSpec.model_validate(request["spec"])
         if spec.array is not None:
-            return {"job_id": _arrays().submit(caller, spec, request["key"]).id}
-        job = _services()[0].submit(caller, spec, request["key"])
-        return {"job_id": job.id}
+            created: Any = _arrays().submit(caller, spec, request["key"])
+        else:
+            created = _services()[0].submit(caller, spec, request["key"])
+        _submitted.set(created)
+        return {"job_id": created.id}
 
     return submit_once, config
 
@@ -214,6 +222,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
             "actor": caller.actor,
             "spec": spec.model_dump(mode="json"),
         }
+        _submitted.set(None)
         try:
             job_id = submit_once(request=request)["job_id"]
         except IdempotencyValidationError as exc:
@@ -224,7 +233,9 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
             raise RequestInProgress(
                 "a request with this Idempotency-Key is still in progress; retry shortly"
             ) from exc
-        job = _job_or_array(caller, job_id)
+        created = _submitted.get()
+        _submitted.set(None)
+        job = created if created is not None and created.id == job_id else _job_or_array(caller, job_id)
     metrics.add_metric(name="JobsSubmitted", unit=MetricUnit.Count, value=1)
     if spec.array is not None:
         metrics.add_metric(name="ArrayTasksSubmitted", unit=MetricUnit.Count, value=spec.array.count)

@@ -84,7 +84,8 @@ class ArrayService:
         """Store the array whole (or nothing): every task counts against ``max_active_jobs`` now."""
         assert spec.array is not None
         size = spec.array.count
-        quota = self.tenants.quota(caller.tenant) or Quota()
+        record = self.tenants.record(caller.tenant)  # one read: quota, access and feasibility
+        quota = record.quota or Quota()
         if size > quota.max_active_jobs:
             raise ValidationFailed(
                 f"an array of {size} tasks can never fit tenant {caller.tenant!r}'s max_active_jobs "
@@ -94,9 +95,9 @@ class ArrayService:
         first = spec.array.parameters[0] if spec.array.parameters else None
         sample = task_spec(spec, "j-" + "0" * 26, 0, size, first)
         if self.jobs.access is not None:
-            self.jobs.access(sample, caller.tenant)
+            self.jobs.access(sample, caller.tenant, record)
         if self.jobs.feasibility is not None:
-            self.jobs.feasibility(sample, caller.tenant)
+            self.jobs.feasibility(sample, caller.tenant, record)
         now = self.clock()
         array = JobArray(
             id=new_job_id(now),

@@ -15,6 +15,7 @@ from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, Valid
 from berth.domain.fleet import StoredDocument
 from berth.domain.job import Job
 from berth.domain.job_spec import JobSpec
+from berth.domain.ports import TenantRecord
 from berth.domain.status import JobStatus
 from berth.domain.storage import dataset_names
 from berth.domain.tenancy import Caller
@@ -70,7 +71,8 @@ class FleetService:
         hit = self._cache.get(datasets)
         if hit is not None and now < hit[0]:
             return hit[1]
-        fleet = self.source.fleet(datasets)
+        # The feasibility check never reads the circuits (an open circuit is not infeasibility).
+        fleet = self.source.fleet(datasets, circuits=False)
         if self.cache_s > 0:
             if len(self._cache) > 256:
                 self._cache.clear()
@@ -131,11 +133,13 @@ class FleetService:
         return offers.model_dump(mode="json")
 
     # -- submit-time feasibility --------------------------------------------------------------
-    def check(self, spec: JobSpec, tenant: str) -> None:
+    def check(self, spec: JobSpec, tenant: str, record: TenantRecord | None = None) -> None:
         """``JobService.feasibility``: Infeasible (422) naming the core's rule when no host or offer
-        could ever take the job."""
+        could ever take the job. ``record``: the tenant's record the submit already read (its
+        quota); None reads it."""
         fleet = self._check_fleet(frozenset(dataset_names(spec)))
-        state = tenant_state(tenant, self.source.tenants.quota(tenant))
+        quota = self.source.tenants.quota(tenant) if record is None else record.quota
+        state = tenant_state(tenant, quota)
         verdict = check_feasible(spec, state, fleet.policy, fleet.hosts, fleet.offers)
         if verdict is None:
             return

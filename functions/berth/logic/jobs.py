@@ -18,16 +18,18 @@ from berth.domain.errors import (
 from berth.domain.idempotency import submit_claim
 from berth.domain.job import Job, JobEvent, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
-from berth.domain.ports import JobRepository, Page, TenantRepository
+from berth.domain.ports import JobRepository, Page, TenantRecord, TenantRepository
 from berth.domain.status import JobStatus, cancel_target
 from berth.domain.tenancy import Caller, Quota
 
 Clock = Callable[[], datetime]
-#: Raises a domain error (Infeasible) when no site could ever run the spec for this tenant.
-FeasibilityCheck = Callable[[JobSpec, str], None]
+#: Raises a domain error (Infeasible) when no site could ever run the spec for this tenant
+#: (``FleetService.check``); given the tenant's record the submit read (its quota).
+FeasibilityCheck = Callable[[JobSpec, str, TenantRecord], None]
 #: Raises a domain error (Forbidden, ValidationFailed) when the tenant may not use a bundle, data
-#: source or secret the spec names (``StorageService.check_spec``).
-AccessCheck = Callable[[JobSpec, str], None]
+#: source or secret the spec names (``StorageService.check_spec``); given the tenant's record the
+#: submit read (its grants).
+AccessCheck = Callable[[JobSpec, str, TenantRecord], None]
 
 MAX_LIST_LIMIT = 100
 CONFLICT_RETRIES = 5
@@ -53,11 +55,14 @@ class JobService:
         a retry after a commit whose answer was lost returns that job (another spec: 409)."""
         if spec.array_task is not None:
             raise InvalidRequest("array_task is set by Berth on an array's tasks; submit an 'array' instead")
-        quota = self.tenants.quota(caller.tenant) or Quota()
+        # One read of the tenant's record serves the quota, the access and the feasibility checks.
+        # The quota's limit is enforced by the create's condition, atomically with the write.
+        record = self.tenants.record(caller.tenant)
+        quota = record.quota or Quota()
         if self.access is not None:
-            self.access(spec, caller.tenant)
+            self.access(spec, caller.tenant, record)
         if self.feasibility is not None:
-            self.feasibility(spec, caller.tenant)
+            self.feasibility(spec, caller.tenant, record)
         now = self.clock()
         actor = caller.actor or None
         job, event = new_job(new_job_id(now), caller.tenant, caller.principal, spec, now, actor)

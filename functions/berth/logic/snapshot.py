@@ -416,7 +416,9 @@ class SnapshotSource:
         offers = (o.offer() for o in parsed.offers)
         return tuple(o for o in offers if deployed(o, self.capacity)), doc.version
 
-    def fleet(self, datasets: Iterable[str] = ()) -> Fleet:
+    def fleet(self, datasets: Iterable[str] = (), circuits: bool = True) -> Fleet:
+        """``circuits=False``: no circuit records read (the submit-time feasibility check: an open
+        circuit never makes a job infeasible, so it does not read them)."""
         now = self.clock()
         policy, pv = self.policy(datasets)
         offers, ov = self.offers()
@@ -428,7 +430,7 @@ class SnapshotSource:
             records=records,
             offers=offers,
             offers_version=ov,
-            circuits=self.circuit_records(),
+            circuits=self.circuit_records() if circuits else (),
         )
 
     def snapshot(self) -> tuple[Snapshot, Fleet, list[QueueEntry]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from berth.domain.errors import Forbidden, NotFound, ValidationFailed
 from berth.domain.job_access import check_policy_fits
 from berth.domain.job_spec import JobSpec
-from berth.domain.ports import BundleStore, SecretCatalog, TenantRepository, UploadTicket
+from berth.domain.ports import BundleStore, SecretCatalog, TenantRecord, TenantRepository, UploadTicket
 from berth.domain.storage import (
     DIGEST_RE,
     DataGrants,
@@ -43,8 +43,9 @@ class StorageService:
         return self.bundles.upload_ticket(caller.tenant, digest, size)
 
     # -- submit-time access check -------------------------------------------------------------------
-    def check_spec(self, spec: JobSpec, tenant: str) -> None:
-        """Raise unless the tenant may use every bundle, data source and secret the spec names."""
+    def check_spec(self, spec: JobSpec, tenant: str, record: TenantRecord | None = None) -> None:
+        """Raise unless the tenant may use every bundle, data source and secret the spec names.
+        ``record``: the tenant's record the caller already read (its grants); None reads them."""
         digest = None if spec.code is None else parse_digest(spec.code)
         if digest is not None and not self.bundles.exists(tenant, digest):
             raise ValidationFailed(
@@ -53,7 +54,7 @@ class StorageService:
                 details={"code": spec.code},
             )
         datasets = {name: self.tenants.dataset(name) for name in dataset_names(spec)}
-        grants = self.tenants.grants(tenant)
+        grants = self.tenants.grants(tenant) if record is None else record.grants
         check_data_sources(spec, tenant, self.layout, grants, datasets)
         check_secret_names(spec.secrets, tenant)
         check_policy_fits(spec, tenant, self.layout, grants, datasets)

@@ -66,3 +66,19 @@ def test_quota_may_be_set_before_any_job_and_counter_starts_at_zero(store: Store
     assert store.jobs.count_active("vision") == 0
     _submit(store, "vision", 0, 1)
     assert store.jobs.count_active("vision") == 1
+
+
+def test_record_is_the_quota_and_grants_in_one(store: Store) -> None:
+    from berth.domain.ports import TenantRecord
+    from berth.domain.storage import DataGrants
+
+    assert store.tenants.record("vision") == TenantRecord()
+    store.tenants.put_member(ALICE, "vision", "member")
+    assert store.tenants.record("vision") == TenantRecord()
+    quota = Quota(max_active_jobs=3)
+    grants = DataGrants(s3_prefixes=["s3://berth-data/shared/"])
+    store.tenants.put_quota("vision", quota)
+    store.tenants.put_grants("vision", grants)
+    record = store.tenants.record("vision")
+    assert record == TenantRecord(quota=quota, grants=grants)
+    assert (store.tenants.quota("vision"), store.tenants.grants("vision")) == (record.quota, record.grants)
