@@ -280,3 +280,38 @@ def test_a_groups_tokens_are_answered_only_once_all_its_tasks_are_placed() -> No
     _placed(w, jobs)
     assert order == ["place"] * 4 + ["answer"] * 4
     assert all(_group(w.job(j.id)) == BatchGroup(first=0, size=4) for j in jobs)
+
+
+def test_an_array_tasks_first_wait_asks_for_no_pass_of_its_own() -> None:
+    """The expander asks for one pass per chunk of tasks it creates; each task's first wait adds
+    none (a SendMessage per task saved), a retried task's wait does."""
+    w = CloudWorld()
+    w.trigger.requests.clear()
+    (task,) = _tasks(w, [0], n=2)  # _tasks parks the placement token (await_placement)
+    assert w.trigger.requests == []
+    single = w.submit(constraints={"placement": "cloud"})
+    w.workflow.await_placement(single.id, "p")
+    assert w.trigger.requests == [(f"job {single.id} queued", 0)]
+    w.trigger.requests.clear()
+    retried = w.job(task.id).model_copy(update={"attempts": 1})
+    w.jobs.update(retried.updated(w.clock()))
+    w.workflow.await_placement(task.id, "p2")
+    assert w.trigger.requests == [(f"job {task.id} queued", 0)]
+
+
+def test_a_pass_whose_placement_lost_a_race_asks_for_another_soon() -> None:
+    w = CloudWorld()
+    jobs = _tasks(w, range(2))
+    place = w.scheduler.placements.place  # type: ignore[union-attr]
+    from berth.domain.errors import Conflict
+
+    def lose_first(job: Job, *args: Any) -> None:
+        if job.id == jobs[0].id:
+            raise Conflict("the job moved since the pass read it")
+        place(job, *args)
+
+    w.scheduler.placements.place = lose_first  # type: ignore[union-attr, method-assign]
+    w.trigger.requests.clear()
+    w.scheduler.run_pass()
+    assert ("placements lost a race", 1) in w.trigger.requests
+    assert w.job(jobs[0].id).status is S.QUEUED and w.job(jobs[1].id).status is S.STARTING

@@ -28,10 +28,12 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     except DomainError as exc:  # the store is down: the pass says so too; the next one resumes
         logger.warning("array expansion stopped", extra={"error": str(exc)})
         more = True
-    if more:
-        # Work left on an array: the next invocation goes on with it (else the timer's does).
+    if more or expander.stats.get("tasks_created"):
+        # Work left on an array: the next invocation goes on with it (else the timer's does). New
+        # tasks get one more pass soon too (their own first waits do not ask for one, and the queue
+        # index this pass reads may not show them yet).
         with contextlib.suppress(StoreUnavailable):
-            pass_trigger().request("array expansion continues")
+            pass_trigger().request("array expansion continues" if more else "array tasks created")
     # The pass stops starting placements well before the invocation's timeout (pass_apply.Deadline).
     report = scheduler_service().run_pass(time_left=lambda: context.get_remaining_time_in_millis() / 1000)
     out = report.as_dict()

@@ -196,6 +196,10 @@ class SchedulerService:
         report.reasons_written, report.reasons_deferred = self.write_reasons(by_id, decisions, deadline)
         if report.deferred:
             self.trigger.request("deferred placements")
+        elif Outcome.SKIPPED in outcomes:
+            # Lost a race (a job or host changed since the read): decided again in a pass soon,
+            # not at the timer's (an array's tasks racing their own executions' first writes).
+            self.trigger.request("placements lost a race", delay_s=1)
         if decisions.wake_at is not None:
             wait = max(1.0, decisions.wake_at - now.timestamp())
             report.wake_in_s = wait

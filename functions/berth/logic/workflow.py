@@ -155,7 +155,10 @@ class WorkflowService:
                     self.jobs.update(job.updated(job.updated_at, run=run))
                 except Conflict:
                     continue
-                self.trigger.request(f"job {job_id} queued")
+                if job.spec.array_task is None or job.attempts > 0:
+                    # An array task's first wait needs no poke of its own: the expander that created
+                    # it asks for one pass per chunk of tasks (logic/arrays.py).
+                    self.trigger.request(f"job {job_id} queued")
                 return
             self.tokens.succeed(token, placement_output(job))
             return
