@@ -83,7 +83,11 @@ def test_a_pass_groups_an_arrays_tasks_and_one_submit_starts_them_all() -> None:
     requests = w.submits.messages[:]
     name = batch_group_name(AID, BatchGroup(first=0, size=5), 1)
     assert {r.message_group for r in requests} == {name}  # one FIFO group: one submitter at a time
+    successes: list[tuple[str, str]] = []
+    record = w.circuits.record_success
+    w.circuits.record_success = lambda r, t, at: successes.append((r, t)) or record(r, t, at)  # type: ignore[method-assign, func-returns-value]
     assert w.deliver() == ["submitted"] * 5
+    assert len(successes) == 1  # only the request that called Batch is the region's signal
     (sub,) = w.batch.submitted  # one SubmitJob for five tasks
     assert sub.array_size == 5 and sub.name == name and w.batch.lookups == 1
     assert [w.batch_id(p.id) for p in placed] == [f"batch-1:{k}" for k in range(5)]

@@ -133,9 +133,10 @@ class CloudDispatchService:
                 if token:
                     self.tokens.fail(token, Failure.INVALID_SPEC.error_name, exc.message)
                 return "refused"
+            called = True  # whether this request reached Batch (its success is the region's signal)
             try:
                 if placement.group is not None:
-                    batch_id = self._group_child(job, placement)
+                    batch_id, called = self._group_child(job, placement)
                 else:
                     found = self.batch.find(placement.region, placement.queue, batch_request.name)
                     batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
@@ -151,7 +152,8 @@ class CloudDispatchService:
                         token, Failure.CLOUD_API.error_name, f"{placement.region}: {exc.message}"
                     )
                 return "failed"
-            self.circuits.record_success(placement.region, REGION_WIDE, self._now())
+            if called:
+                self.circuits.record_success(placement.region, REGION_WIDE, self._now())
             run = job.run.model_copy(update={"batch_job_id": batch_id, "submitted_at": self.clock()})
             try:
                 self.jobs.update(job.updated(job.updated_at, run=run))
@@ -160,15 +162,17 @@ class CloudDispatchService:
             return "submitted"
         raise Conflict(f"job {request.job_id!r} kept changing while submitting")
 
-    def _group_child(self, job: Job, placement: CloudPlacement) -> str:
+    def _group_child(self, job: Job, placement: CloudPlacement) -> tuple[str, bool]:
         """The Batch job id of the attempt's child in its group's array job, which the first of the
         group's requests to get here submits (its requests share a FIFO message group, so one at a
         time): found by name (or remembered from this sandbox's earlier requests), else submitted
-        with a row for every task still on this attempt. Child ``k`` runs task ``first + k``."""
+        with a row for every task still on this attempt. Child ``k`` runs task ``first + k``. Also
+        whether Batch was called (a remembered id calls nothing)."""
         group, task = placement.group, job.spec.array_task
         assert group is not None and task is not None
         name = expected_batch_name(job)
         parent = self._parents.get(name)
+        called = parent is None
         if parent is None:
             found = [
                 b
@@ -185,7 +189,7 @@ class CloudDispatchService:
             self._parents[name] = parent
             while len(self._parents) > PARENTS_KEPT:
                 self._parents.pop(next(iter(self._parents)))
-        return group_child_id(parent, task.index - group.first)
+        return group_child_id(parent, task.index - group.first), called
 
     def cancel_unrecorded(self, job: Job) -> None:
         """End a canceled attempt that has no Batch job on record: a job of its name that a crashed
