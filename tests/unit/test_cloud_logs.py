@@ -130,9 +130,11 @@ def test_the_running_event_records_the_stream_before_anything_else() -> None:
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "waiting"
     assert w.job(job.id).run.log_streams == ()
     w.batch.set(bid, BatchStatus.RUNNING, log_stream=STREAM)
+    before = w.job(job.id).version
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "running"
     running = w.job(job.id)
     assert running.status is S.RUNNING and running.run.log_stream_of(1) == STREAM
+    assert running.version == before + 1  # the stream went in with the move to RUNNING: one write
     version = running.version
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "running"  # a duplicate writes nothing
     assert w.job(job.id).version == version

@@ -307,11 +307,11 @@ class CloudDispatchService:
         placement = cloud_attempt(job)
         if placement is None:
             return "stale"
-        job = self.record_log_stream(job, bj)
-        token = job.run.dispatch_token
         if bj.status is BatchStatus.RUNNING:
             self.circuits.record_success(placement.region, placement.instance_type, self._now())
-            return self._started(job, bj)
+            return self._started(job, bj)  # the stream goes in with the move to RUNNING
+        job = self.record_log_stream(job, bj)
+        token = job.run.dispatch_token
         if bj.status is BatchStatus.SUCCEEDED:
             if token and self.tokens.succeed(token, {"result": "succeeded", "exit_code": 0}):
                 self.circuits.record_success(placement.region, placement.instance_type, self._now())
@@ -331,12 +331,10 @@ class CloudDispatchService:
         the attempt from its name) on the job, so ``GET /v1/jobs/{id}/logs`` reads it, also once the
         job has moved on. Idempotent; returns the job as stored afterwards when it is still on the
         same version line of that attempt, else the job as given."""
-        parsed = batch_job_task(bj.batch_job_id, bj.name)
-        if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
+        named = _stream_to_record(job, bj)
+        if named is None:
             return job
-        attempt, stream = parsed[1], str(bj.log_stream)
-        if attempt == job.attempts and job.run.batch_job_id not in (None, bj.batch_job_id):
-            return job  # not the current attempt's Batch job (an orphan of the same name)
+        attempt, stream = named
         current = job
         for _ in range(RETRIES):
             if current.run.log_stream_of(attempt) is not None:
@@ -360,11 +358,16 @@ class CloudDispatchService:
         return current if same else job
 
     def _started(self, job: Job, bj: BatchJob) -> str:
+        """STARTING -> RUNNING, with the attempt's log stream if Batch names it, in one write."""
         for _ in range(RETRIES):
             if job.status is not S.STARTING:
+                self.record_log_stream(job, bj)
                 return "running"
             now = self.clock()
             run = job.run.model_copy(update={"started_at": job.run.started_at or bj.started_at or now})
+            named = _stream_to_record(job, bj)
+            if named is not None and run.log_stream_of(named[0]) is None:
+                run = run.with_log_stream(*named)
             assert isinstance(job.placement, CloudPlacement)
             nxt, event = job.transition(
                 S.RUNNING, f"running in {job.placement.region} (Batch job {bj.batch_job_id})", now, run=run
@@ -378,6 +381,17 @@ class CloudDispatchService:
                     return "stale"
                 job = fresh
         raise Conflict(f"job {job.id!r} kept changing while starting")
+
+
+def _stream_to_record(job: Job, bj: BatchJob) -> tuple[int, str] | None:
+    """``(attempt, stream)`` when ``bj`` names the log stream of one of the job's attempts (its
+    current one only if ``bj`` is that attempt's recorded Batch job), else None."""
+    parsed = batch_job_task(bj.batch_job_id, bj.name)
+    if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
+        return None
+    if parsed[1] == job.attempts and job.run.batch_job_id not in (None, bj.batch_job_id):
+        return None  # not the current attempt's Batch job (an orphan of the same name)
+    return parsed[1], str(bj.log_stream)
 
 
 def submit_request(job: Job) -> SubmitRequest:
