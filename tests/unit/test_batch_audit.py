@@ -206,3 +206,23 @@ def test_an_array_run_submits_arrays_and_audits_grouped_batch_jobs(monkeypatch: 
     assert report["duplicated"] == 0 and report["batch_jobs"] == 3
     # the second array's tasks have no Batch job in ``names``
     assert report["cloud_without_batch_job"] == 3
+
+
+def test_a_code_bundle_baseline_runs_single_jobs_of_the_same_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(e2e_bench.time, "sleep", lambda _s: None)
+    specs: list[dict[str, Any]] = []
+
+    class _Bundled(_FakeClient):
+        def request_bundle(self, digest: str, size: int) -> dict[str, Any]:
+            return {"present": True}
+
+    report = e2e_bench.run_e2e(
+        lambda: _Bundled(specs),  # type: ignore[arg-type,return-value]
+        jobs=2,
+        concurrency=1,
+        placement="cloud",
+        code_bundle=True,
+    )
+    assert report["code_bundle"] and report["array_size"] == 1 and report["submitted"] == 2
+    assert all(s["code"].startswith("sha256:") and "array" not in s and "image" not in s for s in specs)
+    assert specs[0]["command"] == ["python3", "task.py"]

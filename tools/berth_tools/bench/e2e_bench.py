@@ -177,16 +177,18 @@ def run_e2e(
     placement: str = "onprem",
     batch_jobs: Callable[[], Counter[str]] | None = None,
     array_size: int = 1,
+    code_bundle: bool = False,
 ) -> dict[str, Any]:
     """``array_size`` > 1: the ``jobs`` are tasks of arrays of that size (the last may be smaller),
-    each running a code bundle; submits, errors and the submit time are then per array."""
+    each running a code bundle; submits, errors and the submit time are then per array.
+    ``code_bundle``: single jobs run that bundle too (the same work per job as an array's task)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement is one of {', '.join(PLACEMENTS)}")
     if array_size < 1:
         raise ValueError("array_size is at least 1")
     tag = uuid.uuid4().hex[:8]
     sizes = [min(array_size, jobs - start) for start in range(0, jobs, array_size)]
-    code = bundle_code(client()) if array_size > 1 else ""
+    code = bundle_code(client()) if array_size > 1 or code_bundle else ""
     if meter is not None:
         meter(True)
     started = time.monotonic()
@@ -206,6 +208,9 @@ def run_e2e(
         try:
             if array_size > 1:
                 spec = array_spec(model, run_s, tag, i, sizes[i], code, placement)
+            elif code:
+                spec = array_spec(model, run_s, tag, i, 1, code, placement)
+                del spec["array"]
             else:
                 spec = probe_spec(model, run_s, tag, i, placement)
             job = c.submit(spec)
@@ -258,6 +263,7 @@ def run_e2e(
     report: dict[str, Any] = {
         "jobs": jobs,
         "array_size": array_size,
+        "code_bundle": bool(code),
         "submitted": len(ids),
         "completed": sum(1 for j in final.values() if j["status"] == "COMPLETED"),
         "failed": sum(1 for j in final.values() if j["status"] == "FAILED"),

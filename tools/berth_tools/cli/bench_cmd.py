@@ -72,6 +72,13 @@ def e2e(
             "they run as Batch array jobs); 1: single image jobs",
         ),
     ] = 1,
+    code_bundle: Annotated[
+        bool,
+        typer.Option(
+            "--code-bundle",
+            help="Single jobs run the same code bundle as --array-size tasks (a like-for-like baseline)",
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -122,6 +129,7 @@ def e2e(
                 placement=placement,
                 batch_jobs=batch_jobs,
                 array_size=array_size,
+                code_bundle=code_bundle,
             )
         finally:
             if previous_latency is not None and endpoint_url:
