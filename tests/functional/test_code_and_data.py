@@ -198,3 +198,24 @@ def test_adapters_translate_aws_failures(aws: None) -> None:
         S3BundleStore("b", client=unreachable).exists("vision", DIGEST)
     with pytest.raises(StoreUnavailable):
         S3BundleStore("b", client=unreachable).mark_referenced("vision", DIGEST)
+
+
+def test_a_bundle_known_referenced_costs_no_s3_call_for_a_while(api: Invoke) -> None:
+    """A sweep's submits of one bundle: the first checks it exists and tags it referenced; the next
+    ones, in the same instance and window, ask S3 nothing. Another tenant's digest is still checked."""
+    from berth.dal.storage import S3BundleStore
+
+    assert _upload(api).status_code == 200
+    s3 = boto3.client("s3", region_name="us-east-1")
+    calls: list[str] = []
+    s3.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
+    store = S3BundleStore(BUCKETS["BERTH_ARTIFACTS_BUCKET"], client=s3)
+    for _ in range(5):
+        assert store.exists("vision", DIGEST)
+        store.mark_referenced("vision", DIGEST)
+    assert calls == ["HeadObject", "PutObjectTagging"]
+    assert store.exists("nlp", DIGEST) is False  # per tenant
+    expired = S3BundleStore(BUCKETS["BERTH_ARTIFACTS_BUCKET"], client=s3, known_referenced_s=0)
+    calls.clear()
+    expired.mark_referenced("vision", DIGEST)
+    assert expired.exists("vision", DIGEST) and calls == ["PutObjectTagging", "HeadObject"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,14 +42,30 @@ def _translated(store: str) -> Iterator[None]:
         raise StoreUnavailable(f"{store} unavailable ({exc.__class__.__name__})") from exc
 
 
+#: A bundle this instance found stored and tagged referenced is taken as such for this long without
+#: asking S3 again: a referenced bundle is immutable and never expires (docs/data.md), so a sweep's
+#: submits of one bundle cost two S3 calls per instance per window, not two each.
+KNOWN_REFERENCED_S = 600.0
+
+
 class S3BundleStore:
     """Bundles in the artifacts bucket, content-addressed per tenant, immutable once stored."""
 
-    def __init__(self, bucket: str, client: Any | None = None) -> None:
+    def __init__(
+        self, bucket: str, client: Any | None = None, known_referenced_s: float = KNOWN_REFERENCED_S
+    ) -> None:
         self._bucket = bucket
         self._s3 = client or aws.client("s3", config=Config(signature_version="s3v4"))
+        self._known_s = known_referenced_s
+        self._referenced: dict[tuple[str, str], float] = {}  # (tenant, digest) -> monotonic time
+
+    def _known(self, tenant: str, digest: str) -> bool:
+        at = self._referenced.get((tenant, digest))
+        return at is not None and time.monotonic() - at < self._known_s
 
     def exists(self, tenant: str, digest: str) -> bool:
+        if self._known(tenant, digest):
+            return True
         try:
             with _translated("artifact store"):
                 head = self._s3.head_object(
@@ -86,12 +103,17 @@ class S3BundleStore:
         return UploadTicket(url=url, method="PUT", headers=headers, expires_in_s=UPLOAD_TTL_S)
 
     def mark_referenced(self, tenant: str, digest: str) -> None:
+        if self._known(tenant, digest):
+            return
         with _translated("artifact store"):
             self._s3.put_object_tagging(
                 Bucket=self._bucket,
                 Key=bundle_key(tenant, digest),
                 Tagging={"TagSet": [{"Key": REFERENCED_TAG, "Value": "true"}]},
             )
+        if len(self._referenced) >= 4096:
+            self._referenced.clear()
+        self._referenced[(tenant, digest)] = time.monotonic()
 
 
 class SecretsManagerCatalog:
