@@ -452,3 +452,110 @@ def test_a_group_of_array_tasks_is_one_array_job_on_batch(
     _wait_for(batch, child, "SUCCEEDED")
     assert service.on_event(child, name, BatchStatus.SUCCEEDED) == "succeeded"
     assert ("succeed", "tok-0", {"result": "succeeded", "exit_code": 0}) in tokens.calls
+
+
+# -- SubmitJob is sent again only when it surely did nothing ------------------------------------------
+
+
+def _gateway_and_request(service: CloudDispatchService) -> tuple[Any, Any, Any]:
+    from berth.dal.batch import BotoBatchGateway, RateLimiter
+    from berth.domain.cloud import submission
+
+    gateway = BotoBatchGateway("", RateLimiter(1000.0), sleep=lambda _s: None)
+    job = _placed(service)
+    assert isinstance(job.placement, CloudPlacement)
+    request = submission(job, job.placement, service.settings)
+    client = gateway._for_tenant(REGION, "vision", submitting=True)
+    return gateway, request, client
+
+
+def _named(name: str) -> list[dict[str, Any]]:
+    listed = boto3.client("batch", region_name=REGION).list_jobs(
+        jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [name]}]
+    )["jobSummaryList"]
+    return [j for j in listed if ":" not in j["jobId"]]
+
+
+def test_a_submit_whose_answer_was_lost_is_found_by_name_not_sent_again(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from botocore.exceptions import ReadTimeoutError
+
+    service, _, _ = cloud
+    gateway, request, client = _gateway_and_request(service)
+    sent = {"n": 0}
+
+    def lose_the_answer(**_: Any) -> None:
+        sent["n"] += 1
+        if sent["n"] == 1:
+            raise ReadTimeoutError(endpoint_url="https://batch")  # Batch created the job; we never heard
+
+    client.meta.events.register("after-call.batch.SubmitJob", lose_the_answer)
+    batch_id = gateway.submit(request)
+    assert sent["n"] == 1 and [j["jobId"] for j in _named(request.name)] == [batch_id]
+
+
+def test_an_unknown_outcome_with_no_job_goes_back_to_the_queue(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from botocore.exceptions import ReadTimeoutError
+
+    from berth.domain.cloud import CloudOutcomeUnknown
+
+    service, _, _ = cloud
+    gateway, request, client = _gateway_and_request(service)
+
+    def no_answer(**_: Any) -> None:
+        raise ReadTimeoutError(endpoint_url="https://batch")
+
+    client.meta.events.register("before-send.batch.SubmitJob", no_answer)
+    with pytest.raises(CloudOutcomeUnknown):
+        gateway.submit(request)
+    assert _named(request.name) == []  # and nothing was sent twice
+
+
+@pytest.mark.parametrize("refusal", ["throttled", "unreachable"])
+def test_a_surely_refused_submit_is_sent_again(
+    cloud: tuple[CloudDispatchService, Tokens, str], refusal: str
+) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    service, _, _ = cloud
+    gateway, request, client = _gateway_and_request(service)
+    tries = {"n": 0}
+
+    def refuse_once(**_: Any) -> None:
+        tries["n"] += 1
+        if tries["n"] > 1:
+            return
+        if refusal == "unreachable":
+            raise EndpointConnectionError(endpoint_url="https://batch")
+        raise _client_error("TooManyRequestsException", 429)
+
+    client.meta.events.register("before-send.batch.SubmitJob", refuse_once)
+    batch_id = gateway.submit(request)
+    assert tries["n"] == 2 and [j["jobId"] for j in _named(request.name)] == [batch_id]
+
+
+def test_the_dispatcher_leaves_an_unknown_outcome_on_the_queue(
+    cloud: tuple[CloudDispatchService, Tokens, str],
+) -> None:
+    from berth.domain.cloud import CloudOutcomeUnknown
+
+    service, tokens, _ = cloud
+    job = _placed(service)
+    service.dispatch(job.id, 1, "tok")
+
+    class _Unknown:
+        def find(self, *a: Any) -> list[Any]:
+            return []
+
+        def submit(self, request: Any) -> str:
+            raise CloudOutcomeUnknown("SubmitJob: no answer", REGION)
+
+    unsure = dataclasses.replace(service, batch=_Unknown())  # type: ignore[arg-type]
+    with pytest.raises(CloudOutcomeUnknown):
+        unsure.submit(SubmitRequest(job_id=job.id, attempt=1))
+    assert not [c for c in tokens.calls if c[0] == "fail"]  # the attempt is not failed
+    assert service.jobs.get(job.id).run.batch_job_id is None  # type: ignore[union-attr]
+    assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"  # the redelivery

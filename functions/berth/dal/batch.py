@@ -15,6 +15,7 @@ afterwards is ``CloudThrottled`` and the request stays on the queue. AWS errors 
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,13 +26,15 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError
 
 from berth.dal import aws
 from berth.domain.cloud import (
     BatchJob,
     BatchStatus,
     BatchSubmission,
+    CloudError,
+    CloudOutcomeUnknown,
     CloudRejected,
     CloudThrottled,
     CloudUnavailable,
@@ -48,6 +51,13 @@ _THROTTLING = {
 }
 #: botocore's standard mode: exponential backoff with full jitter, throttling errors included.
 RETRY_CONFIG = Config(retries={"mode": "standard", "max_attempts": 6}, connect_timeout=5, read_timeout=20)
+#: SubmitJob is not idempotent: the SDK must not send it again after a timeout or a 5xx (the first
+#: may have created the job). ``BotoBatchGateway.submit`` retries only what was surely refused.
+SUBMIT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=5, read_timeout=30)
+SUBMIT_TRIES = 6
+#: After an answer that leaves open whether SubmitJob took effect: wait this long, then look the job
+#: up by name (ListJobs) before deciding.
+UNKNOWN_OUTCOME_WAIT_S = 3.0
 TENANT_TAG = "berth:tenant"
 #: Assumed sessions are renewed this long before they expire.
 _RENEW = timedelta(minutes=5)
@@ -103,6 +113,17 @@ def _translated(what: str, region: str) -> Iterator[None]:
         raise CloudUnavailable(f"{what} in {region}: {exc.__class__.__name__}", region) from exc
 
 
+def _outcome_unknown(exc: CloudError) -> bool:
+    """Whether a failed call may still have taken effect: a timeout or dropped connection after the
+    request was sent, or a 5xx. A connection never made, and a 4xx, leave nothing behind."""
+    cause = exc.__cause__
+    if isinstance(cause, EndpointConnectionError | ConnectTimeoutError):
+        return False
+    if isinstance(cause, ClientError):
+        return _status(cause) >= 500
+    return isinstance(cause, BotoCoreError)
+
+
 def _batch_job(item: dict[str, Any]) -> BatchJob:
     container = item.get("container") or {}
 
@@ -130,16 +151,18 @@ class BotoBatchGateway:
         limiter: RateLimiter | None = None,
         log_group_prefix: str = "/berth/jobs/",
         log_region: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.submit_role_arn = submit_role_arn
         self.limiter = limiter or RateLimiter(40.0)
+        self._sleep = sleep
         self.log_group_prefix = log_group_prefix
         #: Job output goes to the tenant's log group in the control plane's (home) region, whatever
         #: region the job runs in, next to the on-prem agents' streams (`GET /v1/jobs/{id}/logs`).
         self.log_region = log_region or boto3.session.Session().region_name
         self._sessions: dict[str, tuple[boto3.session.Session, datetime]] = {}
         #: Clients are built once (building one costs ~0.2 s) and shared (they are thread-safe).
-        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients: dict[tuple[str, ...], Any] = {}
         self._definitions: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
@@ -151,10 +174,19 @@ class BotoBatchGateway:
             client = self._clients[key] = aws.client("batch", region_name=region, config=RETRY_CONFIG)
         return client
 
-    def _for_tenant(self, region: str, tenant: str) -> Any:
-        """A Batch client acting in a session tagged with the tenant (PassRole of its role only)."""
+    def _for_tenant(self, region: str, tenant: str, submitting: bool = False) -> Any:
+        """A Batch client acting in a session tagged with the tenant (PassRole of its role only);
+        ``submitting``: one that never resends a request (``SUBMIT_CONFIG``)."""
+        config = SUBMIT_CONFIG if submitting else RETRY_CONFIG
         if not self.submit_role_arn:
-            return self._own(region)
+            if not submitting:
+                return self._own(region)
+            client = self._clients.get(("", region, "submit"))
+            if client is None:
+                client = self._clients[("", region, "submit")] = aws.client(
+                    "batch", region_name=region, config=config
+                )
+            return client
         with self._lock:
             cached = self._sessions.get(tenant)
             if cached is None or cached[1] - _RENEW <= datetime.now(UTC):
@@ -171,19 +203,44 @@ class BotoBatchGateway:
                     aws_session_token=creds["SessionToken"],
                 )
                 cached = self._sessions[tenant] = (session, creds["Expiration"])
-                for key in [k for k in self._clients if k[0] == tenant]:
-                    del self._clients[key]
-            client = self._clients.get((tenant, region))
+                for stale in [k for k in self._clients if k[0] == tenant]:
+                    del self._clients[stale]
+            key: tuple[str, ...] = (tenant, region, "submit") if submitting else (tenant, region)
+            client = self._clients.get(key)
             if client is None:
-                client = self._clients[(tenant, region)] = cached[0].client(
-                    "batch", region_name=region, config=RETRY_CONFIG
-                )
+                client = self._clients[key] = cached[0].client("batch", region_name=region, config=config)
         return client
 
     # -- BatchGateway --------------------------------------------------------------------------
     def submit(self, request: BatchSubmission) -> str:
-        client = self._for_tenant(request.region, request.tenant)
-        definition = self._definition(client, request)
+        """SubmitJob, sent again only when surely refused (throttled, or the connection never made);
+        after an answer that leaves the outcome open, the job is looked up by name: found, its id;
+        not found, ``CloudOutcomeUnknown`` (the caller's request is redelivered later and looks
+        again). A job of this name is never submitted twice by one call."""
+        definition = self._definition(self._for_tenant(request.region, request.tenant), request)
+        client = self._for_tenant(request.region, request.tenant, submitting=True)
+        for attempt in range(SUBMIT_TRIES):
+            try:
+                return self._submit_once(client, definition, request)
+            except CloudThrottled:
+                if attempt == SUBMIT_TRIES - 1:
+                    raise
+            except CloudError as exc:
+                if not _outcome_unknown(exc):
+                    raise
+                self._sleep(UNKNOWN_OUTCOME_WAIT_S)
+                found = self.find(request.region, request.queue, request.name)
+                if found:
+                    return found[0].batch_job_id
+                raise CloudOutcomeUnknown(
+                    f"SubmitJob {request.name} in {request.region}: no answer ({exc.message}) and no job "
+                    "of that name yet",
+                    request.region,
+                ) from exc
+            self._sleep(min(20.0, 0.5 * 2**attempt) * random.random())  # full jitter, as botocore's
+        raise AssertionError("unreachable")
+
+    def _submit_once(self, client: Any, definition: str, request: BatchSubmission) -> str:
         self.limiter.acquire()
         with _translated("SubmitJob", request.region):
             resp = client.submit_job(

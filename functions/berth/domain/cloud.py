@@ -218,6 +218,12 @@ class CloudThrottled(CloudError):
     code = "CloudThrottled"
 
 
+class CloudOutcomeUnknown(CloudError):
+    """A call that creates something (SubmitJob) failed in a way that leaves open whether it took
+    effect (a timeout, a dropped connection, a 5xx), and no job of its name is found: the request
+    goes back to its queue, and its redelivery looks the job up by name again before submitting."""
+
+
 class CloudUnavailable(CloudError):
     """The region's API answered 5xx or could not be reached (an outage: feeds the region circuit)."""
 
@@ -540,6 +546,7 @@ __all__ = [
     "BatchSubmission",
     "CloudError",
     "CloudOutcome",
+    "CloudOutcomeUnknown",
     "CloudRejected",
     "CloudSettings",
     "CloudThrottled",

@@ -23,6 +23,7 @@ from berth.domain.cloud import (
     BatchJob,
     BatchStatus,
     CloudError,
+    CloudOutcomeUnknown,
     CloudRejected,
     CloudSettings,
     CloudThrottled,
@@ -114,8 +115,8 @@ class CloudDispatchService:
         (submitted before: a redelivery), ``stale`` (the attempt is over), ``canceled``, ``failed``
         (the region's API refused or is down: the attempt fails as ``CloudApiError`` and is
         re-placed elsewhere), ``refused`` (the spec names a secret outside its tenant's prefix: the
-        attempt fails as ``InvalidSpec``, nothing is submitted). Raises ``CloudThrottled``: the
-        request stays on the queue."""
+        attempt fails as ``InvalidSpec``, nothing is submitted). Raises ``CloudThrottled`` or
+        ``CloudOutcomeUnknown``: the request stays on the queue."""
         for _ in range(RETRIES):
             job = self.jobs.get(request.job_id)
             placement = None if job is None else cloud_attempt(job)
@@ -140,9 +141,10 @@ class CloudDispatchService:
                 else:
                     found = self.batch.find(placement.region, placement.queue, batch_request.name)
                     batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
-            except CloudThrottled:
-                # Still throttled after the adapter's backoff: part of the region's live signal, and
-                # the request stays on the queue (redelivered later, never dropped).
+            except (CloudThrottled, CloudOutcomeUnknown):
+                # Still throttled after the adapter's backoff, or a SubmitJob that may or may not have
+                # taken effect: part of the region's live signal, and the request stays on the queue
+                # (redelivered later, never dropped; its redelivery looks the job up by name first).
                 self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
                 raise
             except (CloudUnavailable, CloudRejected) as exc:
