@@ -133,6 +133,9 @@ def up(
             typer.echo(f"berth local: --function-env takes KEY=VALUE, not {pair!r}", err=True)
             raise typer.Exit(code=2)
         timings[key] = value
+    from berth_tools.localcloud import memory_debug
+
+    memory_debug.install(state_dir)  # opt-in: BERTH_LOCAL_TRACEMALLOC
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -221,6 +221,12 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
     Surface(
+        "moto.moto_server.werkzeug_app:DomainDispatcherApplication.__init__",
+        "wrapped",
+        "moto_flask: the apps its create_app makes run without Flask's debug mode (a cycle per request)",
+        ("create_app",),
+    ),
+    Surface(
         "moto.core.request:normalize_request",
         "called",
         "the request type every moto mode hands its response classes (what the server's Flask view builds)",
