@@ -533,3 +533,49 @@ def test_a_job_larger_than_the_compute_environment_stays_runnable_with_aws_reaso
     lb.batch.cancel_job(jobId=job, reason="too big")
     done = lb.done(job, timeout_s=10)
     assert (done["status"], done["statusReason"]) == ("FAILED", "too big")
+
+
+def test_an_array_jobs_children_run_each_with_its_index(lb: Batch) -> None:
+    answer = lb.batch.submit_job(
+        jobName="j-arr_0-2-g1",
+        jobQueue=QUEUE,
+        jobDefinition=DEFINITION,
+        arrayProperties={"size": 3},
+        containerOverrides={
+            "command": [
+                "python3",
+                "-c",
+                "import os; print('child', os.environ['AWS_BATCH_JOB_ARRAY_INDEX'])",
+            ],
+            "resourceRequirements": [{"type": "VCPU", "value": "1"}],
+        },
+    )
+    parent = str(answer["jobId"])
+    outputs = [lb.output(lb.done(f"{parent}:{k}")["jobId"]) for k in range(3)]
+    assert outputs == [["child 0"], ["child 1"], ["child 2"]]
+    # ListJobs by name, as the dispatcher asks, finds the parent (the emulator lists children too)
+    listed = lb.batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": ["j-arr_0-2-g1"]}])
+    assert parent in [j["jobId"] for j in listed["jobSummaryList"]]
+
+
+def test_no_more_containers_run_at_once_than_the_machine_allows(lb: Batch) -> None:
+    runner = local_batch.current()
+    assert runner is not None
+    saved, runner.max_running = runner.max_running, 1
+    try:
+        first = lb.submit("j-cap1-a1", ["python3", "-c", "import time; time.sleep(120)"])
+        lb.wait(first, lambda j: j["status"] == "RUNNING")
+        second = lb.submit("j-cap2-a1", ["python3", "-c", "print('second')"])  # the vCPUs would fit
+        lb.wait(second, lambda j: j["status"] == "RUNNABLE")
+        time.sleep(1.0)
+        assert lb.describe(second)["status"] == "RUNNABLE"
+        lb.batch.terminate_job(jobId=first, reason="make room")
+        assert lb.done(second)["status"] == "SUCCEEDED"
+    finally:
+        runner.max_running = saved
+
+
+def test_the_machines_container_limit_comes_from_the_environment() -> None:
+    assert local_batch.local_max_running({"BERTH_LOCAL_BATCH_MAX_RUNNING": "3"}) == 3
+    assert local_batch.local_max_running({"BERTH_LOCAL_BATCH_MAX_RUNNING": "none"}) >= 8
+    assert local_batch.local_max_running({}) >= 8

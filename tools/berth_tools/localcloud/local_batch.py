@@ -120,6 +120,14 @@ def time_factor(environ: dict[str, str] | None = None) -> float:
     return value if value > 0 else 1.0
 
 
+def local_max_running(environ: dict[str, str] | None = None) -> int:
+    """``BERTH_LOCAL_BATCH_MAX_RUNNING``, else 4 containers per core (at least 8)."""
+    raw = (environ if environ is not None else os.environ).get("BERTH_LOCAL_BATCH_MAX_RUNNING", "")
+    if raw.strip().isdigit() and int(raw) > 0:
+        return int(raw)
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 def _package_roots() -> list[str]:
     """Where this process imports `berth_agent` and `berth` from (for the launcher's PYTHONPATH)."""
     import importlib.util
@@ -209,6 +217,11 @@ class LocalBatch:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _runs: dict[str, _Run] = field(default_factory=dict)
     _in_use: dict[str, int] = field(default_factory=dict)  # compute environment ARN -> vCPUs running
+    #: Containers running at once on this machine, whatever the compute environments would allow: a
+    #: 50-child array job must not start 50 launchers at once on a laptop (the rest wait RUNNABLE,
+    #: as for instances). ``BERTH_LOCAL_BATCH_MAX_RUNNING``; default 4 per core, at least 8.
+    max_running: int = field(default_factory=lambda: local_max_running())
+    _running: int = 0
     _clients: dict[tuple[str, str], Any] = field(default_factory=dict)
     _stopping: bool = False
 
@@ -343,8 +356,9 @@ class LocalBatch:
             shutil.rmtree(workdir, ignore_errors=True)
             if uid is not None and self.uids is not None:
                 self.uids.give_back(uid)
-            if ce is not None:
-                with self._lock:
+            with self._lock:
+                self._running -= 1
+                if ce is not None:
                     self._in_use[ce.arn] = self._in_use.get(ce.arn, 0) - vcpus
         self._settle(job, run, result)
 
@@ -376,7 +390,12 @@ class LocalBatch:
             else:
                 blocked_since = None
                 if ce is None:
-                    return True
+                    with self._lock:
+                        if self._running < self.max_running:
+                            self._running += 1
+                            return True
+                    time.sleep(_POLL_S)
+                    continue
                 if max_vcpus is not None and vcpus > max_vcpus:  # never fits: RUNNABLE for good, as on AWS
                     if job.job_stopped_reason != MISCONFIGURATION_REASON:
                         job.job_stopped_reason = MISCONFIGURATION_REASON
@@ -385,8 +404,10 @@ class LocalBatch:
                     continue
                 with self._lock:
                     used = self._in_use.get(ce.arn, 0)
-                    if max_vcpus is None or used + vcpus <= max_vcpus:
+                    fits = max_vcpus is None or used + vcpus <= max_vcpus
+                    if fits and self._running < self.max_running:
                         self._in_use[ce.arn] = used + vcpus
+                        self._running += 1
                         return True
             time.sleep(_POLL_S)
 
