@@ -221,6 +221,16 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface("moto.moto_server.werkzeug_app:create_backend_app", "called", "what the WSGI app dispatches to"),
     Surface(
+        "moto.logs.models:LogStream.put_log_events",
+        "wrapped",
+        "moto_logs: a function's log stream keeps its newest events only (moto never applies retention)",
+        ("log_events",),
+    ),
+    Surface(
+        "moto.logs.models:LogStream#events", "written", "moto_logs drops a function stream's oldest events"
+    ),
+    Surface("moto.logs.models:LogStream#log_group", "read", "moto_logs: which group a stream belongs to"),
+    Surface(
         "moto.moto_server.werkzeug_app:DomainDispatcherApplication.__init__",
         "wrapped",
         "moto_flask: the apps its create_app makes run without Flask's debug mode (a cycle per request)",

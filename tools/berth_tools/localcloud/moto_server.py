@@ -19,6 +19,7 @@ from berth_tools.localcloud import (
     moto_events,
     moto_faithful,
     moto_flask,
+    moto_logs,
     moto_sfn_clients,
     moto_sqs,
     moto_streams,
@@ -80,6 +81,7 @@ class MotoServer:
         moto_sfn_clients.install()  # a Lambda task's SDK client built once
         moto_dynamodb_query.install()  # a Query reads its partition, not the whole table
         moto_flask.install()  # moto's Flask apps out of debug mode (it left every request to the gc)
+        moto_logs.install()  # the functions' own log streams keep their newest events only
         server = moto_compat.threaded_moto_server()(
             ip_address=LOCAL_HOST, port=self._requested_port, verbose=False
         )

@@ -1,0 +1,58 @@
+"""moto 5.2.5's CloudWatch Logs keeps every event for good: a bound for the functions' own log streams.
+
+moto never applies a log group's retention (the template sets 30 days), so every log line a function
+writes stays in memory for the local cloud's life. An idle local cloud still invokes functions all the
+time (the scheduler's timer, the agents' heartbeats through the agent API), each invocation storing
+its START, END and REPORT lines and its own log records: about 90 KiB a minute of memory that only
+grows (docs/local-cloud.md, "Memory over an idle hour").
+
+The patch (declared in ``moto_compat.SURFACES``) wraps ``LogStream.put_log_events``: a stream of a
+Lambda function's log group (``/aws/lambda/...``) keeps its newest ``FUNCTION_EVENTS_KEPT`` events,
+the older ones dropped as retention would drop them on AWS, only sooner. Nothing in Berth reads a
+function's log group; the jobs' own streams (``/berth/jobs/<tenant>``, read by
+``GET /v1/jobs/{id}/logs``) and every other group keep all their events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from berth_tools.localcloud import moto_compat
+
+_PUT = "moto.logs.models:LogStream.put_log_events"
+#: Events a function's log stream keeps (one sandbox's stream: about 20 minutes of the busiest idle
+#: function's invocations at the local timings).
+FUNCTION_EVENTS_KEPT = 5_000
+FUNCTION_GROUP_PREFIX = "/aws/lambda/"
+
+
+def trim(stream: Any, kept: int | None = None) -> int:
+    """Drop the oldest events of a function's log `stream` beyond `kept` (``FUNCTION_EVENTS_KEPT``);
+    how many were dropped."""
+    if not str(getattr(stream.log_group, "name", "")).startswith(FUNCTION_GROUP_PREFIX):
+        return 0
+    extra = len(stream.events) - (FUNCTION_EVENTS_KEPT if kept is None else kept)
+    if extra <= 0:
+        return 0
+    del stream.events[:extra]
+    return extra
+
+
+def _bounded(original: Callable[..., str]) -> Callable[..., str]:
+    def put_log_events(self: Any, log_events: list[dict[str, Any]]) -> str:
+        token = original(self, log_events)
+        trim(self)
+        return token
+
+    put_log_events._berth_bounded = True  # type: ignore[attr-defined]
+    put_log_events.__wrapped__ = original  # type: ignore[attr-defined]
+    return put_log_events
+
+
+def install() -> Callable[[], None]:
+    """Apply the patch (idempotent); returns the undo."""
+    current = moto_compat.surface(_PUT)
+    if getattr(current, "_berth_bounded", False):
+        return lambda: None
+    return moto_compat.replace(_PUT, _bounded(current)).undo
