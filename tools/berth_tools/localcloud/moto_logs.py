@@ -21,9 +21,9 @@ from typing import Any
 from berth_tools.localcloud import moto_compat
 
 _PUT = "moto.logs.models:LogStream.put_log_events"
-#: Events a function's log stream keeps (one sandbox's stream: about 20 minutes of the busiest idle
+#: Events a function's log stream keeps (one sandbox's stream: a few minutes of the busiest idle
 #: function's invocations at the local timings).
-FUNCTION_EVENTS_KEPT = 5_000
+FUNCTION_EVENTS_KEPT = 1_000
 FUNCTION_GROUP_PREFIX = "/aws/lambda/"
 
 
