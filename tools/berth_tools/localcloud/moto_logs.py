@@ -3,8 +3,9 @@
 moto never applies a log group's retention (the template sets 30 days), so every log line a function
 writes stays in memory for the local cloud's life. An idle local cloud still invokes functions all the
 time (the scheduler's timer, the agents' heartbeats through the agent API), each invocation storing
-its START, END and REPORT lines and its own log records: about 90 KiB a minute of memory that only
-grows (docs/local-cloud.md, "Memory over an idle hour").
+its START, END and REPORT lines and its own log records, so the store only grows. Measured after 300
+jobs, bounding it took the idle growth from +5.8 to +4.8 MiB an hour: a part of it, not all
+(docs/local-cloud.md, "Memory over an idle hour").
 
 The patch (declared in ``moto_compat.SURFACES``) wraps ``LogStream.put_log_events``: a stream of a
 Lambda function's log group (``/aws/lambda/...``) keeps its newest ``FUNCTION_EVENTS_KEPT`` events,
