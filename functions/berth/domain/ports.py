@@ -364,7 +364,8 @@ class BatchGateway(Protocol):
         ...
 
     def find(self, region: str, queue: str, name: str) -> list[BatchJob]:
-        """Batch jobs of this name in this queue, in any status (a submit that may have happened)."""
+        """Batch jobs of this name in this queue, in any status (a submit that may have happened); an
+        array job itself, never its children (which share its name)."""
         ...
 
     def describe(self, region: str, batch_job_ids: list[str]) -> list[BatchJob]:

@@ -176,11 +176,7 @@ class CloudDispatchService:
         parent = self._parents.get(name)
         called = parent is None
         if parent is None:
-            found = [
-                b
-                for b in self.batch.find(placement.region, placement.queue, name)
-                if ":" not in b.batch_job_id
-            ]
+            found = self.batch.find(placement.region, placement.queue, name)  # the parent, never a child
             if found:
                 parent = found[0].batch_job_id
             else:
@@ -206,7 +202,7 @@ class CloudDispatchService:
             if placement.group is not None and job.spec.array_task is not None:
                 # only this task's child: its neighbours in the group run on
                 index = job.spec.array_task.index - placement.group.first
-                children = [group_child_id(b.batch_job_id, index) for b in found if ":" not in b.batch_job_id]
+                children = [group_child_id(b.batch_job_id, index) for b in found]
                 found = self.batch.describe(placement.region, children) if children else []
             for bj in found:
                 if not bj.status.is_terminal:
