@@ -132,8 +132,12 @@ class Daemon:
         self.heartbeat_s = 30.0
         self.receive_retry_s = 5.0
         self.lease_s = 90.0
+        #: How long past the lease this host keeps its attempts without reaching the control plane
+        #: (the register answer's; 0 from a control plane that does not send it: stop at the lease).
+        self.outage_tolerance_s = 0.0
         self._last_beat_ok = clock()
         self.lease_lost = False
+        self._outage_logged = False
 
     # -- start ---------------------------------------------------------------------------------
     def recover(self) -> int:
@@ -170,6 +174,7 @@ class Daemon:
         answer = self.api.register(inventory, agent_version=__version__)
         self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
         self.lease_s = float(answer.get("lease_s", self.lease_s))
+        self.outage_tolerance_s = float(answer.get("outage_tolerance_s", self.outage_tolerance_s))
         self._last_beat_ok = self._clock()
         log.info(
             "registered",
@@ -222,6 +227,7 @@ class Daemon:
         )
         self._last_beat_ok = self._clock()
         self.lease_lost = False
+        self._outage_logged = False
         self.apply(list((answer or {}).get("directives") or []))
         if (answer or {}).get("reregister"):
             # The control plane marked this host lost (its attempts were failed and are stopped by
@@ -238,9 +244,22 @@ class Daemon:
                 self._check_lease()
 
     def _check_lease(self) -> None:
-        """Past the lease without a heartbeat, the control plane may already have given this host's
-        attempts to another host: stop them here so no attempt runs twice for long."""
-        if self.lease_lost or self._clock() - self._last_beat_ok <= self.lease_s:
+        """Without a heartbeat, an agent cannot tell a control-plane outage from its own partition.
+        Past the lease it keeps its attempts for ``outage_tolerance_s`` (an outage that short costs
+        nothing); after that the control plane may soon declare this host lost and place them
+        elsewhere (it waits a margin longer than this), so they are stopped here first and never run
+        twice at once."""
+        silent_s = self._clock() - self._last_beat_ok
+        if self.lease_lost or silent_s <= self.lease_s:
+            return
+        limit_s = self.lease_s + self.outage_tolerance_s
+        if silent_s <= limit_s:
+            if not self._outage_logged:
+                self._outage_logged = True
+                log.warning(
+                    "control plane unreachable past the lease: attempts keep running",
+                    extra={"silent_s": round(silent_s, 1), "stop_in_s": round(limit_s - silent_s, 1)},
+                )
             return
         self.lease_lost = True
         running = self.runner.running()

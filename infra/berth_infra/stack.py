@@ -32,6 +32,8 @@ TIMING_CONTEXT: dict[str, tuple[str, int]] = {
     for key, name in (
         ("BERTH_HEARTBEAT_S", "heartbeatSeconds"),
         ("BERTH_LEASE_S", "leaseSeconds"),
+        ("BERTH_OUTAGE_TOLERANCE_S", "outageToleranceSeconds"),
+        ("BERTH_FENCE_MARGIN_S", "fenceMarginSeconds"),
         ("BERTH_CLAIM_S", "claimSeconds"),
         ("BERTH_BACKOFF_BASE_S", "backoffBaseSeconds"),
         ("BERTH_BACKOFF_CAP_S", "backoffCapSeconds"),
@@ -69,8 +71,9 @@ class BerthStack(Stack):
             tables=self.tables,
             base_environment=base_environment(self.tables, self.storage),
             bundle=bundle,
-            # -c berth:heartbeatSeconds=N (and leaseSeconds, claimSeconds, backoffBaseSeconds,
-            # backoffCapSeconds, orphanGraceSeconds) override the workflow's timings.
+            # -c berth:heartbeatSeconds=N (and leaseSeconds, outageToleranceSeconds, fenceMarginSeconds,
+            # claimSeconds, backoffBaseSeconds, backoffCapSeconds, orphanGraceSeconds) override the
+            # workflow's timings.
             timings={
                 key: int(context(f"berth:{name}") or default)
                 for key, (name, default) in TIMING_CONTEXT.items()
@@ -89,7 +92,15 @@ class BerthStack(Stack):
             k: v
             for k, v in self.workflow.environment.items()
             if k.startswith(
-                ("BERTH_HEARTBEAT", "BERTH_LEASE", "BERTH_CLAIM", "BERTH_BACKOFF", "BERTH_ORPHAN")
+                (
+                    "BERTH_HEARTBEAT",
+                    "BERTH_LEASE",
+                    "BERTH_OUTAGE",
+                    "BERTH_FENCE",
+                    "BERTH_CLAIM",
+                    "BERTH_BACKOFF",
+                    "BERTH_ORPHAN",
+                )
             )
             or k in ("BERTH_SCHEDULER_QUEUE_URL", "BERTH_CLOUD_ENABLED")
         }

@@ -208,6 +208,8 @@ def test_api_function(synthesized: Synthesized) -> None:
         # the state machine it starts one execution of per job.
         "BERTH_HEARTBEAT_S": "60",
         "BERTH_LEASE_S": "90",
+        "BERTH_OUTAGE_TOLERANCE_S": "300",
+        "BERTH_FENCE_MARGIN_S": "60",
         "BERTH_CLAIM_S": "300",
         "BERTH_BACKOFF_BASE_S": "2",
         "BERTH_BACKOFF_CAP_S": "300",

@@ -246,14 +246,14 @@ class FakeHosts:
             self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
             return True
 
-    def mark_lost(self, host_id: str, now: datetime) -> bool:
+    def mark_lost(self, host_id: str, expired_before: datetime) -> bool:
         with self.lock:
             current = self.hosts.get(host_id)
             if (
                 current is None
                 or not current.healthy
                 or current.lease_expires_at is None
-                or current.lease_expires_at >= now
+                or current.lease_expires_at >= expired_before
             ):
                 return False
             self.hosts[host_id] = current.model_copy(

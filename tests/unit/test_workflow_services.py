@@ -101,7 +101,9 @@ class World:
         self.tokens = Tokens()
         self.queues = Queues()
         self.trigger = Trigger()
-        self.settings = WorkflowSettings(heartbeat_s=6, lease_s=6, orphan_grace_s=10)
+        self.settings = WorkflowSettings(
+            heartbeat_s=6, lease_s=6, outage_tolerance_s=4, fence_margin_s=2, orphan_grace_s=10
+        )
         self.source = SnapshotSource(
             self.jobs, self.tenants, self.hosts, FakeDocuments(), self.clock, cloud_enabled=False
         )
@@ -345,7 +347,10 @@ def test_a_hold_without_its_job_write_is_released_after_the_grace_period() -> No
 def test_lost_hosts_fail_their_attempts_as_host_lost() -> None:
     w = World(hosts=1)
     job, host = w.run_to_running(w.submit())
-    w.clock.now = NOW + timedelta(seconds=7)  # past the 6 s lease
+    w.clock.now = NOW + timedelta(seconds=11)  # past the 6 s lease, inside the 4 + 2 s after it
+    assert w.scheduler.run_pass().lost_hosts == []
+    assert not any(c[0] == "fail" for c in w.tokens.calls)
+    w.clock.now = NOW + timedelta(seconds=13)  # silent past lease + tolerance + margin
     report = w.scheduler.run_pass()
     assert report.lost_hosts == [host]
     assert ("fail", f"dispatch-{job.id}-1", "Berth.HostLost") in w.tokens.calls

@@ -216,13 +216,15 @@ class DynamoHostRepository:
             return True
         return False  # still held: a later pass releases it as an orphan
 
-    def mark_lost(self, host_id: str, now: datetime) -> bool:
+    def mark_lost(self, host_id: str, expired_before: datetime) -> bool:
         R = self._Row
         try:
             with translated(f"mark host {host_id} lost"):
                 R(host_id).update(
                     actions=[R.healthy.set(False), R.version.add(1)],
-                    condition=R.host_id.exists() & (R.healthy == True) & (R.lease_expires_at < now),  # noqa: E712
+                    condition=R.host_id.exists()
+                    & (R.healthy == True)  # noqa: E712
+                    & (R.lease_expires_at < expired_before),
                 )
         except Conflict:
             return False

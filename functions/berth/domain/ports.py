@@ -137,8 +137,8 @@ class HostRepository(Protocol):
         """Return the attempt's GPUs to the free set; False (and nothing written) if it held none."""
         ...
 
-    def mark_lost(self, host_id: str, now: datetime) -> bool:
-        """Mark a host whose lease expired before ``now`` unhealthy; False if it renewed meanwhile
+    def mark_lost(self, host_id: str, expired_before: datetime) -> bool:
+        """Mark a host whose lease expired before ``expired_before`` unhealthy; False if it renewed meanwhile
         (conditional on the lease still being expired) or was already marked."""
 
     def request_drain(self, host_id: str, drain: bool) -> None:

@@ -115,6 +115,8 @@ def workflow_settings() -> WorkflowSettings:
     return WorkflowSettings(
         heartbeat_s=cfg.heartbeat_s,
         lease_s=cfg.lease_s,
+        outage_tolerance_s=cfg.outage_tolerance_s,
+        fence_margin_s=cfg.fence_margin_s,
         claim_s=cfg.claim_s,
         backoff=Backoff(base_s=cfg.backoff_base_s, cap_s=cfg.backoff_cap_s),
         orphan_grace_s=cfg.orphan_grace_s,

@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     #: Timings (seconds); a deployment may shorten them (the stack's function environment).
     heartbeat_s: int = 60
     lease_s: int = 90
+    outage_tolerance_s: int = 300
+    fence_margin_s: int = 60
     claim_s: int = 300
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 300.0

@@ -100,6 +100,7 @@ class AgentService:
             "queue_url": queue_url,
             "lease_expires_at": iso(lease),
             "lease_s": self.settings.lease_s,
+            "outage_tolerance_s": self.settings.outage_tolerance_s,
             "heartbeat_s": max(1, self.settings.heartbeat_s // 3),
             "protocol": PROTOCOL_VERSION,
         }

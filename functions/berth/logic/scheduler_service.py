@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from berth.domain.cloud import form_batch_groups
@@ -212,11 +212,15 @@ class SchedulerService:
 
     # -- leases ----------------------------------------------------------------------------------
     def reap_lost_hosts(self, now: datetime) -> list[str]:
-        """Hosts past their lease are marked lost; their attempts fail as ``HostLost`` (transient)."""
+        """Hosts silent for ``host_silence_s`` past their lease are marked lost; their attempts fail as
+        ``HostLost`` (transient). Between the lease and that point nothing new is placed there, and
+        its agent, which cannot tell a control-plane outage from its own partition, keeps running
+        what it has (``outage_tolerance_s``) and has stopped it before this declares the host lost."""
         lost: list[str] = []
+        cutoff = now - timedelta(seconds=self.settings.host_silence_s)
         for rec in self.hosts.list_hosts():
-            expired = rec.healthy and rec.lease_expires_at is not None and rec.lease_expires_at < now
-            if expired and self.hosts.mark_lost(rec.host_id, now):
+            expired = rec.healthy and rec.lease_expires_at is not None and rec.lease_expires_at < cutoff
+            if expired and self.hosts.mark_lost(rec.host_id, cutoff):
                 lost.append(rec.host_id)
         if not lost:
             return lost

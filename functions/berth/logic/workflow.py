@@ -55,10 +55,17 @@ class WorkflowSettings:
     """Timings (seconds); shorter ones make a test deployment take seconds."""
 
     heartbeat_s: int = 60
-    """An attempt that sends no heartbeat for this long has lost its host (the dispatch state's
-    HeartbeatSeconds); agents heartbeat at a third of it."""
+    """Agents heartbeat at a third of it."""
     lease_s: int = 90
-    """How long a host's lease lasts after each heartbeat; an expired lease marks it lost."""
+    """How long a host's lease lasts after each heartbeat; nothing new is placed on a host past it."""
+    outage_tolerance_s: int = 300
+    """How long past its lease a silent host keeps its attempts: its agent lets them run this long
+    without reaching the control plane (a control-plane outage or a partition look alike to it), and
+    stops them after (docs/agent.md, "When the control plane cannot be reached")."""
+    fence_margin_s: int = 60
+    """How much longer than the agent the control plane waits before it declares a silent host lost
+    and places its attempts again: the agent's time to stop them (its cancel grace) and the request's
+    delay, so an attempt never runs on a silent host and on its next host at once."""
     claim_s: int = 300
     """How long a work message may wait to be claimed."""
     backoff: Backoff = field(default_factory=Backoff)
@@ -66,9 +73,21 @@ class WorkflowSettings:
     """A GPU hold no job claims for this long (a pass that crashed between holding and writing the
     job) is released."""
 
+    @property
+    def host_silence_s(self) -> int:
+        """How long after its lease expires a silent host is declared lost (its attempts fail as
+        ``HostLost`` and are placed again)."""
+        return self.outage_tolerance_s + self.fence_margin_s
+
+    @property
+    def dispatch_heartbeat_s(self) -> int:
+        """The on-prem dispatch state's HeartbeatSeconds: the backstop behind the lease reaper, which
+        declares a silent host lost first (``lease_s + host_silence_s`` after its last heartbeat)."""
+        return self.lease_s + self.host_silence_s + self.heartbeat_s
+
     def execution_input(self, job_id: str) -> dict[str, Any]:
         """The input of a job's execution: the job and the timings its states read."""
-        return {"job_id": job_id, "heartbeat_s": self.heartbeat_s}
+        return {"job_id": job_id, "heartbeat_s": self.dispatch_heartbeat_s}
 
 
 def placement_output(job: Job) -> dict[str, Any]:

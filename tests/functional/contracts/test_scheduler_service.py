@@ -28,7 +28,9 @@ def _world(
     store: Store, gpus_per_host: int = 4, hosts: int = 2, workers: int = 1
 ) -> tuple[SchedulerService, WorkflowService, Any]:
     clock = Clock()
-    settings = WorkflowSettings(heartbeat_s=6, lease_s=60, orphan_grace_s=10)
+    settings = WorkflowSettings(
+        heartbeat_s=6, lease_s=60, outage_tolerance_s=60, fence_margin_s=30, orphan_grace_s=10
+    )
     source = SnapshotSource(
         store.jobs, store.tenants, store.hosts, store.documents, clock, cloud_enabled=False
     )
@@ -124,7 +126,9 @@ def test_a_pass_dying_half_way_is_completed_by_the_next(store: Store) -> None:
 
 def test_a_lost_host_is_marked_once(store: Store) -> None:
     scheduler, _, clock = _world(store, hosts=1)
-    clock.now = NOW + timedelta(minutes=6)  # past the lease
+    clock.now = NOW + timedelta(minutes=6)  # past the 5 min lease, inside the 60 + 30 s after it
+    assert scheduler.reap_lost_hosts(clock.now) == []
+    clock.now = NOW + timedelta(minutes=6, seconds=31)
     assert scheduler.reap_lost_hosts(clock.now) == ["h0"]
     assert scheduler.reap_lost_hosts(clock.now) == []
     record = store.hosts.get("h0")

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.usefixtures("real_template")  # missing: an error that 
 TIMINGS = {
     "BERTH_HEARTBEAT_S": "6",
     "BERTH_LEASE_S": "8",
+    "BERTH_OUTAGE_TOLERANCE_S": "4",
+    "BERTH_FENCE_MARGIN_S": "2",
     "BERTH_CLAIM_S": "30",
     "BERTH_BACKOFF_BASE_S": "1",
     "BERTH_BACKOFF_CAP_S": "2",

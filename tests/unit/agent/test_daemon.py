@@ -400,3 +400,43 @@ def test_a_host_marked_lost_stops_its_attempts_and_registers_again(tmp_path: Pat
     api.heartbeat = lost  # type: ignore[method-assign]
     d.heartbeat_once()
     assert runner.canceled == [("j1", 1, None)] and len(api.registered) == 2
+
+
+def test_an_outage_shorter_than_the_tolerance_keeps_the_attempts(tmp_path: Path) -> None:
+    """Past the lease the agent cannot tell a control-plane outage from its own partition: it keeps
+    its attempts for the register answer's ``outage_tolerance_s`` and stops them only after it."""
+    now = [1000.0]
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), runner, api)
+    d._clock = lambda: now[0]
+    answer = {"host_id": "h1", "queue_url": "q", "heartbeat_s": 1, "lease_s": 10, "outage_tolerance_s": 30}
+    api.register = lambda inventory, agent_version="x": answer  # type: ignore[method-assign]
+    d.register()
+    assert (d.lease_s, d.outage_tolerance_s) == (10, 30)
+    runner._running["j1"] = {"job_id": "j1", "attempt": 1}
+    for silent in (5.0, 11.0, 39.0):  # within the lease, then past it but inside the tolerance
+        now[0] = 1000.0 + silent
+        d._check_lease()
+        assert runner.canceled == [] and not d.lease_lost
+    now[0] = 1000.0 + 41.0
+    d._check_lease()
+    assert runner.canceled == [("j1", 1, None)] and d.lease_lost
+    d._check_lease()
+    assert runner.canceled == [("j1", 1, None)]  # once
+    # a heartbeat that gets through again renews: the next outage counts from it
+    d.heartbeat_once()
+    assert not d.lease_lost
+
+
+def test_a_control_plane_without_a_tolerance_stops_the_attempts_at_the_lease(tmp_path: Path) -> None:
+    now = [0.0]
+    runner, api = FakeRunner(), FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), runner, api)
+    d._clock = lambda: now[0]
+    answer = {"host_id": "h1", "queue_url": "q", "heartbeat_s": 1, "lease_s": 10}
+    api.register = lambda inventory, agent_version="x": answer  # type: ignore[method-assign]
+    d.register()
+    runner._running["j1"] = {"job_id": "j1", "attempt": 1}
+    now[0] = 10.5
+    d._check_lease()
+    assert runner.canceled == [("j1", 1, None)]

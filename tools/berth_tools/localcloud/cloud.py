@@ -51,6 +51,8 @@ READINESS_PATH = "/v1/jobs"
 LOCAL_TIMINGS: dict[str, str] = {
     "BERTH_HEARTBEAT_S": "20",
     "BERTH_LEASE_S": "20",
+    "BERTH_OUTAGE_TOLERANCE_S": "20",
+    "BERTH_FENCE_MARGIN_S": "10",
     "BERTH_CLAIM_S": "60",
     "BERTH_BACKOFF_BASE_S": "1",
     "BERTH_BACKOFF_CAP_S": "4",
