@@ -180,3 +180,32 @@ def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
     assert len(starts) == 2 and len(ends) == 1, lines
     # the second run started after the first was killed, and only the second ended
     assert float(starts[1][2]) > killed_at and ends[0][1] == starts[1][1], lines
+
+
+def test_a_control_plane_outage_longer_than_the_lease_costs_no_job(
+    real_cloud: LocalCloudProcess, job_dir: Path
+) -> None:
+    """Berth's API answers 503 for longer than the host lease (20 s locally) but less than lease +
+    outage tolerance: the agents keep their jobs running, heartbeat again once it is back, and the
+    job completes in its first attempt (no HostLost, no second run)."""
+    from berth_tools.cli.fault_cmd import fault_url, send
+
+    alice = real_cloud.client("alice")
+    marker = job_dir / "marks"
+    r = alice.post("/v1/jobs", json=_spec(marker, 40))
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    pid = int(_marks(marker)[0][1])
+    _wait(alice, job_id, ("RUNNING",))
+    url = fault_url(real_cloud.state_dir)
+    assert send(url, {"kind": "control-plane-outage"})[0] == 200
+    try:
+        assert alice.get(f"/v1/jobs/{job_id}").status == 503
+        time.sleep(28)  # the outage: longer than the 20 s lease, shorter than lease + 20 s tolerance
+        assert _alive(pid), "the job was stopped during a control-plane outage shorter than the tolerance"
+    finally:
+        assert send(url, {"kind": "clear"})[0] == 200
+    done = _wait(alice, job_id, ("COMPLETED", "FAILED", "CANCELED"), timeout=120)
+    assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
+    lines = _marks(marker, kind="end")
+    assert [line[0] for line in lines] == ["start", "end"], lines

@@ -58,7 +58,7 @@ def test_bad_requests_are_refused_and_change_nothing(body: object, status: int) 
     with pytest.raises(faults.FaultError) as caught:
         state.apply(body)
     assert caught.value.status == status
-    assert state.snapshot() == {"region_outages": [], "capacity": []}
+    assert state.snapshot() == {"region_outages": [], "capacity": [], "control_plane_outage": False}
 
 
 def test_spot_interrupt_goes_to_the_runner() -> None:
@@ -91,6 +91,15 @@ def test_an_outage_answers_503_for_batch_and_ec2_of_its_region_only() -> None:
     assert faults.outage_answer(_signed("batch", "us-east-1"), state) is None
 
 
+def test_a_control_plane_outage_lasts_until_cleared() -> None:
+    state = FaultState()
+    assert not state.control_plane_down()
+    answer = state.apply({"kind": "control-plane-outage"})
+    assert state.control_plane_down() and answer["faults"]["control_plane_outage"] is True
+    state.apply({"kind": "clear"})
+    assert not state.control_plane_down() and state.snapshot()["control_plane_outage"] is False
+
+
 def test_cli_request_bodies() -> None:
     assert fault_cmd.request_body("capacity", ["us-east-1", "g5.xlarge"]) == {
         "kind": "capacity",
@@ -98,6 +107,9 @@ def test_cli_request_bodies() -> None:
         "instance_type": "g5.xlarge",
     }
     assert fault_cmd.request_body("clear", []) == {"kind": "clear"}
+    assert fault_cmd.request_body("control-plane-outage", []) == {"kind": "control-plane-outage"}
+    with pytest.raises(ValueError, match="usage"):
+        fault_cmd.request_body("control-plane-outage", ["now"])
     assert fault_cmd.request_body("show", []) is None
     with pytest.raises(ValueError, match="usage"):
         fault_cmd.request_body("spot-interrupt", [])

@@ -15,7 +15,10 @@ from berth_tools.cli.output import OutputFormat
 from berth_tools.localcloud.faults import FAULT_PATH
 from berth_tools.localcloud.state_dir import STATE_DIR_ENV, locate, parse_exports
 
-USAGE = "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | clear | show"
+USAGE = (
+    "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | control-plane-outage"
+    " | clear | show"
+)
 _ARITY = {
     "region-outage": ("region",),
     "capacity": ("region", "instance_type"),
@@ -43,8 +46,8 @@ def request_body(kind: str, args: list[str]) -> dict[str, Any] | None:
     """The JSON body for `kind ARGS` (None for `show`); ValueError naming the usage otherwise."""
     if kind == "show" and not args:
         return None
-    if kind == "clear" and not args:
-        return {"kind": "clear"}
+    if kind in ("clear", "control-plane-outage") and not args:
+        return {"kind": kind}
     names = _ARITY.get(kind)
     if names is None or len(args) != len(names):
         raise ValueError(f"usage: berth local fault {USAGE}")
@@ -68,7 +71,9 @@ def send(url: str, body: dict[str, Any] | None, timeout: float = 10.0) -> tuple[
 
 
 def fault(
-    kind: str = typer.Argument(..., help="region-outage, capacity, spot-interrupt, clear or show."),
+    kind: str = typer.Argument(
+        ..., help="region-outage, capacity, spot-interrupt, control-plane-outage, clear or show."
+    ),
     args: list[str] | None = typer.Argument(None, help="REGION [INSTANCE_TYPE] | JOB_ID"),
     state_dir: Path | None = typer.Option(
         None,
@@ -79,7 +84,8 @@ def fault(
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o", help="table or json"),
 ) -> None:
     """Inject a fault into the running local cloud: region-outage REGION | capacity REGION INSTANCE_TYPE |
-    spot-interrupt JOB_ID | clear (show: list the faults in force)."""
+    spot-interrupt JOB_ID | control-plane-outage (Berth's API answers 503) | clear (show: list the
+    faults in force)."""
     try:
         body = request_body(kind, list(args or []))
     except ValueError as exc:
@@ -107,4 +113,5 @@ def fault(
     done = f"{kind}: " + (
         f"Batch job {answer['batch_job_id']} interrupted; " if "batch_job_id" in answer else ""
     )
-    typer.echo(f"{done if body is not None else ''}region outages: {outages}; no capacity: {capacity}")
+    api = "; control plane DOWN" if faults.get("control_plane_outage") else ""
+    typer.echo(f"{done if body is not None else ''}region outages: {outages}; no capacity: {capacity}{api}")

@@ -11,6 +11,8 @@ through `POST /_berth/fault` on the front door (127.0.0.1 only, like `/_berth/me
   their statusReason says why;
 - `{"kind": "spot-interrupt", "job_id": J}`: the running Batch job named `J-a<n>` (the latest
   attempt) is killed and fails with statusReason `Host EC2 (instance i-0123456789abcdef0) terminated.`;
+- `{"kind": "control-plane-outage"}`: every request to Berth's API (the tenants' and the agents'
+  routes) answers HTTP 503, as API Gateway does when its integration is down, until `clear`;
 - `{"kind": "clear"}`: no more outages or capacity faults (RUNNABLE jobs start).
 
 `GET /_berth/fault` answers the current faults. Bad input answers 400 with a message, an unknown job 404.
@@ -27,7 +29,7 @@ from typing import Any
 from berth_tools.localcloud.metering import LOCAL_ADDRESSES, Answer, ObservedRequest
 
 FAULT_PATH = "/_berth/fault"
-KINDS = ("region-outage", "capacity", "spot-interrupt", "clear")
+KINDS = ("region-outage", "capacity", "spot-interrupt", "control-plane-outage", "clear")
 #: The APIs a region outage takes down.
 OUTAGE_SERVICES = frozenset({"batch", "ec2"})
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
@@ -57,6 +59,7 @@ class FaultState:
         self._lock = threading.Lock()
         self._outages: set[str] = set()
         self._capacity: set[tuple[str, str]] = set()
+        self._control_plane_down = False
         #: Set by the local Batch runner: kills a Berth job's running Batch job; False when none runs.
         self.spot_interrupt_handler: Callable[[str], str | None] | None = None
 
@@ -65,12 +68,18 @@ class FaultState:
             return {
                 "region_outages": sorted(self._outages),
                 "capacity": [{"region": r, "instance_type": t} for r, t in sorted(self._capacity)],
+                "control_plane_outage": self._control_plane_down,
             }
 
     def clear(self) -> None:
         with self._lock:
             self._outages.clear()
             self._capacity.clear()
+            self._control_plane_down = False
+
+    def control_plane_down(self) -> bool:
+        with self._lock:
+            return self._control_plane_down
 
     def region_down(self, region: str) -> bool:
         with self._lock:
@@ -103,6 +112,9 @@ class FaultState:
             region = _field(body, "region", _REGION)
             with self._lock:
                 self._outages.add(region)
+        elif kind == "control-plane-outage":
+            with self._lock:
+                self._control_plane_down = True
         elif kind == "capacity":
             region = _field(body, "region", _REGION)
             instance_type = _field(body, "instance_type", _INSTANCE_TYPE)

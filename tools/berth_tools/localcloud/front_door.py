@@ -375,6 +375,9 @@ class FrontDoor:
         if request.path == faults.FAULT_PATH:  # `berth local fault` (127.0.0.1 only)
             status, answer = faults.handle_http(request.method, request.remote_addr, request.get_data())
             return Response(json.dumps(answer), status=status, content_type="application/json"), None
+        if faults.FAULTS.control_plane_down():  # `berth local fault control-plane-outage`
+            message = "Service unavailable (berth local fault control-plane-outage)"
+            return refuse("INTEGRATION_FAILURE", message, status=503, error_type="ServiceUnavailable"), None
         prefix = f"/{self.stage}"
         if request.path != prefix and not request.path.startswith(prefix + "/"):
             message = f"No stage at {request.path}; the API is served under {prefix}"
