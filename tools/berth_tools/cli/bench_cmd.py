@@ -251,8 +251,42 @@ def array(
     render(output, report, _table)
 
 
+def chaos(
+    minutes: Annotated[
+        float, typer.Option("--minutes", min=0.5, max=600, help="How long faults go on")
+    ] = 10.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds the workload and the fault plan")] = 1,
+    agents: Annotated[int, typer.Option("--agents", min=1, max=16, help="On-prem hosts (2 GPUs each)")] = 4,
+    jobs_per_minute: Annotated[float, typer.Option("--jobs-per-minute", min=0.5, max=600)] = 24.0,
+    cloud_share: Annotated[float, typer.Option("--cloud-share", min=0, max=1)] = 0.2,
+    detach_share: Annotated[
+        float, typer.Option("--detach-share", min=0, max=1, help="Jobs that leave a detached process")
+    ] = 0.2,
+    kinds: Annotated[
+        str | None, typer.Option("--kinds", help="Comma-separated fault kinds (default: all)")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Run a mixed workload on a fresh local cloud while injecting seeded faults; count jobs lost,
+    run twice at once, GPUs double-booked, orphan processes and quota counters against the truth."""
+    from berth_tools.bench.chaos_bench import Workload
+    from berth_tools.bench.chaos_plan import ALL_KINDS
+    from berth_tools.bench.chaos_run import run_on_fresh_local_cloud
+
+    chosen = ALL_KINDS if kinds is None else tuple(k.strip() for k in kinds.split(",") if k.strip())
+    unknown = set(chosen) - set(ALL_KINDS)
+    if unknown:
+        raise typer.BadParameter(f"unknown {', '.join(sorted(unknown))}; kinds: {', '.join(ALL_KINDS)}")
+    workload = Workload(jobs_per_minute=jobs_per_minute, cloud_share=cloud_share, detach_share=detach_share)
+    report = run_on_fresh_local_cloud(
+        minutes=minutes, seed=seed, agents=agents, workload=workload, kinds=chosen
+    )
+    render(output, report, _table)
+
+
 def register(bench_app: typer.Typer) -> None:
     bench_app.command("array")(array)
+    bench_app.command("chaos")(chaos)
     bench_app.command("e2e")(e2e)
     bench_app.command("pass")(pass_)
     bench_app.command("replay")(replay)
