@@ -211,6 +211,7 @@ def api(seeded: None) -> Invoke:
         headers: dict[str, str] | None = None,
         identity: dict[str, Any] | None = None,
         full: bool = False,
+        raw: bool = False,
     ) -> tuple[int, Any]:
         event = copy.deepcopy(base)
         event["httpMethod"] = method
@@ -227,6 +228,8 @@ def api(seeded: None) -> Invoke:
         event["multiValueHeaders"] = {k: [v] for k, v in event["headers"].items()}
         event["body"] = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
         resp = api_module.lambda_handler(event, FakeContext())  # type: ignore[arg-type]
+        if raw:  # the proxy result itself, as Lambda returns it (for tests about its size)
+            return resp["statusCode"], resp
         body = json.loads(resp["body"]) if resp.get("body") else None
         if not full:
             return resp["statusCode"], body

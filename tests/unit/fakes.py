@@ -20,6 +20,7 @@ from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotF
 from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument, check_hold_requests
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
+from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES, fit_page
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
 from berth.domain.ports import Member, Page, QueueHead, TenantRecord, UploadTicket
 from berth.domain.queue import QueueEntry, queue_entry
@@ -493,7 +494,13 @@ class FakeLogReader:
         self.streams.setdefault((group, stream), []).append((at_ms, message))
 
     def read(
-        self, group: str, stream: str, start_ms: int | None, next_token: str | None, limit: int
+        self,
+        group: str,
+        stream: str,
+        start_ms: int | None,
+        next_token: str | None,
+        limit: int,
+        max_bytes: int = LOG_PAGE_BUDGET_BYTES,
     ) -> LogPage:
         start = 0
         if next_token is not None:
@@ -505,12 +512,15 @@ class FakeLogReader:
         if events is None:
             return LogPage(events=[], next_token=None)
         selected = sorted((e for e in events if start_ms is None or e[0] >= start_ms), key=lambda e: e[0])
-        page = selected[start : start + limit]
-        token = f"{group}|{stream}|{'' if start_ms is None else start_ms}|{start + len(page)}"
-        return LogPage(
-            events=[LogEvent(at=datetime.fromtimestamp(ms / 1000, UTC), message=m) for ms, m in page],
-            next_token=token,
+        page = fit_page(
+            [
+                LogEvent(at=datetime.fromtimestamp(ms / 1000, UTC), message=m)
+                for ms, m in selected[start : start + limit]
+            ],
+            max_bytes,
         )
+        token = f"{group}|{stream}|{'' if start_ms is None else start_ms}|{start + len(page)}"
+        return LogPage(events=page, next_token=token)
 
 
 def _parse_fake_token(token: str) -> tuple[str, str, int | None, int]:

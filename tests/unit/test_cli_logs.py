@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+
+import pytest
 
 from berth_tools.cli.observe_cmd import log_pages
 
@@ -72,3 +75,36 @@ def test_an_explicit_attempt_is_never_left() -> None:
     api = Api([("RUNNING", 2, ["x"]), ("FAILED", 2, [])])
     assert messages(log_pages(api, "j", attempt=1, follow=True, sleep=lambda _s: None)) == ["x"]
     assert {c["attempt"] for c in api.calls} == {1}
+
+
+def test_berth_logs_prints_every_page_of_long_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``berth logs`` over the logs use case: 3 MB lines come a page each, cut with the marker, and
+    the command reads on to the end of what is there."""
+    from typer.testing import CliRunner
+
+    from berth_tools.cli import observe_cmd
+    from berth_tools.cli.main import app
+    from tests.unit.test_observability import ALICE, Setup
+
+    s = Setup()
+    job, _ = s.w.run_to_running(s.w.submit())
+    base = int(datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp() * 1000)
+    lines = [f"{i}" + "z" * 3_000_000 for i in range(3)] + ["done"]
+    for i, line in enumerate(lines):
+        s.logs.write("/berth/jobs/vision", f"{job.id}/1", base + i, line)
+    calls: list[str | None] = []
+
+    class Client:
+        def logs(self, job_id: str, **kw: Any) -> Any:
+            calls.append(kw.get("next_token"))
+            return s.svc.logs(ALICE, job_id, kw.get("attempt"), None, 200, kw.get("next_token"))
+
+    monkeypatch.setattr(observe_cmd, "client_for", lambda *_a: Client())
+    result = CliRunner().invoke(app, ["logs", job.id])
+    assert result.exit_code == 0, result.output[-300:]
+    out = result.output.splitlines()
+    assert len(out) == 4 and out[3] == "done"
+    for i in range(3):
+        assert out[i].startswith(f"{i}zzz") and out[i].endswith("longer than one page of logs]")
+        assert len(out[i]) < 2_200_000
+    assert len(calls) == 4 + 1  # a page a long line, then "done", then the empty end

@@ -50,6 +50,7 @@ class Clock:
 class Tokens:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any]] = []
+        self.causes: dict[str, str] = {}  # token -> the cause its failure was sent with
         self.ended: set[str] = set()
 
     def succeed(self, token: str, output: dict[str, Any]) -> bool:
@@ -58,6 +59,7 @@ class Tokens:
 
     def fail(self, token: str, error: str, cause: str) -> bool:
         self.calls.append(("fail", token, error))
+        self.causes[token] = cause
         return self._end(token)
 
     def heartbeat(self, token: str) -> bool:

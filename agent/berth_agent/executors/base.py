@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from berth.domain.reasons import exit_words
+
 log = logging.getLogger(__name__)
 
 #: Keys a job's own ``env`` may not set (the spec refuses them too; this is the host's own check).
@@ -206,28 +208,29 @@ def classify(
     stderr_tail: list[str],
     container: bool = False,
 ) -> JobResult:
-    """The one rule for turning how a run ended into a ``JobResult``."""
+    """The one rule for turning how a run ended into a ``JobResult``.
+
+    ``stderr_tail`` only helps to tell the kind (an image that could not be pulled, a CUDA out of
+    memory): the message is Berth's own words with the exit code or signal, never job output, which
+    may hold anything the job printed (its secrets among it) and goes to the job's log only. The
+    control plane adds where to read that log."""
     tail = "\n".join(stderr_tail)
-    last = stderr_tail[-1] if stderr_tail else ""
     if canceled:
         return JobResult(returncode, FailureKind.CANCELED, "canceled")
     if timed_out:
         return JobResult(returncode, FailureKind.TIMEOUT, "stopped at its timeout_minutes limit")
     if returncode == 0:
         return JobResult(0, None, "")
+    ended = exit_words(returncode)
     if container and returncode == 125:
         if any(m in tail for m in _IMAGE_MARKERS):
-            return JobResult(returncode, FailureKind.BAD_IMAGE, last or "image could not be pulled")
-        return JobResult(returncode, FailureKind.AGENT_ERROR, last or "the container runtime failed")
+            return JobResult(returncode, FailureKind.BAD_IMAGE, f"the image could not be pulled ({ended})")
+        return JobResult(returncode, FailureKind.AGENT_ERROR, f"the container runtime failed ({ended})")
     if returncode is not None and (returncode == -9 or (container and returncode == 137)):
-        return JobResult(returncode, FailureKind.OOM, "killed by SIGKILL (out of memory)")
+        return JobResult(returncode, FailureKind.OOM, f"out of memory ({ended})")
     if any(m in tail for m in _OOM_MARKERS):
-        return JobResult(returncode, FailureKind.OOM, last)
-    if returncode is not None and returncode < 0:
-        return JobResult(returncode, FailureKind.NONZERO_EXIT, f"killed by signal {-returncode}")
-    return JobResult(
-        returncode, FailureKind.NONZERO_EXIT, f"exited with {returncode}" + (f": {last}" if last else "")
-    )
+        return JobResult(returncode, FailureKind.OOM, f"out of memory: the job said so ({ended})")
+    return JobResult(returncode, FailureKind.NONZERO_EXIT, ended)
 
 
 class RunHandle(ABC):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from berth.domain.errors import DomainError
 from berth.domain.job import Job
 from berth.domain.placement import MAX_BATCH_GROUP, BatchGroup, CloudPlacement
+from berth.domain.reasons import exit_words, logs_pointer
 from berth.domain.storage import bundle_key, job_output_prefix, parse_digest
 from berth.domain.workflow import Failure
 
@@ -272,7 +273,10 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
     if job.exit_code == TIMEOUT_EXIT_CODE or reason.startswith(_BATCH_TIMEOUT_REASON):
         return CloudOutcome(Failure.TIMEOUT, f"{where}: {text or 'timed out'}")
     if job.exit_code is not None and job.exit_code != 0:
-        return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: exit code {job.exit_code}")
+        # Berth's words and where the output is (never the output: docs/security.md, reasons).
+        named = parse_batch_job_name(job.name)
+        pointer = f"; {logs_pointer(named[0])}" if named else ""
+        return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: {exit_words(job.exit_code)}{pointer}")
     if reason.startswith("CannotPullContainerError") or "CannotPullContainer" in text:
         return CloudOutcome(Failure.BAD_IMAGE, f"{where}: {text}")
     if "ResourceInitializationError" in text and "secret" in text.lower():

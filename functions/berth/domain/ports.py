@@ -12,6 +12,7 @@ from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import HoldRequest, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
+from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES
 from berth.domain.observability import LogPage, MetricSample, StoredSample
 from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
@@ -298,10 +299,18 @@ class LogReader(Protocol):
     """Job output in CloudWatch Logs, one stream per attempt."""
 
     def read(
-        self, group: str, stream: str, start_ms: int | None, next_token: str | None, limit: int
+        self,
+        group: str,
+        stream: str,
+        start_ms: int | None,
+        next_token: str | None,
+        limit: int,
+        max_bytes: int = LOG_PAGE_BUDGET_BYTES,
     ) -> LogPage:
         """Up to ``limit`` events of one stream, oldest first, from ``start_ms`` (epoch ms) or where
-        ``next_token`` (from an earlier page of this very stream) left off. A stream or group that
+        ``next_token`` (from an earlier page of this very stream) left off, no more than fit
+        ``max_bytes`` of JSON (``berth.domain.log_pages.fit_page``: the next page starts after the
+        last event kept; a first event over the budget is cut with a marker). A stream or group that
         does not exist (yet) is an empty page with no token; a token of another stream, or one this
         API did not issue, InvalidRequest; the service failing, StoreUnavailable."""
 

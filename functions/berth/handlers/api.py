@@ -403,6 +403,9 @@ Attempt = Annotated[int | None, Query(ge=1, le=1000, description="Which attempt 
     "milliseconds or an ISO 8601 time with a zone. Pass "
     "`next_token` (with the same `attempt`) to continue; it is returned even at the end of what is "
     "there now, so a follower polls with it until `status` is terminal and a page comes back empty. "
+    "A page holds at most `limit` events and about 2 MiB of their JSON, whichever comes first; a "
+    "line longer than that is cut, ending with `[... N more characters of this line not shown: "
+    "longer than one page of logs]`. "
     "The same tenant check as `GET /v1/jobs/{id}`.",
     responses={
         200: {"description": "A page of output", "content": {"application/json": {"model": schemas.LogsOut}}},

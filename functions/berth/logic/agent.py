@@ -28,6 +28,7 @@ from berth.domain.ports import (
     TaskTokens,
     WorkQueues,
 )
+from berth.domain.reasons import attempt_failure_detail
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
     PROTOCOL_VERSION,
@@ -245,9 +246,8 @@ class AgentService:
             failure = (
                 Failure.CANCELED if report.event is ReportEvent.CANCELED else agent_failure(report.failure)
             )
-            detail = report.message or (
-                f"exit code {report.exit_code}" if report.exit_code is not None else failure.value
-            )
+            # Berth's own words: never the agent's text about a run (it could quote job output).
+            detail = attempt_failure_detail(job.id, failure, report.exit_code, report.message)
             if token:
                 self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
             return self._answer(job)

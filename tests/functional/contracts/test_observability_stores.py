@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from berth.domain.errors import InvalidRequest
+from berth.domain.log_pages import EVENT_OVERHEAD_BYTES, json_size
 from berth.domain.observability import GpuSample, MetricSample
 from berth.domain.ports import LogReader, MetricsRepository
 from tests.functional.conftest import TABLES
@@ -151,3 +152,35 @@ def test_a_token_of_another_stream_is_refused(logs: Logs) -> None:
         logs.reader.read("/berth/jobs/nlp", "j-2/1", None, token, 10)
     with pytest.raises(InvalidRequest):
         logs.reader.read(GROUP, "j-1/2", None, token, 10)
+
+
+def test_a_page_keeps_within_its_byte_budget_and_the_next_continues_exactly(logs: Logs) -> None:
+    lines = [f"{i}:" + "x" * 300 for i in range(7)]
+    for i, line in enumerate(lines):
+        logs.write(GROUP, STREAM, MS0 + i, line)  # type: ignore[operator]
+    budget = 2 * (json_size(lines[0]) + EVENT_OVERHEAD_BYTES) + 10  # two events a page
+    got: list[str] = []
+    token = None
+    for _ in range(10):
+        page = logs.reader.read(GROUP, STREAM, None, token, 5, budget)
+        assert sum(json_size(e.message) + EVENT_OVERHEAD_BYTES for e in page.events) <= budget
+        if not page.events:
+            break
+        assert len(page.events) <= 2
+        got += [e.message for e in page.events]
+        token = page.next_token
+    assert got == lines  # every line once, in order: none skipped, none twice
+    logs.write(GROUP, STREAM, MS0 + 100, "later")  # type: ignore[operator]
+    assert [e.message for e in logs.reader.read(GROUP, STREAM, None, token, 5, budget).events] == ["later"]
+
+
+def test_a_line_longer_than_the_budget_is_cut_with_a_marker_and_passed(logs: Logs) -> None:
+    logs.write(GROUP, STREAM, MS0, "\x1b" * 5000)  # type: ignore[operator]  # escapes to 6 bytes each
+    logs.write(GROUP, STREAM, MS0 + 1, "next")  # type: ignore[operator]
+    first = logs.reader.read(GROUP, STREAM, None, None, 10, 4000)
+    assert len(first.events) == 1
+    cut = first.events[0].message
+    assert cut.startswith("\x1b" * 100) and "more characters of this line not shown" in cut
+    assert json_size(cut) + EVENT_OVERHEAD_BYTES <= 4000
+    second = logs.reader.read(GROUP, STREAM, None, first.next_token, 10, 4000)
+    assert [e.message for e in second.events] == ["next"]

@@ -201,7 +201,7 @@ def test_permanent_failure_is_not_retried(cloud: LocalCloud, hosts: Hosts) -> No
     job_id = submit(cloud, spec(env={"SCRIPTED_EXIT": "3", "SCRIPTED_RUN_S": "0.2"}))
     done = wait_for(cloud, job_id, status_in(*TERMINAL))
     assert done["status"] == "FAILED" and done["attempts"] == 1
-    assert "NonZeroExit (permanent)" in done["reason"] and "exit code 3" in done["reason"]
+    assert "NonZeroExit (permanent)" in done["reason"] and "exited with code 3" in done["reason"]
     assert wait_execution(cloud, job_id) == "FAILED"
 
 

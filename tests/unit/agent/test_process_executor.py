@@ -223,8 +223,56 @@ def test_classify_rules() -> None:
         is FailureKind.OOM
     )
     assert classify(-15, canceled=True, timed_out=False, stderr_tail=[]).failure is FailureKind.CANCELED
-    assert classify(-11, canceled=False, timed_out=False, stderr_tail=[]).message == "killed by signal 11"
+    assert (
+        classify(-11, canceled=False, timed_out=False, stderr_tail=[]).message
+        == "killed by signal 11 (SIGSEGV)"
+    )
     assert classify(0, canceled=False, timed_out=False, stderr_tail=["warn"]).succeeded
+
+
+@pytest.mark.parametrize(
+    ("code", "container", "tail_line", "kind", "message"),
+    [
+        (3, False, "Error: token=hunter2-s3cr3t rejected", FailureKind.NONZERO_EXIT, "exited with code 3"),
+        (
+            1,
+            False,
+            "CUDA out of memory; token=hunter2-s3cr3t",
+            FailureKind.OOM,
+            "out of memory: the job said so (exited with code 1)",
+        ),
+        (
+            125,
+            True,
+            "Unable to find image hunter2-s3cr3t",
+            FailureKind.BAD_IMAGE,
+            "the image could not be pulled (exited with code 125)",
+        ),
+        (
+            125,
+            True,
+            "hunter2-s3cr3t",
+            FailureKind.AGENT_ERROR,
+            "the container runtime failed (exited with code 125)",
+        ),
+        (
+            137,
+            True,
+            "hunter2-s3cr3t",
+            FailureKind.OOM,
+            "out of memory (exited with code 137 (128 + SIGKILL))",
+        ),
+        (-6, False, "hunter2-s3cr3t", FailureKind.NONZERO_EXIT, "killed by signal 6 (SIGABRT)"),
+    ],
+)
+def test_the_message_is_berths_words_never_the_jobs_output(
+    code: int, container: bool, tail_line: str, kind: FailureKind, message: str
+) -> None:
+    result = classify(
+        code, canceled=False, timed_out=False, stderr_tail=["before", tail_line], container=container
+    )
+    assert result.failure is kind and result.message == message
+    assert "hunter2" not in result.message
 
 
 def test_rendezvous_checks() -> None:

@@ -9,13 +9,23 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, _read_spec, _status, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+from berth_tools.cli.safe_text import literal
 
 
 def _explain_table(d: dict[str, Any]) -> None:
-    console.print(f"[bold]{d['job_id']}[/] {_status(d['status'])}: {escape(d['reason'])}")
+    console.print(
+        Text.assemble(
+            Text(d["job_id"], style="bold"),
+            " ",
+            Text.from_markup(_status(d["status"])),
+            ": ",
+            literal(d["reason"]),
+        )
+    )
     ex = d.get("explanation")
     if ex is None:
         where = d.get("placement")
@@ -32,7 +42,7 @@ def _explain_table(d: dict[str, Any]) -> None:
     for c in ex["candidates"]:
         usd = "-" if c["hourly_usd"] is None else f"{c['hourly_usd']:.2f}"
         mark = "[green]chosen[/]" if c["chosen"] else ("yes" if c["eligible"] else "[red]no[/]")
-        t.add_row(c["site"], mark, c["rule"] or "-", usd, escape(c["message"]))
+        t.add_row(c["site"], mark, c["rule"] or "-", usd, literal(c["message"]))
     console.print(t)
 
 

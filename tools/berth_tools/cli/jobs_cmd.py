@@ -9,12 +9,13 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.cli.safe_text import literal
 from berth_tools.client import BerthClient, ClientError, load_config
 
 STATUS_STYLE = {
@@ -72,7 +73,7 @@ def _job_table(job: dict[str, Any]) -> None:
         ("id", job["id"]),
         ("name", job["spec"]["name"]),
         ("status", _status(job["status"])),
-        ("reason", escape(job["reason"])),
+        ("reason", literal(job["reason"])),
         ("tenant", job["tenant"]),
         ("owner", job["owner"]),
         ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),
@@ -223,7 +224,7 @@ def ls(
                 _counts(j) if j.get("array") else _where(j),
                 f"{j.get('cost_usd', 0.0):.2f}" if not j.get("array") else "-",
                 j["created_at"],
-                escape(j["reason"]),
+                literal(j["reason"]),
             )
         console.print(t)
         if data.get("next_token"):
@@ -242,7 +243,15 @@ def cancel(
     task of an array that has not ended."""
     with api_errors(output):
         job = client_for(api_url, profile).cancel(job_id)
-    render(output, job, lambda j: console.print(f"{j['id']}: {_status(j['status'])} ({escape(j['reason'])})"))
+    render(
+        output,
+        job,
+        lambda j: console.print(
+            Text.assemble(
+                f"{j['id']}: ", Text.from_markup(_status(j["status"])), " (", literal(j["reason"]), ")"
+            )
+        ),
+    )
 
 
 def events(
@@ -258,7 +267,7 @@ def events(
     def table(d: dict[str, Any]) -> None:
         t = Table("AT", "FROM", "TO", "REASON")
         for e in d["events"]:
-            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), escape(e["reason"]))
+            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), literal(e["reason"]))
         console.print(t)
 
     render(output, data, table)

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+from berth_tools.cli.safe_text import visible
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELED"})
 
@@ -75,25 +76,38 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing until the job has ended")
     ] = False,
     poll_s: Annotated[float, typer.Option("--poll", min=0.2, help="Seconds between polls (-f)")] = 2.0,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Print the output as the job wrote it, terminal escape sequences included "
+            "(by default control characters are shown escaped, e.g. \\x1b)",
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Print a job's output (stdout and stderr), oldest first. ``--output json``: one JSON object
-    per line, per event (``at``, ``message``, ``attempt``)."""
+    """Print a job's output (stdout and stderr), oldest first, every page of it. Control characters
+    but newline and tab are printed as visible escapes, so the output cannot drive the terminal;
+    ``--raw`` prints them as they are. ``--output json``: one JSON object per line, per event
+    (``at``, ``message``, ``attempt``)."""
     with api_errors(output):
         client = client_for(api_url, profile)
         said = None
         for page in log_pages(client, job_id, attempt=attempt, since=since, follow=follow, poll_s=poll_s):
             reason = page.get("reason")
             if reason and reason != said and not page.get("events") and output is not OutputFormat.JSON:
-                sys.stderr.write(f"({reason})\n")  # why nothing is shown yet, once; stdout stays the log
+                sys.stderr.write(
+                    f"({visible(reason)})\n"
+                )  # why nothing is shown yet, once; stdout stays the log
                 said = reason
             for event in page.get("events", []):
                 if output is OutputFormat.JSON:
                     sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
                 else:
-                    sys.stdout.write(event["message"].rstrip("\n") + "\n")
+                    message = event["message"].rstrip("\n")
+                    sys.stdout.write((message if raw else visible(message)) + "\n")
             sys.stdout.flush()
 
 

@@ -11,8 +11,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
+from berth_tools.cli.safe_text import literal, visible
 from berth_tools.client import ClientError
 
 console = Console()
@@ -76,11 +77,13 @@ def fail(output: OutputFormat, exc: ClientError) -> NoReturn:
     if output is OutputFormat.JSON:
         emit_json({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
     else:
-        err_console.print(f"[bold red]error[/] ({exc.code}): {escape(exc.message)}", highlight=False)
+        err_console.print(
+            Text.assemble(("error", "bold red"), f" ({visible(str(exc.code))}): ", literal(exc.message))
+        )
         if isinstance(exc.details, list):
             for d in exc.details:
                 if isinstance(d, dict) and "message" in d:
-                    err_console.print(f"  - {escape(str(d['message']))}", highlight=False)
+                    err_console.print(Text.assemble("  - ", literal(str(d["message"]))))
     raise typer.Exit(int(exit_code(exc.status, exc.code)))
 
 
