@@ -25,6 +25,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ PROFILES = {"alice": "vision", "bob": "nlp"}
 CLOUD_REGIONS = ["us-east-1", "us-west-2"]
 #: How long a submit is retried (same idempotency key) before it counts as not accepted.
 SUBMIT_RETRY_S = 120.0
+#: Submits in flight at once at most.
+SUBMITTERS = 8
 
 
 @dataclass
@@ -83,17 +86,25 @@ def job_spec(rng: random.Random, i: int, records: Path, marker: str, w: Workload
 def submit_all(
     clients: dict[str, Any], specs: list[dict[str, Any]], interval_s: float, stop_at: float, ledger: Ledger
 ) -> None:
+    """Submit ``specs`` one every ``interval_s`` (a pool, so a slow or retried submit does not hold
+    the next back), the tenants in turn, until ``stop_at``."""
     profiles = list(clients)
-    for i, spec in enumerate(specs):
-        due = time.monotonic()
-        if due > stop_at:
-            return
+    start = time.monotonic()
+
+    def one(i: int, spec: dict[str, Any]) -> None:
         profile = profiles[i % len(profiles)]
         job_id = _submit_with_retries(clients[profile], spec, ledger)
         if job_id is not None:
             with ledger.lock:
                 ledger.accepted[job_id] = profile
-        time.sleep(max(0.0, due + interval_s - time.monotonic()))
+
+    with ThreadPoolExecutor(max_workers=SUBMITTERS) as pool:
+        for i, spec in enumerate(specs):
+            due = start + i * interval_s
+            if due > stop_at:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            pool.submit(one, i, spec)
 
 
 def _submit_with_retries(client: Any, spec: dict[str, Any], ledger: Ledger) -> str | None:
@@ -135,7 +146,10 @@ def inject(
                     ledger.fault_errors.append(f"{at_s:.0f}s spot-interrupt: no cloud job running")
                 continue
             body = {**body, "job_id": job}
-        status, answer = send(body)
+        try:
+            status, answer = send(body)
+        except OSError as exc:
+            status, answer = 0, {"message": str(exc)}
         with ledger.lock:
             if status == 200:
                 if body["kind"] not in ("heal", "clear"):
@@ -232,10 +246,15 @@ def run_chaos(
     stop_at = t0 + minutes * 60
 
     def running_cloud_job() -> str | None:
+        from berth_tools.client import ClientError
+
         with ledger.lock:
-            ids = list(ledger.accepted)
-        for job_id in reversed(ids):
-            job = clients[ledger.accepted[job_id]].get(job_id)
+            ids = list(ledger.accepted.items())
+        for job_id, profile in reversed(ids[-40:]):
+            try:
+                job = clients[profile].get(job_id)
+            except ClientError:
+                continue  # the API is down (an outage in the plan): try another
             if job.get("status") == "RUNNING" and job.get("site") == "cloud":
                 return job_id
         return None
