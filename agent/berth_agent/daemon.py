@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
-from berth_agent import __version__, sdnotify
+from berth_agent import __version__, isolation, sdnotify
 from berth_agent.client import AgentApiError
 from berth_agent.config import AgentConfig
 from berth_agent.gpus import Inventory
@@ -168,7 +168,7 @@ class Daemon:
             "pool": self.config.pool,
             "gpu_type": inv.gpu_type,
             "gpu_ids": inv.healthy_uuids,
-            "labels": {},
+            "labels": {isolation.LABEL: isolation.gpu_isolation(self.config.executor)[0]},
             **self.host_facts,
         }
         answer = self.api.register(inventory, agent_version=__version__)

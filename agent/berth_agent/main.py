@@ -16,7 +16,7 @@ from typing import Any
 import botocore.session
 
 from berth_agent import config as agent_config
-from berth_agent import executors, gpus, jsonlog
+from berth_agent import executors, gpus, isolation, jsonlog
 from berth_agent.attempt import AttemptRunner
 from berth_agent.awsio import BotocoreIO
 from berth_agent.client import AgentClient
@@ -39,6 +39,10 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
     log.info(
         "GPUs discovered",
         extra={"source": inventory.source, "gpu_type": inventory.gpu_type, "gpus": inventory.healthy_uuids},
+    )
+    level, why = isolation.gpu_isolation(cfg.executor)
+    (log.info if level == isolation.ENFORCED else log.warning)(
+        f"GPU isolation: {level}", extra={"executor": cfg.executor.value, "why": why}
     )
     api = AgentClient.from_config(cfg, profile=cfg.aws_profile)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)

@@ -85,3 +85,35 @@ def test_defaults() -> None:
 )
 def test_rejects_bad_specs_with_clear_messages(data: dict[str, Any], needle: str) -> None:
     assert needle in errors(data)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["env", "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "NVIDIA_VISIBLE_DEVICES=all", "python", "t.py"],
+        ["env", "LD_PRELOAD=/tmp/x.so", "python", "t.py"],
+        ["env", "BERTH_JOB_ID=someone-else", "python", "t.py"],
+        ["env", "-u", "CUDA_VISIBLE_DEVICES", "python", "t.py"],
+        ["env", "--unset=CUDA_VISIBLE_DEVICES", "python", "t.py"],
+        ["sh", "-c", "CUDA_VISIBLE_DEVICES=0 python t.py"],
+        ["bash", "-c", "export LD_PRELOAD=/x.so; ./run"],
+        ["sh", "-c", "unset CUDA_VISIBLE_DEVICES && python t.py"],
+        ["sh", "-c", "true; AWS_ACCESS_KEY_ID=AKIA aws s3 ls"],
+    ],
+)
+def test_a_command_that_sets_a_reserved_variable_is_refused(command: list[str]) -> None:
+    with pytest.raises(ValidationError, match="reserved"):
+        JobSpec.model_validate(spec(command=command))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["python3", "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"],
+        ["sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
+        ["python", "-u", "train.py", "--lr=0.1", "--env=prod", "MY_LD_VAR=1"],
+        ["torchrun", "--nproc_per_node=8", "train.py"],
+    ],
+)
+def test_a_command_that_only_reads_them_is_accepted(command: list[str]) -> None:
+    assert list(JobSpec.model_validate(spec(command=command)).command) == command

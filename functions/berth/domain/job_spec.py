@@ -37,6 +37,17 @@ GPU_TYPES = ("H100", "A100", "A100-80G", "A10G", "L4", "T4", "V100", "L40S", "H2
 
 RESERVED_ENV_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_ENV_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+_RESERVED_NAME = (
+    r"(?:AWS_|BERTH_|NVIDIA_|LD_)[A-Za-z0-9_]*|" + "|".join(sorted(RESERVED_ENV_KEYS))
+)
+#: A reserved variable set or unset through the command: ``env NAME=...``, a shell's ``NAME=... cmd``
+#: or ``export NAME=...``, ``env -u NAME``, ``unset NAME`` (the argv joined by spaces). A defence in
+#: depth: where the host does not enforce GPU isolation, a job's own code can still change its
+#: environment (docs/security.md, "GPU isolation").
+_RESERVED_IN_COMMAND = re.compile(
+    rf"(?:^|[\s;&|(`'\"])(?:export\s+)?({_RESERVED_NAME})="
+    rf"|(?:^|[\s;&|(`'\"])(?:unset\s+|-u\s*|--unset=)({_RESERVED_NAME})\b"
+)
 
 # The published schema (docs/openapi.json) states every rule the validators below enforce, so a client
 # generated from it never sends what the server refuses; tests/functional/test_openapi_fuzz.py checks it.
@@ -396,6 +407,15 @@ class JobSpec(Strict):
             )
         if isinstance(v, list) and any(isinstance(a, str) and "\x00" in a for a in v):
             raise ValueError("command arguments must not contain NUL bytes")
+        if isinstance(v, list):
+            found = _RESERVED_IN_COMMAND.search(" ".join(a for a in v if isinstance(a, str)))
+            if found:
+                name = found.group(1) or found.group(2)
+                raise ValueError(
+                    f"the command sets or unsets {name}, which is reserved: Berth sets AWS_*, BERTH_*, "
+                    "NVIDIA_*, LD_* and CUDA_VISIBLE_DEVICES itself (GPU visibility and credentials are "
+                    "not the job's to choose)"
+                )
         return v
 
     @field_validator("env", "secrets")

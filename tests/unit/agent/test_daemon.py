@@ -153,7 +153,7 @@ def test_register_sends_the_inventory(tmp_path: Path) -> None:
             "pool": "lab",
             "gpu_type": "H100",
             "gpu_ids": ["GPU-a", "GPU-b"],
-            "labels": {},
+            "labels": {"berth/gpu-isolation": "none"},
             "cpu": 32,
             "memory_gib": 256,
         }
@@ -440,3 +440,17 @@ def test_a_control_plane_without_a_tolerance_stops_the_attempts_at_the_lease(tmp
     now[0] = 10.5
     d._check_lease()
     assert runner.canceled == [("j1", 1, None)]
+
+
+def test_the_host_registers_whether_it_enforces_gpu_isolation(tmp_path: Path) -> None:
+    from berth_agent import isolation
+    from berth_agent.config import ExecutorKind
+
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    d.register()
+    assert api.registered[-1]["labels"] == {"berth/gpu-isolation": "none"}  # the process executor
+    assert isolation.gpu_isolation(ExecutorKind.DOCKER)[0] == "enforced"
+    assert isolation.gpu_isolation(ExecutorKind.KUBERNETES)[0] == "enforced"
+    level, why = isolation.gpu_isolation(ExecutorKind.PROCESS)
+    assert level == "none" and "CUDA_VISIBLE_DEVICES" in why

@@ -58,6 +58,11 @@ def explain(
     render(output, data, _explain_table)
 
 
+#: The label agents register with (``berth_agent.isolation.LABEL``): whether the host confines a job
+#: to its GPUs (``enforced``) or not (``none``).
+GPU_ISOLATION_LABEL = "berth/gpu-isolation"
+
+
 def _capacity_table(d: dict[str, Any]) -> None:
     tot = d["totals"]
     console.print(
@@ -76,7 +81,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
                 str(m["unavailable_gpus"]),
             )
     console.print(t)
-    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "ATTEMPTS")
+    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "GPU ISOLATION", "ATTEMPTS")
     for host in d["hosts"]:
         alive = "[green]yes[/]" if host["alive"] else "[red]no[/]"
         h.add_row(
@@ -85,6 +90,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
             host["gpu_type"],
             f"{host['free_gpus']}/{host['gpus']}",
             alive,
+            (host.get("labels") or {}).get(GPU_ISOLATION_LABEL, "unknown"),
             ", ".join(host["attempts"]) or "-",
         )
     console.print(h)
