@@ -267,6 +267,63 @@ def run(s: Scenario) -> None:
             f"attempt 2 ran on {second} → COMPLETED"
         )
 
+    def failure_in_berths_words() -> str:
+        code = (
+            "import os, sys\n"
+            "print('\\x1b]0;owned\\x07\\x1b[2Jthis line tried to retitle and clear the terminal')\n"
+            "print('Error: the API refused token ' + os.environ['WANDB_API_KEY'], file=sys.stderr)\n"
+            "sys.exit(3)\n"
+        )
+        spec = {
+            "name": "prints-its-secret",
+            "image": "python:3.11-slim",
+            "command": ["python3", "-c", code],
+            "resources": {"gpu_type": "A100", "gpus": 1, "cpu": 1, "memory_gib": 4},
+            "secrets": {"WANDB_API_KEY": "berth/vision/wandb"},
+            "retry": {"max_attempts": 1},
+        }
+        job = alice.submit(spec)
+        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"), 90)
+        assert done["status"] == "FAILED" and "code 3" in done["reason"], done
+        kept = json.dumps([done, alice.events(job["id"])])
+        assert "local-placeholder" not in kept, "the secret reached the job's reason or events"
+        env = {**os.environ, **s.env, "AWS_PROFILE": "alice"}
+        logs = subprocess.run(
+            [sys.executable, "-m", "berth_tools.cli.main", "logs", job["id"]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert "\x1b" not in logs.stdout and "\\x1b" in logs.stdout, logs.stdout
+        assert "local-placeholder" in logs.stdout, logs.stdout  # the job's own output keeps what it printed
+        return (
+            f"FAILED: {done['reason']!r}; the secret it printed is in its log only, and berth logs shows "
+            "its terminal escapes as \\x1b instead of obeying them"
+        )
+
+    def outage_ridden_out() -> str:
+        from berth_tools.cli.fault_cmd import fault_url, send
+
+        spec = _runnable("resnet-vision.yaml", 30, name="rides-out-an-outage")
+        spec["resources"] = {**spec["resources"], "gpu_type": "A100", "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["data"] = []
+        job = alice.submit(spec)
+        wait_for(job["id"], is_("RUNNING"), 60)
+        url = fault_url(s.state_dir)
+        assert send(url, {"kind": "control-plane-outage"})[0] == 200
+        try:
+            time.sleep(24)  # longer than the 20 s host lease; every API call answers 503 meanwhile
+        finally:
+            assert send(url, {"kind": "clear"})[0] == 200
+        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"), 90)
+        assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
+        return (
+            "Berth's API answered 503 for 24 s (past the 20 s lease): the agent kept the job running "
+            f"(outage tolerance), heartbeated again, and {job['id']} COMPLETED in its first attempt"
+        )
+
     def cancel_running() -> str:
         marker = f"berth-demo-long-run-{uuid.uuid4().hex[:8]}"
         spec = _runnable("resnet-vision.yaml", 300, name="long-run", marker=marker)
@@ -635,6 +692,8 @@ def run(s: Scenario) -> None:
         ("berth logs -f follows a running job live; berth metrics shows its usage", logs_follow),
         ("an agent is killed mid-job: the job is retried on another host and completes", agent_killed),
         ("a running job is canceled: the host stops it", cancel_running),
+        ("a failing job printed its secret: its reason is Berth's own words", failure_in_berths_words),
+        ("the control plane is down past the host lease: a running job rides it out", outage_ridden_out),
         ("with the V100 hosts full, berth explain says why a job waits", waits_and_explains),
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
         ("alice cancels a queued job", cancel),
