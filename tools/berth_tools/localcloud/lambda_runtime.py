@@ -219,6 +219,23 @@ class ProcessLambdaRuntime:
             pools = list(self._pools.values())
         return [pid for entry in pools for pid in entry.pool.pids()]
 
+    def kill_sandbox(self, name_part: str) -> tuple[str, int] | None:
+        """`berth local fault lambda-kill`: SIGKILL one sandbox of a function whose name contains
+        `name_part`, one running an event if any (that invocation ends in `Runtime.ExitError`, as Lambda's
+        does when its sandbox dies). (function name, pid), or None when no such sandbox is alive."""
+        with self._lock:
+            pools = [
+                (arn.rsplit(":function:", 1)[-1], entry.pool)
+                for arn, entry in self._pools.items()
+                if name_part in arn.rsplit(":function:", 1)[-1]
+            ]
+        pools.sort(key=lambda named: -named[1].busy())  # one running an event first
+        for name, pool in pools:
+            pid = pool.kill_one()
+            if pid is not None:
+                return name, pid
+        return None
+
     def busy(self, function_name: str) -> int:
         """How many sandboxes of the function run an event now (tests, diagnostics)."""
         with self._lock:
