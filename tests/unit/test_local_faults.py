@@ -237,6 +237,24 @@ def test_agent_kill_and_lambda_kill_go_to_their_owners() -> None:
     assert caught.value.status == 404
 
 
+def test_lambda_kill_picks_the_function_one_means() -> None:
+    from berth_tools.localcloud.lambda_runtime import functions_named
+
+    names = [
+        "Berth-WorkflowWorkflowFunctionE21C4BD9-a1",
+        "Berth-WorkflowSchedulerFunction170207D4-b2",
+        "Berth-WorkflowAgentApiFunctionC7A1911E-c3",
+        "Berth-ApiFunction685AAB5B-d4",
+    ]
+    assert functions_named(names, "Workflow") == [names[0]]
+    assert functions_named(names, "Scheduler") == [names[1]]
+    assert functions_named(names, "Api") == [names[3]]
+    assert functions_named(names, "AgentApi") == [names[2]]
+    assert functions_named(names, "Berth") == names  # contained in every name: any of them
+    assert functions_named(names, "E21C4BD9") == [names[0]]
+    assert functions_named(names, "Nothing") == []
+
+
 def test_cli_request_bodies() -> None:
     assert fault_cmd.request_body("capacity", ["us-east-1", "g5.xlarge"]) == {
         "kind": "capacity",

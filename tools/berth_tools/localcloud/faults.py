@@ -27,8 +27,9 @@ through `POST /_berth/fault` on the front door (127.0.0.1 only, like `/_berth/me
   gets SIGKILL and is started again `AGENT_RESTART_S` later, as systemd's `Restart=always` would
   (answers the killed pid);
 - `{"kind": "lambda-kill", "function": NAME}`: one sandbox worker process of a deployed Lambda function
-  whose name contains NAME gets SIGKILL (one running an event if any): that invocation ends as Lambda's
-  does when its sandbox dies, `Runtime.ExitError` (answers the function's name and the pid);
+  whose name contains NAME (`lambda_runtime.functions_named`: `Workflow` is the WorkflowFunction) gets
+  SIGKILL, one running an event if any: that invocation ends as Lambda's does when its sandbox dies,
+  `Runtime.ExitError` (answers the function's name and the pid);
 - `{"kind": "clear"}`: no more outages, capacity faults, partitions, throttling or duplicates.
 
 `GET /_berth/fault` answers the faults in force. Bad input answers 400 with a message, an unknown job,
