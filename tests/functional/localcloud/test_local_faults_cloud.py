@@ -17,8 +17,10 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from typer.testing import CliRunner
 
 from berth_tools.cli.fault_cmd import fault_url, send
+from berth_tools.cli.main import app
 from berth_tools.localcloud import faults
 from berth_tools.localcloud.cloud import LocalCloud
 from berth_tools.localcloud.moto_transport import InProcessTransport
@@ -37,6 +39,11 @@ def _fault(cloud: LocalCloud, body: dict[str, Any] | None) -> tuple[int, dict[st
 def _cleared(cloud: LocalCloud) -> Any:
     yield
     assert _fault(cloud, {"kind": "clear"})[0] == 200
+
+
+def _cli(cloud: LocalCloud, *args: str) -> Any:
+    assert cloud.state_dir is not None
+    return CliRunner().invoke(app, ["local", "fault", "--state-dir", str(cloud.state_dir), *args])
 
 
 def _get(cloud: LocalCloud, key: str, secret: str, query: str = "") -> tuple[int, Any]:
@@ -65,8 +72,12 @@ def test_a_partitioned_host_gets_503_from_the_api_until_healed(cloud: LocalCloud
         aws_secret_access_key=host.secret_access_key,
     )
     assert sts.get_caller_identity()["Arn"].endswith(":user/host-fault-h1")
-    assert _fault(cloud, {"kind": "heal", "host_id": "fault-h1"})[0] == 200
+    shown = _cli(cloud, "show")
+    assert shown.exit_code == 0 and "partitioned: fault-h1" in shown.output, shown.output
+    healed = _cli(cloud, "heal", "fault-h1")
+    assert healed.exit_code == 0 and "partitioned" not in healed.output, healed.output
     assert _get(cloud, host.access_key_id, host.secret_access_key)[0] == before
+    assert _cli(cloud, "ddb-throttle", "2").exit_code == 2  # bad input: 400
     assert _fault(cloud, {"kind": "partition", "host_id": "../x"})[0] == 400
 
 
