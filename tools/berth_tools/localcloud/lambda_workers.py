@@ -6,7 +6,8 @@ keeps a function's sandboxes: an idle one is reused (a warm start); with none id
 limit running, a new one is started (a cold start, in the invoking thread, as Lambda's init runs
 before the first event); otherwise the invocation waits for one to be free, as a throttled Lambda
 caller would retry. A sandbox that timed out, crashed or failed its init is killed and dropped; the
-next invocation gets a fresh one.
+next invocation gets a fresh one. `SandboxPool.kill_one` (`berth local fault lambda-kill`) kills one
+from outside, as a sandbox dies on AWS: a running invocation sees `SandboxGone`.
 """
 
 from __future__ import annotations
