@@ -61,8 +61,10 @@ def real_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudP
     try:
         yield cloud
     finally:
+        agents = _agents(cloud)  # (restarted ones too: `agent-kill`)
         status = cloud.stop()
     assert status == 0, cloud.log_tail()
+    assert not [a for a in agents if _alive(a["pid"])], agents  # no agent outlives the local cloud
 
 
 def _agents(cloud: LocalCloudProcess) -> list[dict[str, Any]]:
@@ -209,3 +211,48 @@ def test_a_control_plane_outage_longer_than_the_lease_costs_no_job(
     assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
     lines = _marks(marker, kind="end")
     assert [line[0] for line in lines] == ["start", "end"], lines
+
+
+def _registrations(cloud: LocalCloudProcess, host: str) -> int:
+    """How many times the agent of `host` said it registered (once per start)."""
+    count = 0
+    for line in (cloud.state_dir / "agents" / host / "agent.log").read_text().splitlines():
+        try:
+            count += json.loads(line).get("msg") == "registered"
+        except (ValueError, AttributeError):
+            continue
+    return count
+
+
+def test_agent_kill_restarts_the_agent_and_a_partition_cuts_only_its_api(
+    real_cloud: LocalCloudProcess,
+) -> None:
+    """`agent-kill`: the agent process gets SIGKILL and is started again (agents.json names the new pid,
+    which registers again); `partition`: the host's calls to Berth's API answer 503 until `heal`."""
+    from berth_tools.cli.fault_cmd import fault_url, send
+
+    url = fault_url(real_cloud.state_dir)
+    (agent, *_) = _agents(real_cloud)
+    host, old_pid = agent["host_id"], agent["pid"]
+    registered = _registrations(real_cloud, host)
+    status, answer = send(url, {"kind": "agent-kill", "host_id": host})
+    assert status == 200 and answer["killed_pid"] == old_pid and answer["host_id"] == host, answer
+    deadline = time.monotonic() + 60
+    while True:
+        (now,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
+        if now["pid"] != old_pid and _alive(now["pid"]) and _registrations(real_cloud, host) > registered:
+            break
+        assert time.monotonic() < deadline, (now, registered)
+        time.sleep(0.2)
+    assert not _alive(old_pid)
+    assert b"berth_agent.main" in Path(f"/proc/{now['pid']}/cmdline").read_bytes()
+    assert send(url, {"kind": "agent-kill", "host_id": "no-such-host"})[0] == 404
+
+    hosted = real_cloud.client(f"host-{host}")
+    assert send(url, {"kind": "partition", "host_id": host})[0] == 200
+    try:
+        assert hosted.get("/v1/capacity").status == 503
+        assert real_cloud.client("alice").get("/v1/capacity").status == 200
+    finally:
+        assert send(url, {"kind": "heal", "host_id": host})[0] == 200
+    assert hosted.get("/v1/capacity").status != 503

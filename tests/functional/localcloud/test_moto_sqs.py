@@ -257,3 +257,36 @@ def test_deleted_handles_are_remembered_but_not_forever(sqs: Any, monkeypatch: p
     assert len(queue._berth_deleted) == 3 and not queue.deleted_messages
     with pytest.raises(ClientError):  # the oldest is forgotten: invalid, as an unknown handle
         sqs.delete_message(QueueUrl=url, ReceiptHandle=handles[0])
+
+
+def test_sqs_duplicate_delivers_the_fraction_of_received_messages_again(sqs: Any) -> None:
+    """`berth local fault sqs-duplicate`: a message received is visible again at once, and the next
+    receive delivers it with a new receipt handle; either handle deletes it; FIFO queues are left alone."""
+    from berth_tools.localcloud import faults
+
+    url = sqs.create_queue(QueueName="dup", Attributes={"VisibilityTimeout": "60"})["QueueUrl"]
+    fifo = sqs.create_queue(
+        QueueName="dup.fifo", Attributes={"FifoQueue": "true", "VisibilityTimeout": "60"}
+    )["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="once")
+    sqs.send_message(QueueUrl=fifo, MessageBody="fifo", MessageGroupId="g", MessageDeduplicationId="d")
+    faults.FAULTS.apply({"kind": "sqs-duplicate", "fraction": 1, "seed": 3})
+    try:
+        (first,) = receive(sqs, url)
+        deadline = time.monotonic() + 10
+        while not (again := receive(sqs, url)):  # visible again once the clock moves on (1 ms)
+            assert time.monotonic() < deadline, "the duplicate was never delivered"
+        (second,) = again
+        assert second["MessageId"] == first["MessageId"] and second["Body"] == "once"
+        assert second["ReceiptHandle"] != first["ReceiptHandle"]
+        assert int(second["Attributes"]["ApproximateReceiveCount"]) == 2
+        (fifo_message,) = receive(sqs, fifo)
+        assert receive(sqs, fifo) == []  # in flight: a FIFO message is not duplicated
+        assert faults.FAULTS.snapshot()["sqs_duplicate"]["hits"] >= 2
+    finally:
+        faults.FAULTS.clear()
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])  # the older handle deletes it
+    assert receive(sqs, url) == [] and counts(sqs, url) == (0, 0, 0)
+    sqs.send_message(QueueUrl=url, MessageBody="after clear")
+    assert len(receive(sqs, url)) == 1 and receive(sqs, url) == []  # cleared: delivered once
+    assert fifo_message["Body"] == "fifo"

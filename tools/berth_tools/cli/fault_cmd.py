@@ -17,13 +17,20 @@ from berth_tools.localcloud.state_dir import STATE_DIR_ENV, locate, parse_export
 
 USAGE = (
     "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | control-plane-outage"
-    " | clear | show"
+    " | partition HOST_ID | heal HOST_ID | ddb-throttle FRACTION [SEED] | sqs-duplicate FRACTION [SEED]"
+    " | agent-kill HOST_ID | lambda-kill FUNCTION | clear | show"
 )
 _ARITY = {
     "region-outage": ("region",),
     "capacity": ("region", "instance_type"),
     "spot-interrupt": ("job_id",),
+    "partition": ("host_id",),
+    "heal": ("host_id",),
+    "agent-kill": ("host_id",),
+    "lambda-kill": ("function",),
 }
+#: Kinds that take a fraction of calls and an optional seed.
+_FRACTIONS = ("ddb-throttle", "sqs-duplicate")
 
 
 def fault_url(state_dir: Path) -> str:
@@ -48,6 +55,16 @@ def request_body(kind: str, args: list[str]) -> dict[str, Any] | None:
         return None
     if kind in ("clear", "control-plane-outage") and not args:
         return {"kind": kind}
+    if kind in _FRACTIONS and len(args) in (1, 2):
+        try:
+            body: dict[str, Any] = {"kind": kind, "fraction": float(args[0])}
+            if len(args) == 2:
+                body["seed"] = int(args[1])
+        except ValueError:
+            raise ValueError(
+                f"usage: berth local fault {USAGE} (FRACTION a number, SEED an integer)"
+            ) from None
+        return body
     names = _ARITY.get(kind)
     if names is None or len(args) != len(names):
         raise ValueError(f"usage: berth local fault {USAGE}")
@@ -72,9 +89,13 @@ def send(url: str, body: dict[str, Any] | None, timeout: float = 10.0) -> tuple[
 
 def fault(
     kind: str = typer.Argument(
-        ..., help="region-outage, capacity, spot-interrupt, control-plane-outage, clear or show."
+        ...,
+        help="region-outage, capacity, spot-interrupt, control-plane-outage, partition, heal, "
+        "ddb-throttle, sqs-duplicate, agent-kill, lambda-kill, clear or show.",
     ),
-    args: list[str] | None = typer.Argument(None, help="REGION [INSTANCE_TYPE] | JOB_ID"),
+    args: list[str] | None = typer.Argument(
+        None, help="REGION [INSTANCE_TYPE] | JOB_ID | HOST_ID | FRACTION [SEED] | FUNCTION"
+    ),
     state_dir: Path | None = typer.Option(
         None,
         "--state-dir",
@@ -84,8 +105,11 @@ def fault(
     output: OutputFormat = typer.Option(OutputFormat.TABLE, "--output", "-o", help="table or json"),
 ) -> None:
     """Inject a fault into the running local cloud: region-outage REGION | capacity REGION INSTANCE_TYPE |
-    spot-interrupt JOB_ID | control-plane-outage (Berth's API answers 503) | clear (show: list the
-    faults in force)."""
+    spot-interrupt JOB_ID | control-plane-outage (Berth's API answers 503) | partition HOST_ID (its
+    calls to Berth's API answer 503) | heal HOST_ID | ddb-throttle FRACTION [SEED] (DynamoDB calls
+    throttled) | sqs-duplicate FRACTION [SEED] (SQS messages delivered twice) | agent-kill HOST_ID
+    (SIGKILL, restarted) | lambda-kill FUNCTION (SIGKILL one sandbox) | clear (show: list the faults
+    in force)."""
     try:
         body = request_body(kind, list(args or []))
     except ValueError as exc:
@@ -107,11 +131,32 @@ def fault(
     if output is OutputFormat.JSON:
         typer.echo(json.dumps(answer, sort_keys=True))
         return
+    typer.echo(summary(kind if body is not None else None, answer))
+
+
+def summary(kind: str | None, answer: dict[str, Any]) -> str:
+    """One line for a fault's answer (`kind` None: `show`)."""
     faults = answer.get("faults", {})
     outages = ", ".join(faults.get("region_outages", [])) or "none"
     capacity = ", ".join(f"{c['region']}/{c['instance_type']}" for c in faults.get("capacity", [])) or "none"
-    done = f"{kind}: " + (
-        f"Batch job {answer['batch_job_id']} interrupted; " if "batch_job_id" in answer else ""
-    )
-    api = "; control plane DOWN" if faults.get("control_plane_outage") else ""
-    typer.echo(f"{done if body is not None else ''}region outages: {outages}; no capacity: {capacity}{api}")
+    done = ""
+    if kind is not None:
+        if "batch_job_id" in answer:
+            done = f"Batch job {answer['batch_job_id']} interrupted; "
+        elif "killed_pid" in answer:
+            done = f"agent of {answer['host_id']} (pid {answer['killed_pid']}) killed, restarting; "
+        elif kind == "lambda-kill":
+            done = f"sandbox pid {answer['pid']} of {answer['function']} killed; "
+        done = f"{kind}: {done}"
+    extra = ""
+    if faults.get("control_plane_outage"):
+        extra += "; control plane DOWN"
+    if faults.get("partitions"):
+        extra += f"; partitioned: {', '.join(faults['partitions'])}"
+    for name in ("ddb_throttle", "sqs_duplicate"):
+        fault = faults.get(name)
+        if fault:
+            extra += (
+                f"; {name.replace('_', '-')} {fault['fraction']:g} ({fault['hits']}/{fault['calls']} hit)"
+            )
+    return f"{done}region outages: {outages}; no capacity: {capacity}{extra}"

@@ -19,6 +19,7 @@ import boto3
 from berth_tools.localcloud import (
     cloudformation_deploy,
     event_sources,
+    faults,
     gateway_config,
     lambda_runtime,
     local_activity,
@@ -81,6 +82,9 @@ LOCAL_EVENTS_RETENTION_S = 300
 #: (they report their canceled attempts through the API, which stays up meanwhile).
 SHUTDOWN_S = 10.0
 AGENT_STOP_S = 7.0
+#: `berth local fault agent-kill`: a killed agent is started again this long after it died, as
+#: systemd's ``Restart=always`` with ``RestartSec=1`` would.
+AGENT_RESTART_S = 1.0
 
 
 class LocalCloudError(RuntimeError):
@@ -135,6 +139,8 @@ class LocalCloud:
     ready_seconds: float = 0.0
     probe_status: int | None = None
     _state: StateDir | None = None
+    _agents_lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: threading.Event = field(default_factory=threading.Event)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> LocalCloud:
@@ -173,6 +179,7 @@ class LocalCloud:
             worker_hooks=list(self.worker_hooks),
         )
         lambda_runtime.install(self.runtime)
+        faults.FAULTS.lambda_kill_handler = self.runtime.kill_sandbox  # `berth local fault lambda-kill`
         session_tokens.install()
         session = self.session()
         self.stack = cloudformation_deploy.deploy_stack(
@@ -232,31 +239,76 @@ class LocalCloud:
         self.probe_status = self._probe()
         t = self._step("probe", t)
         self._start_agents(hosts)
+        faults.FAULTS.agent_kill_handler = self.kill_process_agent  # `berth local fault agent-kill`
         self._step("agents", t)
         if self._state is not None:
             self._state.write_json("outputs.json", self.stack.outputs)
             self._state.write_json(
                 "batch-stacks.json", {region: st.outputs for region, st in self.batch_stacks.items()}
             )
-            self._state.write_json(
-                "agents.json",
-                [
-                    {
-                        "host_id": a.identity.host_id,
-                        "pid": os.getpid(),
-                        "gpus": list(a.inventory.gpu_ids),
-                        "kind": "scripted",
-                    }
-                    for a in self.scripted_agents
-                ]
-                + [a.as_json() for a in self.process_agents],
-            )
+            self._write_agents_json()
             self._state.write_env(self.exports)
+
+    def _write_agents_json(self) -> None:
+        if self._state is None:
+            return
+        self._state.write_json(
+            "agents.json",
+            [
+                {
+                    "host_id": a.identity.host_id,
+                    "pid": os.getpid(),
+                    "gpus": list(a.inventory.gpu_ids),
+                    "kind": "scripted",
+                }
+                for a in self.scripted_agents
+            ]
+            + [a.as_json() for a in self.process_agents if a.process is not None],
+        )
+
+    # -- `berth local fault agent-kill` -------------------------------------------------------------
+    def kill_process_agent(self, host_id: str) -> int | None:
+        """SIGKILL the running agent process of `host_id` (its jobs die with it: PR_SET_PDEATHSIG) and
+        start it again `AGENT_RESTART_S` after it died, in the background (systemd's ``Restart=always``);
+        agents.json names the new pid. The killed pid, or None when no agent process of that host runs."""
+        with self._agents_lock:
+            if self._stopping.is_set():
+                return None
+            agent = next((a for a in self.process_agents if a.host_id == host_id and a.alive()), None)
+            if agent is None or agent.process is None:
+                return None
+            killed = agent.process
+            killed.kill()
+        threading.Thread(
+            target=self._restart_agent, args=(agent, killed), name=f"restart-agent-{host_id}", daemon=True
+        ).start()
+        return killed.pid
+
+    def _restart_agent(self, agent: AgentProcess, killed: Any) -> None:
+        killed.wait()
+        if self._stopping.wait(AGENT_RESTART_S):
+            return  # the local cloud is stopping: nothing is restarted
+        with self._agents_lock:
+            if (
+                self._stopping.is_set()
+                or agent.process is not killed
+                or all(a is not agent for a in self.process_agents)
+            ):
+                return
+            agent.start()
+            self._write_agents_json()
+        self._say(f"agent {agent.host_id} restarted after agent-kill (pid {agent.pid})")
 
     def stop(self, *, exiting: bool = False) -> None:
         """Stop everything this local cloud started. `exiting` (Ctrl-C of `berth local up`): stop now,
         jobs included, within SHUTDOWN_S, without freeing moto's memory first (the process ends)."""
         started = time.monotonic()
+        with self._agents_lock:  # no agent is restarted from here on (`agent-kill`)
+            self._stopping.set()
+        if faults.FAULTS.agent_kill_handler == self.kill_process_agent:
+            faults.FAULTS.agent_kill_handler = None
+        if self.runtime is not None and faults.FAULTS.lambda_kill_handler == self.runtime.kill_sandbox:
+            faults.FAULTS.lambda_kill_handler = None
         if self._state is not None:
             self._state.remove_env()
         # What is still running at the end is killed, so nothing outlives the local cloud: exiting,

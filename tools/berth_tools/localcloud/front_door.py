@@ -415,6 +415,12 @@ class FrontDoor:
                 )
             except SignatureError as exc:
                 return refuse(exc.response_type, exc.message, error_type=exc.error_type), None
+            host = faults.host_of(principal.arn)
+            if host is not None and faults.FAULTS.partitioned(host):  # `berth local fault partition`
+                message = f"Service unavailable (berth local fault partition {host})"
+                return refuse(
+                    "INTEGRATION_FAILURE", message, status=503, error_type="ServiceUnavailable"
+                ), principal
             denied = self._denied_by_policy(principal, request, path)
             if denied is not None:
                 return denied, principal

@@ -219,6 +219,21 @@ class ProcessLambdaRuntime:
             pools = list(self._pools.values())
         return [pid for entry in pools for pid in entry.pool.pids()]
 
+    def kill_sandbox(self, name_part: str) -> tuple[str, int] | None:
+        """`berth local fault lambda-kill`: SIGKILL one sandbox of a function whose name contains
+        `name_part`, one running an event if any (that invocation ends in `Runtime.ExitError`, as Lambda's
+        does when its sandbox dies). (function name, pid), or None when no such sandbox is alive."""
+        with self._lock:
+            by_name = {arn.rsplit(":function:", 1)[-1]: entry.pool for arn, entry in self._pools.items()}
+        chosen = functions_named(list(by_name), name_part)
+        pools = [(name, by_name[name]) for name in chosen]
+        pools.sort(key=lambda named: -named[1].busy())  # one running an event first
+        for name, pool in pools:
+            pid = pool.kill_one()
+            if pid is not None:
+                return name, pid
+        return None
+
     def busy(self, function_name: str) -> int:
         """How many sandboxes of the function run an event now (tests, diagnostics)."""
         with self._lock:
@@ -358,6 +373,19 @@ class ProcessLambdaRuntime:
         workers = [worker for entry in pools for worker in entry.pool.close()]
         for worker in workers:
             worker.join()
+
+
+def functions_named(names: list[str], part: str) -> list[str]:
+    """The functions `lambda-kill PART` means: of those whose name contains `part`, the narrowest
+    non-empty set of: those with `-<part>Function` in their name (right after the stack's name), those
+    with `<part>Function`, all of them. CDK's names make that what one means: `Workflow` is
+    `Berth-WorkflowWorkflowFunction…`, not every function of the Workflow construct; `Api` is
+    `Berth-ApiFunction…`, not `Berth-WorkflowAgentApiFunction…`."""
+    for needle in (f"-{part}Function", f"{part}Function", part):
+        found = [name for name in names if needle in name]
+        if found:
+            return found
+    return []
 
 
 def activity_of(event: Any) -> str:

@@ -6,7 +6,8 @@ keeps a function's sandboxes: an idle one is reused (a warm start); with none id
 limit running, a new one is started (a cold start, in the invoking thread, as Lambda's init runs
 before the first event); otherwise the invocation waits for one to be free, as a throttled Lambda
 caller would retry. A sandbox that timed out, crashed or failed its init is killed and dropped; the
-next invocation gets a fresh one.
+next invocation gets a fresh one. `SandboxPool.kill_one` (`berth local fault lambda-kill`) kills one
+from outside, as a sandbox dies on AWS: a running invocation sees `SandboxGone`.
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ class WorkerProcess:
             return f"signal: {name.get(signal.Signals(-code), signal.Signals(-code).name)}"
         return f"exit status {code}"
 
+    def signal_kill(self) -> None:
+        """SIGKILL the process without waiting for it (the thread invoking it sees `SandboxGone`)."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+
     def kill(self) -> str:
         """Kill the process now; returns the output it wrote before it died."""
         if self._process is not None and self._process.poll() is None:
@@ -311,6 +318,25 @@ class SandboxPool:
         for worker in workers:
             worker.stop()
         return workers
+
+    def kill_one(self) -> int | None:
+        """SIGKILL one live sandbox (`berth local fault lambda-kill`), one running an event if any: that
+        invocation ends in `SandboxGone` (its invoking thread discards the sandbox); an idle one is
+        dropped here. Returns its pid, or None when no sandbox is alive."""
+        with self._cond:
+            live = [w for w in self._workers.values() if w.alive()]
+            busy = [w for w in live if all(w is not idle for idle in self._idle)]
+            if not live:
+                return None
+            victim = (busy or live)[0]
+            if not busy:  # idle: no invocation will notice, so it is dropped now
+                self._forget(victim)
+                self._cond.notify_all()
+            pid = victim.pid
+            victim.signal_kill()
+        if not busy:
+            victim.kill()  # reaps it
+        return pid
 
     def pids(self) -> list[int]:
         with self._cond:

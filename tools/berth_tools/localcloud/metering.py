@@ -692,10 +692,10 @@ class MeterMiddleware:
         )
         from berth_tools.localcloud import faults  # (faults imports this module)
 
-        blocked = faults.outage_answer(probe)  # `berth local fault region-outage`
+        blocked = faults.fault_answer(probe)  # `berth local fault region-outage`, `ddb-throttle`
         if blocked is not None:
             status, pairs, payload = blocked
-            start_response(f"{status} Service Unavailable", pairs)
+            start_response(f"{status} {'Bad Request' if status == 400 else 'Service Unavailable'}", pairs)
             return [payload]
         form_encoded = "x-www-form-urlencoded" in environ.get("CONTENT_TYPE", "")  # Action= in the body
         if probe.service not in self.BODY_SERVICES and not form_encoded:

@@ -460,6 +460,12 @@ SURFACES: tuple[Surface, ...] = (
         ("queue_name", "count", "wait_seconds_timeout", "visibility_timeout", "message_attribute_names"),
     ),
     Surface(
+        "moto.sqs.models:Message.change_visibility",
+        "called",
+        "sqs-duplicate: a received message visible again at once",
+        ("visibility_timeout",),
+    ),
+    Surface(
         "moto.sqs.models:SQSBackend.change_message_visibility",
         "replaced",
         "finds the message by the receipt-handle index",

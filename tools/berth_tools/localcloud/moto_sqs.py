@@ -20,6 +20,11 @@ The patch (``install()``, declared in ``moto_compat.SURFACES``):
   stopped). Receipt handles are indexed, so delete and change-visibility find their message directly;
   the handles of deleted messages are remembered for the last ``DELETED_HANDLES_KEPT`` (moto's set of
   them grew with every message for the life of the process).
+- ``berth local fault sqs-duplicate F``: while it is in force, each message a receive returns from a
+  standard queue is, with probability F (``faults.FAULTS.duplicate_sqs_delivery``), made visible
+  again at once (visibility 0, no longer in flight), so the next receive delivers it again with a
+  new receipt handle, as SQS's at-least-once delivery may; either receipt handle deletes it. FIFO
+  queues are left alone (SQS delivers their messages once within the visibility timeout).
 - retention is enforced on send too: messages past ``MessageRetentionPeriod`` are dropped from the
   head of the queue (amortised O(1)), so a queue nobody reads stays bounded by its retention, as in SQS.
 """
@@ -33,7 +38,7 @@ from contextlib import contextmanager
 from copy import deepcopy
 from typing import Any
 
-from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud import faults, moto_compat
 
 _M = "moto.sqs.models"
 #: Receipt handles of deleted messages remembered per queue (deleting again answers success).
@@ -210,6 +215,9 @@ def _receive_message(
                     queue.pending_messages.add(message)
                     message.mark_received(visibility_timeout=visibility_timeout)
                     _handles(queue)[message.receipt_handle] = message
+                    if not queue.fifo_queue and faults.FAULTS.duplicate_sqs_delivery():
+                        message.change_visibility(0)  # `berth local fault sqs-duplicate`: delivered again
+                        queue.pending_messages.discard(message)
                     copied = deepcopy(message)  # filtering attributes must not change the stored message
                     filter_attributes(copied, names)
                     result.append(copied)

@@ -94,7 +94,7 @@ class InProcessTransport:
             return contextvars.Context().run(self._wsgi, request, parts, headers, data)
 
         try:
-            blocked = faults.outage_answer(observed)  # `berth local fault region-outage`
+            blocked = faults.fault_answer(observed)  # `berth local fault region-outage`, `ddb-throttle`
             if blocked is not None:
                 code, pairs, payload = blocked
             elif self.metered:
