@@ -7,7 +7,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi bench-api bench-replay clean
+.PHONY: all install synth lint typecheck test test-unit test-functional test-infra test-e2e fuzz demo up openapi bench-api bench-replay chaos clean
 
 all: install
 
@@ -68,6 +68,11 @@ fuzz: install
 
 demo: install synth
 	$(BIN)/python -m berth_tools.demo
+
+# Ten minutes of seeded faults on a fresh local cloud (docs/operations.md, "Chaos"); `make test` runs
+# a 90 s form (tests/e2e/test_chaos_short.py).
+chaos: install synth
+	$(BIN)/berth bench chaos --minutes 10 --seed 1
 
 up: install synth
 	$(BIN)/berth local up
