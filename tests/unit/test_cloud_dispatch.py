@@ -372,7 +372,9 @@ def test_the_event_is_never_trusted_describe_decides() -> None:
         ("CAPACITY_UNAVAILABLE: no p4d", None, Failure.CAPACITY, False, "p4d.24xlarge"),
         ("Essential container in task exited", 3, Failure.NONZERO_EXIT, True, None),
         ("Essential container in task exited", 124, Failure.TIMEOUT, True, None),
-        ("", None, Failure.CLOUD_API, True, "*"),
+        # the cloud's fault with no reason: the (region, instance type) circuit, and the job's first
+        # API failures use up none of its attempts
+        ("", None, Failure.CLOUD_API, False, "p4d.24xlarge"),
     ],
 )
 def test_failed_batch_jobs_map_into_the_taxonomy(
@@ -391,6 +393,65 @@ def test_failed_batch_jobs_map_into_the_taxonomy(
     assert after.run.counted_failures == (1 if counted else 0)
     permanent = failure in (Failure.NONZERO_EXIT, Failure.TIMEOUT)
     assert after.status is (S.FAILED if permanent else S.RETRYING)
+
+
+@pytest.mark.parametrize(
+    ("reason", "failure", "circuit"),
+    [
+        (
+            "CannotStartContainerError: Error response from daemon: failed to create shim task: OCI runtime "
+            'create failed: runc create failed: unable to start container process: exec: "trian.py": '
+            "executable file not found in $PATH: unknown",
+            Failure.BAD_IMAGE,
+            None,
+        ),
+        ("CannotPullContainerError: pull access denied for nosuch/image", Failure.BAD_IMAGE, None),
+        (
+            "CannotStartContainerError: OCI runtime create failed: nvidia-container-cli: initialization "
+            "error: driver error: failed to process request",
+            Failure.CLOUD_API,
+            "p4d.24xlarge",
+        ),
+        (
+            "CannotInspectContainerError: Could not transition to inspecting",
+            Failure.CLOUD_API,
+            "p4d.24xlarge",
+        ),
+    ],
+)
+def test_a_container_that_cannot_start_is_the_jobs_fault_only_when_the_job_caused_it(
+    reason: str, failure: Failure, circuit: str | None
+) -> None:
+    """A missing executable or image is the job's mistake: permanent, and no circuit of any region
+    hears of it (the same error on-prem is permanent too). The instance's own trouble counts against
+    its (region, instance type) circuit only, never the whole region's."""
+    w = CloudWorld()
+    job, token, bid = _submitted(w)
+    w.batch.set(bid, BatchStatus.FAILED, reason=reason)
+    assert w.cloud.on_event(bid, f"{job.id}-a1") == "failed"
+    assert w.failures_of(token) == [failure.error_name]
+    recorded = {(e.region, e.instance_type) for e in w.circuits.list() if e.failures}
+    assert recorded == (set() if circuit is None else {(_placement(job).region, circuit)})
+    w.classify(job, token)
+    after = w.job(job.id)
+    assert after.status is (S.FAILED if failure is Failure.BAD_IMAGE else S.RETRYING)
+    if failure is Failure.BAD_IMAGE:
+        assert after.reason is not None and after.reason.startswith("BadImage (permanent)")
+
+
+def test_one_teams_missing_executable_leaves_every_region_open() -> None:
+    """Finding 9: three jobs whose command does not exist fail; no circuit opens anywhere."""
+    w = CloudWorld()
+    missing = 'CannotStartContainerError: exec: "nope": executable file not found in $PATH'
+    for _ in range(3):
+        job, token, bid = _submitted(w)
+        w.batch.set(bid, BatchStatus.FAILED, reason=missing)
+        w.cloud.on_event(bid, f"{job.id}-a1")
+        w.classify(job, token)
+        assert w.job(job.id).status is S.FAILED
+    board = CircuitBoard(w.source.fleet().circuits, w.clock().timestamp(), CircuitRule())
+    assert board.state(_placement(job).region, _placement(job).instance_type) is CircuitState.CLOSED
+    assert not [e for e in w.circuits.list() if e.failures]
 
 
 def test_a_spot_interruption_retries_without_using_an_attempt() -> None:

@@ -237,6 +237,56 @@ def test_retry_decisions_bound_attempts_and_back_off() -> None:
     assert max(delays) <= 30
 
 
+def test_the_reason_names_the_real_attempt_after_uncounted_failures() -> None:
+    """Four spot interruptions: the next attempt is attempt 5, whatever the counted failures are."""
+    rng = random.Random(3)
+    fifth = retry_decision(Failure.SPOT_INTERRUPTION, "x", 0, 3, False, Backoff(), rng, attempt=4)
+    assert "as attempt 5 (0 of 3 attempts failed, this one not counted)" in fifth.reason
+    assert "attempt 1 of 3" not in fifth.reason
+    counted = retry_decision(Failure.HOST_LOST, "x", 1, 3, False, Backoff(), rng, attempt=6)
+    assert "as attempt 7 (2 of 3 attempts failed)" in counted.reason
+    last = retry_decision(Failure.HOST_LOST, "x", 2, 3, False, Backoff(), rng, attempt=7)
+    assert "retries exhausted (3 of 3 attempts failed, the last attempt 7)" in last.reason
+
+
+def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:
+    """A region outage: the first API failures use no attempt and each waits longer than the last."""
+    backoff = Backoff(base_s=2, cap_s=300)
+    decisions = [
+        retry_decision(
+            Failure.CLOUD_API,
+            "down",
+            0,
+            3,
+            False,
+            backoff,
+            random.Random(0),
+            attempt=n,
+            free_api_failures=n - 1,
+        )
+        for n in (1, 2, 3, 4)
+    ]
+    assert [d.counted for d in decisions] == [False, False, False, True]
+    assert all(d.action is Action.RETRY for d in decisions)
+    ceilings = [min(300, 2 * 2 ** (n - 1)) for n in (1, 2, 3, 4)]
+    assert all(d.backoff_s <= c for d, c in zip(decisions, ceilings, strict=True))
+    assert decisions[3].backoff_s > decisions[0].backoff_s  # uniform(2, 16) with this seed, not 2
+
+
+def test_classify_failure_keeps_the_free_api_failures_on_the_job() -> None:
+    w = World()
+    job = w.submit()
+    for n in (1, 2, 3, 4):
+        job, _host = w.run_to_running(job)
+        assert job.attempts == n
+        w.workflow.classify_failure(job.id, n, Failure.CLOUD_API.error_name, "us-east-1: down")
+        after = w.job(job.id)
+        assert after.status is JobStatus.RETRYING and f"as attempt {n + 1}" in (after.reason or "")
+        assert (after.run.counted_failures, after.run.free_api_failures) == (max(0, n - 3), min(n, 3))
+        w.workflow.requeue(job.id)
+        job = w.job(job.id)
+
+
 # -- the scheduler service ---------------------------------------------------------------------
 
 
