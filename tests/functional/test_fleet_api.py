@@ -252,12 +252,32 @@ def test_capacity(fleet: Invoke) -> None:
     }
     assert pools["default"]["healthy_hosts"] == 2 and pools["lab"]["free_gpus"] == 8
     hosts = {h["host_id"]: h for h in cap["hosts"]}
-    assert hosts["v100-a"]["attempts"] == ["j-x#1"] and hosts["v100-a"]["free_gpus"] == 6
+    # j-x is no job of bob's tenant: a member sees only its own tenant's job ids (finding 8a)
+    assert hosts["v100-a"]["attempts"] == [] and hosts["v100-a"]["free_gpus"] == 6
     assert hosts["dead"]["alive"] is False
     regions = {r["region"]: r for r in cap["cloud"]["regions"]}
     assert set(regions) == {"us-east-1", "us-east-2", "us-west-2"}
     assert regions["us-east-1"]["circuit"] == "closed"
     assert all(it["circuit"] == "closed" for r in regions.values() for it in r["instance_types"])
+
+
+def test_capacity_shows_a_member_only_its_own_tenants_job_ids(fleet: Invoke, spec: dict[str, Any]) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+
+    mine = fleet("POST", "/v1/jobs", body=spec, user="alice")[1]["id"]
+    theirs = fleet("POST", "/v1/jobs", body=spec, user="bob")[1]["id"]
+    hosts_repo = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
+    hosts_repo.hold("v100-a", f"{mine}#1", ("GPU-v100-a-0",), 4, 8)
+    hosts_repo.hold("v100-a", f"{theirs}#1", ("GPU-v100-a-1",), 4, 8)
+
+    def attempts(user: str) -> list[str]:
+        status, cap = fleet("GET", "/v1/capacity", user=user)
+        assert status == 200, cap
+        return {h["host_id"]: h for h in cap["hosts"]}["v100-a"]["attempts"]
+
+    assert attempts("alice") == [f"{mine}#1"]
+    assert attempts("bob") == [f"{theirs}#1"]
+    assert attempts("admin") == sorted([f"{mine}#1", f"{theirs}#1"])
 
 
 def test_an_admin_drains_a_host_and_lifts_it(fleet: Invoke) -> None:

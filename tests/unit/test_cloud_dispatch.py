@@ -25,6 +25,7 @@ from berth.domain.cloud import (
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
+from berth.domain.tenancy import Caller, Role
 from berth.domain.workflow import Failure
 from berth.logic.cloud_dispatch import CloudDispatchService
 from berth.logic.cloud_sweep import CloudSweep
@@ -289,7 +290,8 @@ def test_a_region_outage_fails_over_elsewhere_and_opens_the_circuit() -> None:
     now = w.clock().timestamp()
     board = CircuitBoard(w.source.fleet().circuits, now, CircuitRule())
     assert board.state(region, "p4d.24xlarge") is CircuitState.OPEN
-    rows = {r["region"]: r for r in FleetService(w.source).capacity(None)["cloud"]["regions"]}  # type: ignore[arg-type]
+    admin = Caller(principal="arn:aws:iam::1:user/admin", tenant="platform", role=Role.ADMIN)
+    rows = {r["region"]: r for r in FleetService(w.source).capacity(admin)["cloud"]["regions"]}
     assert rows[region]["circuit"] == "open"
     assert {r["circuit"] for name, r in rows.items() if name != region} == {"closed"}
     # Half-open after open_s; a success closes it.

@@ -199,9 +199,11 @@ class FleetService:
         return {"host_id": host_id, "drain_requested": drain}
 
     def capacity(self, caller: Caller) -> dict[str, Any]:
-        """Pools, hosts, free and used GPUs; cloud regions and their circuit state."""
-        del caller
+        """Pools, hosts, free and used GPUs; cloud regions and their circuit state. Each host's
+        ``attempts`` (``<job id>#<attempt>``) name only the caller's own tenant's jobs, unless the
+        caller is an admin: another team's job ids are not a member's to see."""
         fleet = self.source.fleet()
+        visible = self._visible_attempts(caller, [k for rec in fleet.records for k in rec.holds])
         now = self.source.clock()
         pools: dict[str, dict[str, Any]] = {}
         for rec in fleet.records:
@@ -235,7 +237,7 @@ class FleetService:
                 "lease_expires_at": None
                 if rec.lease_expires_at is None
                 else rec.lease_expires_at.isoformat(),
-                "attempts": sorted(rec.holds),
+                "attempts": sorted(k for k in rec.holds if k in visible),
             }
             for rec in fleet.records
         ]
@@ -276,6 +278,16 @@ class FleetService:
             },
             "policy_version": fleet.policy_version,
         }
+
+
+    def _visible_attempts(self, caller: Caller, keys: list[str]) -> set[str]:
+        """The hold keys ``caller`` may see: all for an admin, else those of its tenant's jobs (one
+        batch read of the held jobs; a hold whose job is not found is shown to admins only)."""
+        if caller.is_admin:
+            return set(keys)
+        job_ids = {k.rpartition("#")[0] for k in keys}
+        jobs = self.source.jobs.get_many(sorted(job_ids)) if job_ids else {}
+        return {k for k in keys if (job := jobs.get(k.rpartition("#")[0])) is not None and job.tenant == caller.tenant}
 
 
 def _zero() -> dict[str, int]:
