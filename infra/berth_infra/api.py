@@ -41,6 +41,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/tenants/{tenant}/usage": ("GET",),
     "/v1/usage": ("GET",),
     "/v1/hosts/{host}/drain": ("PUT",),
+    "/v1/circuits": ("GET",),
+    "/v1/circuits/{region}": ("DELETE",),
 }
 
 #: The agent API (docs/agent-protocol.md), served by its own function; hosts only.

@@ -314,3 +314,43 @@ def test_drain_refusals_are_4xx_and_change_nothing(
     assert status == expected, out
     _, cap = fleet("GET", "/v1/capacity", user="bob")
     assert not any(h["draining"] for h in cap["hosts"])
+
+
+def test_an_admin_reads_and_resets_the_circuits(fleet: Invoke) -> None:
+    """Finding 9: an admin sees which circuits are open and closes them (one, or a whole region)."""
+    import time
+
+    from berth.dal.circuits import DynamoCircuitRepository
+
+    repo = DynamoCircuitRepository(TABLES["BERTH_TENANTS_TABLE"])
+    now = time.time()
+    for i in range(3):
+        repo.record_failure("us-east-1", "p4d.24xlarge", now - i)
+        repo.record_failure("us-west-2", "*", now - i)
+    status, out = fleet("GET", "/v1/circuits", user="admin")
+    assert status == 200, out
+    rows = {(c["region"], c["instance_type"]): c for c in out["circuits"]}
+    assert rows[("us-east-1", "p4d.24xlarge")]["state"] == "open"
+    assert rows[("us-east-1", "p4d.24xlarge")]["recent_failures"] == 3
+    assert rows[("us-west-2", "*")]["state"] == "open" and out["rule"]["failure_threshold"] == 3
+
+    status, err = fleet("DELETE", "/v1/circuits/us-east-1", user="alice")
+    assert status == 403, err
+    status, err = fleet("DELETE", "/v1/circuits/nowhere", user="admin")
+    assert status == 422, err
+    status, err = fleet(
+        "DELETE", "/v1/circuits/us-east-1", user="admin", query={"instance_type": "g5.xlarge"}
+    )
+    assert status == 404, err
+    status, out = fleet(
+        "DELETE", "/v1/circuits/us-east-1", user="admin", query={"instance_type": "p4d.24xlarge"}
+    )
+    assert status == 200 and out == {"reset": [{"region": "us-east-1", "instance_type": "p4d.24xlarge"}]}
+    status, cap = fleet("GET", "/v1/capacity", user="admin")
+    regions = {r["region"]: r for r in cap["cloud"]["regions"]}
+    types = {t["instance_type"]: t["circuit"] for t in regions["us-east-1"]["instance_types"]}
+    assert types["p4d.24xlarge"] == "closed" and regions["us-west-2"]["circuit"] == "open"
+    assert fleet("DELETE", "/v1/circuits/us-west-2", user="admin")[1]["reset"] == [
+        {"region": "us-west-2", "instance_type": "*"}
+    ]
+    assert fleet("GET", "/v1/circuits", user="admin")[1]["circuits"] == []

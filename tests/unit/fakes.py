@@ -542,6 +542,16 @@ class FakeCircuits:
     def record_success(self, region: str, instance_type: str, at: float) -> None:
         self._record(region, instance_type, at, False)
 
+    def reset(self, region: str, instance_type: str | None) -> list[tuple[str, str]]:
+        from berth.domain.cloud import reset_circuit_records
+
+        kept, gone = reset_circuit_records(self.circuits, region, instance_type)
+        found = [(self.circuits[k]["region"], self.circuits[k]["instance_type"]) for k in gone]
+        if gone:
+            self.circuits = kept
+            self.writes += 1
+        return found
+
     def list(self) -> list[Any]:
         from berth.domain.ports import CircuitEntry
 

@@ -676,3 +676,17 @@ def record_circuit_event(
     }
     out[key] = entry
     return out
+
+
+def reset_circuit_records(
+    circuits: dict[str, dict[str, Any]], region: str, instance_type: str | None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``circuits`` without the records an admin reset, and their keys: one (region, instance type
+    or ``'*'``), or with ``instance_type`` None every circuit of the region (its API's and each
+    instance type's). A reset circuit is closed: its failures are gone. Pure."""
+    gone = sorted(
+        k
+        for k, v in circuits.items()
+        if v.get("region") == region and (instance_type is None or v.get("instance_type") == instance_type)
+    )
+    return {k: dict(v) for k, v in circuits.items() if k not in gone}, gone

@@ -338,6 +338,12 @@ class CircuitRepository(Protocol):
 
     def record_success(self, region: str, instance_type: str, at: float) -> None: ...
 
+    def reset(self, region: str, instance_type: str | None) -> list[tuple[str, str]]:
+        """Forget the failures of one circuit (``instance_type``: a type or ``'*'``) or, with None,
+        of every circuit of the region (an admin closing them); the ``(region, instance type)`` of
+        each circuit reset, none when there was nothing to reset."""
+        ...
+
     def list(self) -> list[CircuitEntry]: ...
 
 

@@ -279,7 +279,6 @@ class FleetService:
             "policy_version": fleet.policy_version,
         }
 
-
     def _visible_attempts(self, caller: Caller, keys: list[str]) -> set[str]:
         """The hold keys ``caller`` may see: all for an admin, else those of its tenant's jobs (one
         batch read of the held jobs; a hold whose job is not found is shown to admins only)."""
@@ -287,7 +286,11 @@ class FleetService:
             return set(keys)
         job_ids = {k.rpartition("#")[0] for k in keys}
         jobs = self.source.jobs.get_many(sorted(job_ids)) if job_ids else {}
-        return {k for k in keys if (job := jobs.get(k.rpartition("#")[0])) is not None and job.tenant == caller.tenant}
+        return {
+            k
+            for k in keys
+            if (job := jobs.get(k.rpartition("#")[0])) is not None and job.tenant == caller.tenant
+        }
 
 
 def _zero() -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, drain, policy, offers."""
+"""Fleet and policy commands: explain, capacity, circuits, drain, policy, offers."""
 
 from __future__ import annotations
 
@@ -174,9 +174,61 @@ def drain(
     render(output, data, table)
 
 
+def _circuits_table(d: dict[str, Any]) -> None:
+    if "reset" in d:
+        done = ", ".join(f"{c['region']}/{c['instance_type']}" for c in d["reset"])
+        console.print(f"reset (closed): {done}")
+        return
+    rule = d["rule"]
+    console.print(
+        f"circuits as of {d['as_of']}: open after {rule['failure_threshold']} failures within "
+        f"{rule['window_s']:g} s, for {rule['open_s']:g} s"
+    )
+    t = Table("REGION", "TYPE", "STATE", "FAILURES", "LAST FAILURE")
+    colour = {"open": "red", "half-open": "yellow", "closed": "green"}
+    for c in d["circuits"]:
+        state = f"[{colour.get(c['state'], 'white')}]{c['state']}[/]"
+        if c["effective_state"] != c["state"]:
+            state += f" ({c['effective_state']} by its region)"
+        t.add_row(
+            c["region"], c["instance_type"], state, str(c["recent_failures"]), c["last_failure_at"] or "-"
+        )
+    console.print(t)
+
+
+def parse_circuit(text: str) -> tuple[str, str | None]:
+    """``REGION`` or ``REGION/INSTANCE_TYPE`` (``*``: the region's API circuit)."""
+    region, sep, instance_type = text.partition("/")
+    if not region or (sep and not instance_type):
+        raise typer.BadParameter("REGION or REGION/INSTANCE_TYPE, e.g. us-east-1/p5.48xlarge")
+    return region, instance_type or None
+
+
+def circuits(
+    reset: Annotated[
+        str | None,
+        typer.Option(
+            "--reset",
+            metavar="REGION[/INSTANCE_TYPE]",
+            help="Close a region's circuits, or one (`us-east-1/p5.48xlarge`, `us-east-1/*` for its API)",
+        ),
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """The cloud's circuits and their state (admins); `--reset` closes them."""
+    target = None if reset is None else parse_circuit(reset)
+    with api_errors(output):
+        client = client_for(api_url, profile)
+        data = client.circuits() if target is None else client.reset_circuits(*target)
+    render(output, data, _circuits_table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
     app.command("capacity")(capacity)
+    app.command("circuits")(circuits)
     app.command("drain")(drain)
     app.command("policy")(policy)
     app.command("offers")(offers)
