@@ -41,6 +41,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/tenants/{tenant}/usage": ("GET",),
     "/v1/usage": ("GET",),
     "/v1/hosts/{host}/drain": ("PUT",),
+    "/v1/hosts/{host}/admission": ("PUT",),
     "/v1/circuits": ("GET",),
     "/v1/circuits/{region}": ("DELETE",),
 }

@@ -354,3 +354,24 @@ def test_an_admin_reads_and_resets_the_circuits(fleet: Invoke) -> None:
         {"region": "us-west-2", "instance_type": "*"}
     ]
     assert fleet("GET", "/v1/circuits", user="admin")[1]["circuits"] == []
+
+
+def test_an_admin_admits_more_gpus_than_a_host_first_registered(fleet: Invoke) -> None:
+    """Finding 8c: v100-a registered 8 V100s; 9 are refused until an admin admits them."""
+    from berth.domain.fleet import InventoryRefused
+
+    nine = {"gpu_type": "V100", "gpus": 9}
+    with pytest.raises(InventoryRefused):
+        _register("v100-a", "V100", 9)
+    status, err = fleet("PUT", "/v1/hosts/v100-a/admission", user="alice", body=nine)
+    assert status == 403, err
+    for bad in ({"gpu_type": "V100", "gpus": 17}, {"gpu_type": "V100", "gpus": "9"}, {"gpus": 9}):
+        status, err = fleet("PUT", "/v1/hosts/v100-a/admission", user="admin", body=bad)
+        assert status == 422, (bad, err)
+    status, err = fleet("PUT", "/v1/hosts/nope/admission", user="admin", body=nine)
+    assert status == 404, err
+    status, out = fleet("PUT", "/v1/hosts/v100-a/admission", user="admin", body=nine)
+    assert status == 200 and out == {"host_id": "v100-a", "admitted": {"gpu_type": "V100", "gpus": 9}}
+    _register("v100-a", "V100", 9)
+    hosts = {h["host_id"]: h for h in fleet("GET", "/v1/capacity", user="admin")[1]["hosts"]}
+    assert hosts["v100-a"]["gpus"] == 9 and hosts["v100-a"]["admitted_gpus"] == 9

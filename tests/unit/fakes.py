@@ -17,7 +17,15 @@ from typing import Any
 
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
-from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument, check_hold_requests
+from berth.domain.fleet import (
+    Admission,
+    Hold,
+    HostInventory,
+    HostRecord,
+    StoredDocument,
+    admission_for,
+    check_hold_requests,
+)
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
@@ -180,6 +188,7 @@ class FakeHosts:
     def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
         with self.lock:
             current = self.hosts.get(inventory.host_id)
+            admitted = admission_for(current, inventory)
             holds = {} if current is None else dict(current.holds)
             held = {g for h in holds.values() for g in h.gpu_ids}
             missing = held - set(inventory.gpu_ids)
@@ -192,6 +201,7 @@ class FakeHosts:
                 holds=holds,
                 version=(0 if current is None else current.version) + 1,
                 drain_requested=current is not None and current.drain_requested,
+                admitted=admitted,
             )
             self.hosts[inventory.host_id] = record
             return record
@@ -260,6 +270,15 @@ class FakeHosts:
                 update={"healthy": False, "version": current.version + 1}
             )
             return True
+
+    def admit(self, host_id: str, admission: Admission) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            self.hosts[host_id] = current.model_copy(
+                update={"admitted": admission, "version": current.version + 1}
+            )
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         with self.lock:

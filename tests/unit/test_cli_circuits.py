@@ -1,5 +1,5 @@
-"""``berth circuits [--reset REGION[/INSTANCE_TYPE]]`` over a fake client: what it asks the API and
-what it prints."""
+"""``berth circuits [--reset REGION[/INSTANCE_TYPE]]`` and ``berth admit`` over a fake client: what
+they ask the API and what they print."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ SHOWN = {
 class Client:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
+
+    def admit_host(self, host_id: str, gpu_type: str, gpus: int) -> Any:
+        self.calls.append(("admit", host_id, gpu_type, gpus))
+        return {"host_id": host_id, "admitted": {"gpu_type": gpu_type, "gpus": gpus}}
 
     def circuits(self) -> Any:
         self.calls.append(("show",))
@@ -76,3 +80,9 @@ def test_reset_names_a_region_or_one_of_its_circuits(client: Client, arg: str, c
 def test_a_malformed_reset_is_refused_before_any_call(client: Client) -> None:
     out = CliRunner().invoke(app, ["circuits", "--reset", "us-east-1/"])
     assert out.exit_code != 0 and client.calls == []
+
+
+def test_admit_sends_the_hosts_bound(client: Client) -> None:
+    out = CliRunner().invoke(app, ["admit", "h-1", "--gpu-type", "H200", "--gpus", "8"])
+    assert out.exit_code == 0, out.output
+    assert client.calls == [("admit", "h-1", "H200", 8)] and "up to 8 H200" in out.output

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from berth.domain.errors import NotFound
-from berth.domain.fleet import HostInventory
+from berth.domain.fleet import HostInventory, InventoryRefused
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import OnPremPlacement
@@ -285,6 +285,16 @@ def test_classify_failure_keeps_the_free_api_failures_on_the_job() -> None:
         assert (after.run.counted_failures, after.run.free_api_failures) == (max(0, n - 3), min(n, 3))
         w.workflow.requeue(job.id)
         job = w.job(job.id)
+
+
+def test_a_host_claiming_512_gpus_is_refused_and_changes_nothing() -> None:
+    """Finding 8c: an inventory is bounded: at most MAX_HOST_GPUS, and what the host first registered."""
+    w = World(hosts=1)
+    with pytest.raises(InventoryRefused):
+        w.register("h9", 512)
+    with pytest.raises(InventoryRefused):
+        w.register("h0", 9)  # registered with 8
+    assert [(h.host_id, h.gpus) for h in w.hosts.list_hosts()] == [("h0", 8)]
 
 
 # -- the scheduler service ---------------------------------------------------------------------

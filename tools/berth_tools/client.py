@@ -188,6 +188,10 @@ class BerthClient:
     def capacity(self) -> Any:
         return self.call("GET", "/v1/capacity")
 
+    def admit_host(self, host_id: str, gpu_type: str, gpus: int) -> Any:
+        body = {"gpu_type": gpu_type, "gpus": gpus}
+        return self.call("PUT", f"/v1/hosts/{_seg(host_id)}/admission", body=body)
+
     def circuits(self) -> Any:
         return self.call("GET", "/v1/circuits")
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
-from berth.domain.fleet import HoldRequest, HostInventory, HostRecord, StoredDocument
+from berth.domain.fleet import Admission, HoldRequest, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.observability import LogPage, MetricSample, StoredSample
@@ -108,7 +108,13 @@ class HostRepository(Protocol):
 
     def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
         """Create the host or replace its inventory (keeping the holds of running attempts and only
-        its own attributes); healthy, with this lease. Conflict if a held GPU would disappear."""
+        its own attributes); healthy, with this lease. Conflict if a held GPU would disappear;
+        ``InventoryRefused`` beyond its admission (``berth.domain.fleet.admission_for``, which the
+        first registration fixes)."""
+
+    def admit(self, host_id: str, admission: Admission) -> None:
+        """Set what the host may register at most (an admin's decision); NotFound for an unknown
+        host. Its current inventory is left as it is (the next registration is checked against it)."""
 
     def heartbeat(
         self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False

@@ -728,6 +728,33 @@ def put_host_drain(
     return _json(200, _fleet().drain(_caller(), host, body))
 
 
+@app.put(
+    "/v1/hosts/<host>/admission",
+    summary="Admit what an on-prem host may register at most (admins only): its GPU type and count. "
+    "Its first registration fixes them; more, or another type, is refused until an admin admits it",
+    responses={
+        200: {
+            "description": "The host's admission",
+            "content": {"application/json": {"model": schemas.AdmitOut}},
+        },
+        **schemas.error_responses(400, 403, 404, 415, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def put_host_admission(
+    host: HostId,
+    body: Annotated[
+        dict[str, Any],
+        Body(
+            embed=False,
+            description='{"gpu_type": "H200", "gpus": 8}',
+            examples=[{"gpu_type": "H200", "gpus": 8}],
+        ),
+    ],
+) -> Response[Any]:
+    return _json(200, _fleet().admit(_caller(), host, body))
+
+
 def _circuits() -> CircuitService:
     return CircuitService(runtime.snapshot_source())
 

@@ -140,6 +140,16 @@ class CircuitResetOut(BaseModel):
     reset: list[CircuitKeyOut] = Field(description="The circuits closed")
 
 
+class AdmissionOut(BaseModel):
+    gpu_type: str
+    gpus: int
+
+
+class AdmitOut(BaseModel):
+    host_id: str
+    admitted: AdmissionOut = Field(description="What the host's registrations may report at most")
+
+
 class DrainOut(BaseModel):
     host_id: str
     drain_requested: bool

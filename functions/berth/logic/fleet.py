@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, ValidationFailed
-from berth.domain.fleet import StoredDocument
+from berth.domain.fleet import MAX_HOST_GPUS, Admission, StoredDocument
 from berth.domain.job import Job
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import TenantRecord
@@ -198,6 +198,22 @@ class FleetService:
         self.clear_cache()
         return {"host_id": host_id, "drain_requested": drain}
 
+    def admit(self, caller: Caller, host_id: str, body: Any) -> dict[str, Any]:
+        """An admin's admission of a host (body ``{"gpu_type": "H200", "gpus": 8}``): what its
+        registrations may report at most from now on (its first registration fixed it before). The
+        GPUs it has now are not changed: its agent's next registration is checked against it."""
+        if not caller.is_admin:
+            raise Forbidden("only admins may admit host inventory")
+        try:
+            admission = Admission.model_validate(body, strict=True)
+        except ValidationError as exc:
+            raise ValidationFailed(
+                f'the body is {{"gpu_type": "<model>", "gpus": 0..{MAX_HOST_GPUS}}}',
+                details=_validation_details(exc),
+            ) from exc
+        self.source.hosts.admit(host_id, admission)
+        return {"host_id": host_id, "admitted": admission.model_dump()}
+
     def capacity(self, caller: Caller) -> dict[str, Any]:
         """Pools, hosts, free and used GPUs; cloud regions and their circuit state. Each host's
         ``attempts`` (``<job id>#<attempt>``) name only the caller's own tenant's jobs, unless the
@@ -238,6 +254,7 @@ class FleetService:
                 if rec.lease_expires_at is None
                 else rec.lease_expires_at.isoformat(),
                 "attempts": sorted(k for k in rec.holds if k in visible),
+                "admitted_gpus": None if rec.admitted is None else rec.admitted.gpus,
             }
             for rec in fleet.records
         ]

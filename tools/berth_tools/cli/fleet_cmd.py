@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, circuits, drain, policy, offers."""
+"""Fleet and policy commands: explain, capacity, circuits, drain, admit, policy, offers."""
 
 from __future__ import annotations
 
@@ -174,6 +174,26 @@ def drain(
     render(output, data, table)
 
 
+def admit(
+    host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
+    gpu_type: Annotated[str, typer.Option("--gpu-type", help="The GPU model it may register")],
+    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs it may register at most")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Admit what an on-prem host may register at most (admins): its first registration fixed it;
+    more GPUs, or another type, are refused until an admin admits them."""
+    with api_errors(output):
+        data = client_for(api_url, profile).admit_host(host, gpu_type, gpus)
+
+    def table(d: dict[str, Any]) -> None:
+        a = d["admitted"]
+        console.print(f"host [bold]{d['host_id']}[/] may register up to {a['gpus']} {a['gpu_type']}")
+
+    render(output, data, table)
+
+
 def _circuits_table(d: dict[str, Any]) -> None:
     if "reset" in d:
         done = ", ".join(f"{c['region']}/{c['instance_type']}" for c in d["reset"])
@@ -230,5 +250,6 @@ def register(app: typer.Typer) -> None:
     app.command("capacity")(capacity)
     app.command("circuits")(circuits)
     app.command("drain")(drain)
+    app.command("admit")(admit)
     app.command("policy")(policy)
     app.command("offers")(offers)
