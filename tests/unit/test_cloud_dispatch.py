@@ -441,6 +441,16 @@ def test_a_container_that_cannot_start_is_the_jobs_fault_only_when_the_job_cause
         assert after.reason is not None and after.reason.startswith("BadImage (permanent)")
 
 
+def test_the_launchers_broken_bundle_exit_is_invalid_bundle_only_for_code_jobs() -> None:
+    p = CloudPlacement(region="us-east-1", queue="q", instance_type="g5.xlarge", gpu_type="A10G")
+    exited = BatchJob(
+        "b", "j-a1", BatchStatus.FAILED, status_reason="Essential container in task exited", exit_code=66
+    )
+    bundle = failed_outcome(exited, p, launcher=True)
+    assert bundle.failure is Failure.INVALID_BUNDLE and bundle.circuit is None
+    assert failed_outcome(exited, p, launcher=False).failure is Failure.NONZERO_EXIT  # an image's own 66
+
+
 def test_one_teams_missing_executable_leaves_every_region_open() -> None:
     """Finding 9: three jobs whose command does not exist fail; no circuit opens anywhere."""
     w = CloudWorld()

@@ -18,6 +18,7 @@ from berth.domain.job_spec import JobSpec
 from berth.domain.placement import OnPremPlacement
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
+    AGENT_FAILURES,
     Action,
     AttemptRef,
     AttemptReport,
@@ -26,6 +27,7 @@ from berth.domain.workflow import (
     FailureClass,
     HeartbeatRequest,
     ReportEvent,
+    agent_failure,
     classify,
     failure_from_error,
     retry_decision,
@@ -235,6 +237,13 @@ def test_retry_decisions_bound_attempts_and_back_off() -> None:
     assert preempted.action is Action.RETRY and not preempted.counted
     delays = [backoff.delay(n, random.Random(n)) for n in range(1, 12)]
     assert max(delays) <= 30
+
+
+def test_an_invalid_bundle_report_fails_the_job_for_good() -> None:
+    assert agent_failure("invalid_bundle") is Failure.INVALID_BUNDLE
+    assert Failure.INVALID_BUNDLE in AGENT_FAILURES
+    decision = retry_decision(Failure.INVALID_BUNDLE, "h0: broken", 0, 3, False, Backoff(), random.Random(1))
+    assert decision.action is Action.FAIL and decision.reason.startswith("InvalidBundle (permanent)")
 
 
 def test_the_reason_names_the_real_attempt_after_uncounted_failures() -> None:

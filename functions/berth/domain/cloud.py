@@ -33,6 +33,8 @@ _SECRET_ARN_RE = re.compile(r"arn:[a-z-]+:secretsmanager:[a-z0-9-]*:[0-9]*:secre
 _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "INSUFFICIENTINSTANCECAPACITY")
 #: The launcher's exit code when the command ran past ``timeout_s`` (as ``timeout(1)``).
 TIMEOUT_EXIT_CODE = 124
+#: The launcher's exit code when the code bundle is a broken archive (``berth_agent.launch``).
+LAUNCHER_INVALID_BUNDLE_EXIT = 66
 #: Batch's own reason when ``attemptDurationSeconds`` ran out.
 _BATCH_TIMEOUT_REASON = "Job attempt duration exceeded timeout"
 REGION_WIDE = "*"
@@ -305,7 +307,7 @@ def container_start_error(text: str) -> tuple[str, bool] | None:
     return name, any(m in lower for m in _JOB_START_MARKERS)
 
 
-def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
+def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = False) -> CloudOutcome:
     """What a FAILED Batch job means (docs/cloud.md, failure mapping).
 
     The instance going away under the job (spot reclaimed it) is a spot interruption: transient, not
@@ -315,7 +317,8 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
     not found, an entry point or command that does not exist) is the job's ``BadImage`` (permanent,
     no circuit); one that could not start for the instance's reasons, or no exit code and no known
     reason, is the cloud's (``CloudApiError``: transient), counted against the (region, instance
-    type) circuit only: one instance type's trouble never closes a region to the others.
+    type) circuit only: one instance type's trouble never closes a region to the others. A
+    ``launcher`` (code-bundle) job's exit 66 is the launcher's: a broken bundle, ``InvalidBundle``.
     """
     reason = job.status_reason or ""
     text = " ".join(x for x in (reason, job.container_reason) if x).strip()
@@ -329,6 +332,10 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
         return CloudOutcome(Failure.CAPACITY, f"{where}: {text}", own_circuit)
     if job.exit_code == TIMEOUT_EXIT_CODE or reason.startswith(_BATCH_TIMEOUT_REASON):
         return CloudOutcome(Failure.TIMEOUT, f"{where}: {text or 'timed out'}")
+    if launcher and job.exit_code == LAUNCHER_INVALID_BUNDLE_EXIT:
+        return CloudOutcome(
+            Failure.INVALID_BUNDLE, f"{where}: exit code 66: the code bundle is a broken archive"
+        )
     if job.exit_code is not None and job.exit_code != 0:
         return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: exit code {job.exit_code}")
     if "ResourceInitializationError" in text and "secret" in text.lower():

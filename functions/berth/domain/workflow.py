@@ -42,6 +42,9 @@ class Failure(StrEnum):
     CANCELED = "Canceled"
     COST_LIMIT = "CostLimit"
     """The job's ``max_cost_usd`` would be exceeded: the scheduler stopped it (never retried)."""
+    INVALID_BUNDLE = "InvalidBundle"
+    """The job's code bundle is a broken archive (corrupt, truncated, not an archive, unsafe to
+    unpack): the same on every host, so never retried."""
 
     @property
     def error_name(self) -> str:
@@ -72,6 +75,7 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
     Failure.OOM: FailureClass.PERMANENT,
     Failure.CANCELED: FailureClass.CANCELED,
     Failure.COST_LIMIT: FailureClass.PERMANENT,
+    Failure.INVALID_BUNDLE: FailureClass.PERMANENT,
 }
 
 #: Transient failures that are not the job's fault and do not use up one of its attempts.
@@ -314,6 +318,7 @@ AGENT_FAILURES = frozenset(
         Failure.AGENT_ERROR,
         Failure.INVALID_SPEC,
         Failure.PREEMPTED,
+        Failure.INVALID_BUNDLE,
     }
 )
 
@@ -326,10 +331,19 @@ _AGENT_FAILURE_NAMES = {
     "agent_error": Failure.AGENT_ERROR,
     "invalid_spec": Failure.INVALID_SPEC,
     "preempted": Failure.PREEMPTED,
+    "invalid_bundle": Failure.INVALID_BUNDLE,
 }
 
 AgentFailureName = Literal[
-    "nonzero_exit", "bad_image", "staging", "timeout", "oom", "agent_error", "invalid_spec", "preempted"
+    "nonzero_exit",
+    "bad_image",
+    "staging",
+    "timeout",
+    "oom",
+    "agent_error",
+    "invalid_spec",
+    "preempted",
+    "invalid_bundle",
 ]
 
 
