@@ -541,6 +541,28 @@ def test_an_attempt_waiting_for_capacity_too_long_is_stopped_and_re_placed() -> 
     assert len(w.circuits.list()[0].failures) == 1
 
 
+def test_batchs_capacity_reason_shows_on_the_job_and_in_its_events_while_it_waits() -> None:
+    """Finding 9: a RUNNABLE job's ``statusReason`` (no capacity) is the job's reason, with an event,
+    while it waits; once per reason, not once per pass."""
+    w = CloudWorld(runnable_timeout_s=600)
+    job, token, bid = _submitted(w)
+    why = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - Service cannot fulfill the capacity requested"
+    w.batch.set(bid, BatchStatus.RUNNABLE, reason=why)
+    w.clock.now += timedelta(seconds=60)
+    report = w.scheduler.run_pass()
+    assert report.cloud is not None and report.cloud.waits_noted == 1
+    waiting = w.job(job.id)
+    p = _placement(job)
+    assert waiting.status is S.STARTING and why in waiting.reason
+    assert waiting.reason.startswith(f"waiting for an instance in {p.region} {p.instance_type} (RUNNABLE")
+    events = w.jobs.events(job.id)
+    assert events[-1].reason == waiting.reason and events[-1].to is S.STARTING
+    w.clock.now += timedelta(seconds=60)
+    assert w.scheduler.run_pass().cloud.waits_noted == 0  # type: ignore[union-attr]
+    assert len(w.jobs.events(job.id)) == len(events)
+    assert not w.failures_of(token)  # still waiting: nothing failed
+
+
 def test_cancel_terminates_the_batch_job_and_ends_canceled() -> None:
     w = CloudWorld()
     job, token, bid = _submitted(w)
