@@ -94,6 +94,14 @@ def test_logs_of_a_cloud_job_waiting_for_capacity_are_empty_with_a_reason(cloud:
         assert status == 200 and isinstance(page, dict), page
         assert page["events"] == [] and page["next_token"] is None and page["status"] == "STARTING", page
         assert "AWS Batch names the log stream" in page["reason"], page
+        # Batch's capacity reason (the local Batch gives it after a few seconds) is the job's reason
+        # and in its events while it waits (finding 9)
+        waiting = wait_for(
+            cloud, job_id, lambda j: "INSUFFICIENT_INSTANCE_CAPACITY" in j["reason"], timeout=30
+        )
+        assert waiting["status"] == "STARTING" and "waiting for an instance in us-east-1" in waiting["reason"]
+        _, events = cloud.request("GET", f"/v1/jobs/{job_id}/events", "alice")
+        assert any("INSUFFICIENT_INSTANCE_CAPACITY" in e["reason"] for e in events["events"]), events
     finally:
         faults.FAULTS.clear()
         faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})  # the module's standing fault
