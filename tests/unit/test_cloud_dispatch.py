@@ -304,6 +304,32 @@ def test_a_region_outage_fails_over_elsewhere_and_opens_the_circuit() -> None:
     assert board.state(region, "*") is CircuitState.CLOSED
 
 
+def test_both_regions_down_opens_their_circuits_before_the_job_uses_an_attempt() -> None:
+    """Finding 9: both regions a job may use have their Batch API down. Its failed submits back off
+    (longer each time) and use none of its attempts; once both circuits are open it waits, queued."""
+    w = CloudWorld()
+    regions = ["us-east-1", "us-west-2"]
+    w.batch.down.update(regions)
+    job = w.place(constraints={"regions": regions})
+    backoffs = []
+    for _ in range(12):
+        token = w.dispatch(job)
+        assert w.deliver() == ["failed"]
+        out = w.classify(job, token)
+        assert out["action"] == "retry"
+        backoffs.append(out["backoff_s"])
+        w.workflow.requeue(job.id)
+        w.workflow.await_placement(job.id, f"again-{len(backoffs)}")
+        w.scheduler.run_pass()
+        job = w.job(job.id)
+        if job.status is not S.STARTING:
+            break
+    assert job.status is S.QUEUED and job.run.counted_failures == 0, job.reason
+    board = CircuitBoard(w.source.fleet().circuits, w.clock().timestamp(), CircuitRule())
+    assert {board.state(r, "*") for r in regions} == {CircuitState.OPEN}
+    assert max(backoffs) > backoffs[0]  # backed off, not every 2 s
+
+
 def test_circuit_records_prune_and_successes_without_failures_cost_no_write() -> None:
     assert record_circuit_event({}, "us-east-1", "*", 100.0, failed=False) is None
     c = record_circuit_event({}, "us-east-1", "*", 100.0, failed=True)

@@ -19,6 +19,7 @@ from berth.domain.placement import OnPremPlacement
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
     AGENT_FAILURES,
+    FREE_CLOUD_API_FAILURES,
     Action,
     AttemptRef,
     AttemptReport,
@@ -261,6 +262,7 @@ def test_the_reason_names_the_real_attempt_after_uncounted_failures() -> None:
 def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:
     """A region outage: the first API failures use no attempt and each waits longer than the last."""
     backoff = Backoff(base_s=2, cap_s=300)
+    attempts = range(1, FREE_CLOUD_API_FAILURES + 2)
     decisions = [
         retry_decision(
             Failure.CLOUD_API,
@@ -273,11 +275,11 @@ def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:
             attempt=n,
             free_api_failures=n - 1,
         )
-        for n in (1, 2, 3, 4)
+        for n in attempts
     ]
-    assert [d.counted for d in decisions] == [False, False, False, True]
+    assert [d.counted for d in decisions] == [False] * FREE_CLOUD_API_FAILURES + [True]
     assert all(d.action is Action.RETRY for d in decisions)
-    ceilings = [min(300, 2 * 2 ** (n - 1)) for n in (1, 2, 3, 4)]
+    ceilings = [min(300, 2 * 2 ** (n - 1)) for n in attempts]
     assert all(d.backoff_s <= c for d, c in zip(decisions, ceilings, strict=True))
     assert decisions[3].backoff_s > decisions[0].backoff_s  # uniform(2, 16) with this seed, not 2
 
@@ -285,13 +287,14 @@ def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:
 def test_classify_failure_keeps_the_free_api_failures_on_the_job() -> None:
     w = World()
     job = w.submit()
-    for n in (1, 2, 3, 4):
+    free = FREE_CLOUD_API_FAILURES
+    for n in range(1, free + 3):
         job, _host = w.run_to_running(job)
         assert job.attempts == n
         w.workflow.classify_failure(job.id, n, Failure.CLOUD_API.error_name, "us-east-1: down")
         after = w.job(job.id)
         assert after.status is JobStatus.RETRYING and f"as attempt {n + 1}" in (after.reason or "")
-        assert (after.run.counted_failures, after.run.free_api_failures) == (max(0, n - 3), min(n, 3))
+        assert (after.run.counted_failures, after.run.free_api_failures) == (max(0, n - free), min(n, free))
         w.workflow.requeue(job.id)
         job = w.job(job.id)
 

@@ -82,8 +82,10 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
 NOT_COUNTED = frozenset({Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED})
 #: A job's first this many ``CloudApiError`` failures (a region's API failing or refusing, an instance
 #: that could not start the container) use up none of its attempts: they back off (by attempt
-#: number, below) while the circuits open and steer the pass elsewhere; later ones count.
-FREE_CLOUD_API_FAILURES = 3
+#: number, below) while the circuits open and steer the pass elsewhere; later ones count. Six: enough
+#: for one job alone to open the circuits of the two regions a GPU type is typically offered in
+#: (3 failures each, policy ``circuit``) before its attempts are touched; then it waits, queued.
+FREE_CLOUD_API_FAILURES = 6
 #: Failures that exclude the failed host (or region) from the next placement.
 EXCLUDES_LOCATION = frozenset(
     {
