@@ -256,7 +256,7 @@ def test_the_reason_names_the_real_attempt_after_uncounted_failures() -> None:
     counted = retry_decision(Failure.HOST_LOST, "x", 1, 3, False, Backoff(), rng, attempt=6)
     assert "as attempt 7 (2 of 3 attempts failed)" in counted.reason
     last = retry_decision(Failure.HOST_LOST, "x", 2, 3, False, Backoff(), rng, attempt=7)
-    assert "retries exhausted (3 of 3 attempts failed, the last attempt 7)" in last.reason
+    assert "retries exhausted (3 of 3 attempts failed) after attempt 7" in last.reason
 
 
 def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:

@@ -200,8 +200,7 @@ def retry_decision(
             Action.FAIL,
             failure,
             klass,
-            f"{text}; retries exhausted ({used} of {max_attempts} attempts failed, "
-            f"the last attempt {attempt})",
+            f"{text}; retries exhausted ({used} of {max_attempts} attempts failed) after attempt {attempt}",
             counted=counted,
         )
     delay = backoff.delay(max(1, attempt, used), rng)
