@@ -272,14 +272,14 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName/index/by_queue", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_placed", None): {"dynamodb:Query"},
         ("TenantsTableName/index/by_directory", None): {"dynamodb:Query"},
-        # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request
+        # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request, .../admission its bound
         ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:UpdateItem"},
         # GET /v1/tenants/{tenant}/usage
         ("UsageTableName", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         # quotas, membership, documents; explain and capacity read the run-time histories (RUNTIMES#)
         ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
-        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*,ARRAYS#*"): {
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*,ARRAYS#*,CIRCUITS"): {
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
         },
