@@ -255,6 +255,7 @@ class CloudOutcome:
 #: command): the same in every region, so permanent and never counted against a circuit.
 _JOB_START_MARKERS = (
     "executable file not found",
+    "command not found",
     "no such file or directory",
     "exec format error",
     "permission denied",
@@ -321,7 +322,8 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = Fa
     ``launcher`` (code-bundle) job's exit 66 is the launcher's: a broken bundle, ``InvalidBundle``.
     """
     reason = job.status_reason or ""
-    text = " ".join(x for x in (reason, job.container_reason) if x).strip()
+    # Batch often repeats the reason as the container's: say it once
+    text = " ".join(dict.fromkeys(x.strip() for x in (reason, job.container_reason) if x.strip()))
     where = f"{placement.region} {placement.instance_type}"
     own_circuit = (placement.region, placement.instance_type)
     if reason.startswith(TERMINATED_BY_BERTH):
