@@ -189,7 +189,9 @@ def admit(
 
     def table(d: dict[str, Any]) -> None:
         a = d["admitted"]
-        console.print(f"host [bold]{d['host_id']}[/] may register up to {a['gpus']} {a['gpu_type']}")
+        console.print(
+            f"host [bold]{escape(d['host_id'])}[/] may register up to {a['gpus']} {escape(a['gpu_type'])}"
+        )
 
     render(output, data, table)
 
@@ -197,7 +199,7 @@ def admit(
 def _circuits_table(d: dict[str, Any]) -> None:
     if "reset" in d:
         done = ", ".join(f"{c['region']}/{c['instance_type']}" for c in d["reset"])
-        console.print(f"reset (closed): {done}")
+        console.print(f"reset (closed): {escape(done)}")
         return
     rule = d["rule"]
     console.print(
@@ -207,7 +209,7 @@ def _circuits_table(d: dict[str, Any]) -> None:
     t = Table("REGION", "TYPE", "STATE", "FAILURES", "LAST FAILURE")
     colour = {"open": "red", "half-open": "yellow", "closed": "green"}
     for c in d["circuits"]:
-        state = f"[{colour.get(c['state'], 'white')}]{c['state']}[/]"
+        state = f"[{colour.get(c['state'], 'white')}]{escape(c['state'])}[/]"
         if c["effective_state"] != c["state"]:
             state += f" ({c['effective_state']} by its region)"
         t.add_row(
