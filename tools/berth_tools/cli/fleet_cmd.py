@@ -211,10 +211,10 @@ def _circuits_table(d: dict[str, Any]) -> None:
     for c in d["circuits"]:
         state = f"[{colour.get(c['state'], 'white')}]{escape(c['state'])}[/]"
         if c["effective_state"] != c["state"]:
-            state += f" ({c['effective_state']} by its region)"
-        t.add_row(
-            c["region"], c["instance_type"], state, str(c["recent_failures"]), c["last_failure_at"] or "-"
-        )
+            state += f" ({escape(c['effective_state'])} by its region)"
+        row = (c["region"], c["instance_type"], str(c["recent_failures"]), c["last_failure_at"] or "-")
+        region, instance_type, failures, last = (escape(str(x)) for x in row)
+        t.add_row(region, instance_type, state, failures, last)
     console.print(t)
 
 
