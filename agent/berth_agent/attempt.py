@@ -287,7 +287,7 @@ class AttemptRunner:
                 secrets=secrets,
             )
         except (StagingError, ClaimError, AgentApiError) as exc:
-            failure = FailureKind.STAGING if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
+            failure = FailureKind(exc.failure) if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
             return JobResult(None, failure, str(exc)), False
         shipper = logship.LogShipper(
             io.logs_client(),

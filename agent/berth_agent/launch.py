@@ -24,7 +24,8 @@ same on both sites:
 5. outputs and checkpoints synced while it runs and once at its end (``outputs.PeriodicSync``);
 6. exit with the command's exit code: 124 when it ran past ``timeout_s``, 143 when stopped by
    SIGTERM (Batch TerminateJob), 128+N when killed by signal N, ``EXIT_STAGING`` (65) when an input
-   could not be staged, ``EXIT_NOT_FOUND`` (127) when the command does not exist, ``EXIT_USAGE`` (64)
+   could not be staged, ``EXIT_INVALID_BUNDLE`` (66) when the code bundle is a broken archive,
+   ``EXIT_NOT_FOUND`` (127) when the command does not exist, ``EXIT_USAGE`` (64)
    for a malformed spec. A line ``berth-launch: ...`` on stderr says why for every code of its own.
 
 Credentials come from the environment (the Batch job role; locally the local Batch runner passes
@@ -47,12 +48,22 @@ from typing import IO, Any
 from berth_agent.executors.base import CREDENTIAL_KEYS, FailureKind, JobResult, Launch, Mount, StartError
 from berth_agent.executors.process import ProcessExecutor
 from berth_agent.outputs import DirSync, PeriodicSync, restore
-from berth_agent.staging import JobDirs, ObjectCache, StagingError, parse_digest, stage_bundle
+from berth_agent.staging import (
+    InvalidBundle,
+    JobDirs,
+    ObjectCache,
+    StagingError,
+    parse_digest,
+    stage_bundle,
+)
 
 LAUNCH_ENV = "BERTH_LAUNCH"
 WORK_DIR_ENV = "BERTH_LAUNCH_WORK_DIR"
 EXIT_USAGE = 64
 EXIT_STAGING = 65
+#: The code bundle is a broken archive (``staging.InvalidBundle``): the control plane reads this code
+#: of the launcher as the permanent ``InvalidBundle`` (``berth.domain.cloud.failed_outcome``).
+EXIT_INVALID_BUNDLE = 66
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_TERMINATED = 143
@@ -276,6 +287,9 @@ class Launcher:
         try:
             try:
                 mounts = self._stage(dirs)
+            except InvalidBundle as exc:
+                self.say(f"invalid bundle: {exc}")
+                return EXIT_INVALID_BUNDLE
             except StagingError as exc:
                 self.say(f"staging failed: {exc}")
                 return EXIT_STAGING

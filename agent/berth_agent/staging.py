@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gzip
 import hashlib
 import logging
+import lzma
 import os
 import shutil
 import tarfile
 import threading
 import uuid
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BundleDigestMismatch",
+    "InvalidBundle",
     "JobDirs",
     "ObjectCache",
     "ObjectRef",
@@ -62,15 +66,41 @@ MAX_FILES = 200_000
 
 
 class StagingError(Exception):
-    """An input cannot be staged; the attempt fails with failure ``staging``."""
+    """An input cannot be staged; the attempt fails with failure ``staging`` (transient: another host
+    or a later try may stage it), or the subclass's ``failure``."""
+
+    failure = "staging"
 
 
 class BundleDigestMismatch(StagingError):
     pass
 
 
-class UnsafeArchive(StagingError):
+class InvalidBundle(StagingError):
+    """The code bundle itself is broken (a corrupt or truncated archive, not an archive at all, or
+    one that is unsafe to unpack): the same on every host, so the attempt fails at once as the
+    permanent ``invalid_bundle`` (``Berth.InvalidBundle``) and frees its GPUs."""
+
+    failure = "invalid_bundle"
+
+
+class UnsafeArchive(InvalidBundle):
     pass
+
+
+#: What reading a broken archive raises (beyond ``StagingError``): a bad zip, a bad tar, a truncated
+#: or corrupt compressed stream, an encrypted or unsupported zip member.
+_BROKEN_ARCHIVE = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    tarfile.TarError,
+    gzip.BadGzipFile,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    NotImplementedError,
+    RuntimeError,
+)
 
 
 # -- datasets -----------------------------------------------------------------------------------
@@ -323,11 +353,14 @@ def unpack_bundle(
                 f"code bundle digest is sha256:{actual}, expected sha256:{expected_sha256}"
             )
     dest.mkdir(parents=True, exist_ok=True)
-    if tarfile.is_tarfile(archive):
-        return _unpack_tar(archive, dest, max_bytes, max_files)
-    if zipfile.is_zipfile(archive):
-        return _unpack_zip(archive, dest, max_bytes, max_files)
-    raise UnsafeArchive("code bundle is neither a tar nor a zip archive")
+    try:
+        if tarfile.is_tarfile(archive):
+            return _unpack_tar(archive, dest, max_bytes, max_files)
+        if zipfile.is_zipfile(archive):
+            return _unpack_zip(archive, dest, max_bytes, max_files)
+    except _BROKEN_ARCHIVE as exc:
+        raise InvalidBundle(f"the code bundle is a broken archive: {type(exc).__name__}: {exc}") from exc
+    raise UnsafeArchive("the code bundle is neither a tar nor a zip archive")
 
 
 def stage_bundle(fetch: Callable[[Path], None], digest: str, archive: Path, dest: Path) -> int:

@@ -41,6 +41,9 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/tenants/{tenant}/usage": ("GET",),
     "/v1/usage": ("GET",),
     "/v1/hosts/{host}/drain": ("PUT",),
+    "/v1/hosts/{host}/admission": ("PUT",),
+    "/v1/circuits": ("GET",),
+    "/v1/circuits/{region}": ("DELETE",),
 }
 
 #: The agent API (docs/agent-protocol.md), served by its own function; hosts only.
@@ -99,14 +102,15 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
     "tenants_read": TableAccess(("dynamodb:GetItem", "dynamodb:BatchGetItem")),
     # quotas, data grants and active-job counters (TENANT#), registered datasets (DATASET#),
     # rate-limit windows (RATE#), the token key (KEY#), the policy and offers versions (DOC#), the
-    # arrays with work for the expander (ARRAYS#PENDING); never
-    # membership rows (PRINCIPAL#): no route writes them, so no logic bug can mint an admin.
+    # arrays with work for the expander (ARRAYS#PENDING), the circuits an admin resets (CIRCUITS);
+    # never membership rows (PRINCIPAL#): no route writes them, so no logic bug can mint an admin.
     "tenants_write": TableAccess(
         ("dynamodb:PutItem", "dynamodb:UpdateItem"),
-        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*", "ARRAYS#*"),
+        write_leading_keys=("TENANT#*", "DATASET#*", "RATE#*", "KEY#*", "DOC#*", "ARRAYS#*", "CIRCUITS"),
     ),
     # feasibility at submit, explain and capacity read the fleet; an admin's drain sets a host's
-    # drain request (HostRepository.request_drain, a conditional UpdateItem of that flag); holds and
+    # drain request (HostRepository.request_drain, a conditional UpdateItem of that flag), an admin's
+    # admission its admitted inventory (HostRepository.admit); holds and
     # leases are written by the scheduler and the agent API only
     "hosts": TableAccess(("dynamodb:Scan", "dynamodb:UpdateItem")),
     # Powertools idempotency records (it deletes its record when the wrapped call fails) and the

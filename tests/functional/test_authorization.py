@@ -38,6 +38,11 @@ MATRIX: list[tuple[str, str, dict[str, int]]] = [
     ("GET", "/v1/usage", {"alice": 200, "bob": 200, "admin": 200, "mallory": 403, "": 401}),
     # the body `{}` lacks `drain`: 422 for an admin, members are refused first
     ("PUT", "/v1/hosts/h-1/drain", {"alice": 403, "bob": 403, "admin": 422, "mallory": 403, "": 401}),
+    # the body `{}` is no admission: 422 for an admin, members are refused first
+    ("PUT", "/v1/hosts/h-1/admission", {"alice": 403, "bob": 403, "admin": 422, "mallory": 403, "": 401}),
+    ("GET", "/v1/circuits", {"alice": 403, "bob": 403, "admin": 200, "mallory": 403, "": 401}),
+    # no circuit has a record: 404 for an admin, members are refused first
+    ("DELETE", "/v1/circuits/us-east-1", {"alice": 403, "bob": 403, "admin": 404, "mallory": 403, "": 401}),
 ]
 CALLERS = ["alice", "bob", "admin", "mallory", ""]
 

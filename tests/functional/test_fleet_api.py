@@ -252,12 +252,32 @@ def test_capacity(fleet: Invoke) -> None:
     }
     assert pools["default"]["healthy_hosts"] == 2 and pools["lab"]["free_gpus"] == 8
     hosts = {h["host_id"]: h for h in cap["hosts"]}
-    assert hosts["v100-a"]["attempts"] == ["j-x#1"] and hosts["v100-a"]["free_gpus"] == 6
+    # j-x is no job of bob's tenant: a member sees only its own tenant's job ids (finding 8a)
+    assert hosts["v100-a"]["attempts"] == [] and hosts["v100-a"]["free_gpus"] == 6
     assert hosts["dead"]["alive"] is False
     regions = {r["region"]: r for r in cap["cloud"]["regions"]}
     assert set(regions) == {"us-east-1", "us-east-2", "us-west-2"}
     assert regions["us-east-1"]["circuit"] == "closed"
     assert all(it["circuit"] == "closed" for r in regions.values() for it in r["instance_types"])
+
+
+def test_capacity_shows_a_member_only_its_own_tenants_job_ids(fleet: Invoke, spec: dict[str, Any]) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+
+    mine = fleet("POST", "/v1/jobs", body=spec, user="alice")[1]["id"]
+    theirs = fleet("POST", "/v1/jobs", body=spec, user="bob")[1]["id"]
+    hosts_repo = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
+    hosts_repo.hold("v100-a", f"{mine}#1", ("GPU-v100-a-0",), 4, 8)
+    hosts_repo.hold("v100-a", f"{theirs}#1", ("GPU-v100-a-1",), 4, 8)
+
+    def attempts(user: str) -> list[str]:
+        status, cap = fleet("GET", "/v1/capacity", user=user)
+        assert status == 200, cap
+        return {h["host_id"]: h for h in cap["hosts"]}["v100-a"]["attempts"]
+
+    assert attempts("alice") == [f"{mine}#1"]
+    assert attempts("bob") == [f"{theirs}#1"]
+    assert attempts("admin") == sorted([f"{mine}#1", f"{theirs}#1"])
 
 
 def test_an_admin_drains_a_host_and_lifts_it(fleet: Invoke) -> None:
@@ -294,3 +314,64 @@ def test_drain_refusals_are_4xx_and_change_nothing(
     assert status == expected, out
     _, cap = fleet("GET", "/v1/capacity", user="bob")
     assert not any(h["draining"] for h in cap["hosts"])
+
+
+def test_an_admin_reads_and_resets_the_circuits(fleet: Invoke) -> None:
+    """Finding 9: an admin sees which circuits are open and closes them (one, or a whole region)."""
+    import time
+
+    from berth.dal.circuits import DynamoCircuitRepository
+
+    repo = DynamoCircuitRepository(TABLES["BERTH_TENANTS_TABLE"])
+    now = time.time()
+    for i in range(3):
+        repo.record_failure("us-east-1", "p4d.24xlarge", now - i)
+        repo.record_failure("us-west-2", "*", now - i)
+    status, out = fleet("GET", "/v1/circuits", user="admin")
+    assert status == 200, out
+    rows = {(c["region"], c["instance_type"]): c for c in out["circuits"]}
+    assert rows[("us-east-1", "p4d.24xlarge")]["state"] == "open"
+    assert rows[("us-east-1", "p4d.24xlarge")]["recent_failures"] == 3
+    assert rows[("us-west-2", "*")]["state"] == "open" and out["rule"]["failure_threshold"] == 3
+
+    status, err = fleet("DELETE", "/v1/circuits/us-east-1", user="alice")
+    assert status == 403, err
+    status, err = fleet("DELETE", "/v1/circuits/nowhere", user="admin")
+    assert status == 422, err
+    status, err = fleet(
+        "DELETE", "/v1/circuits/us-east-1", user="admin", query={"instance_type": "g5.xlarge"}
+    )
+    assert status == 404, err
+    status, out = fleet(
+        "DELETE", "/v1/circuits/us-east-1", user="admin", query={"instance_type": "p4d.24xlarge"}
+    )
+    assert status == 200 and out == {"reset": [{"region": "us-east-1", "instance_type": "p4d.24xlarge"}]}
+    status, cap = fleet("GET", "/v1/capacity", user="admin")
+    regions = {r["region"]: r for r in cap["cloud"]["regions"]}
+    types = {t["instance_type"]: t["circuit"] for t in regions["us-east-1"]["instance_types"]}
+    assert types["p4d.24xlarge"] == "closed" and regions["us-west-2"]["circuit"] == "open"
+    assert fleet("DELETE", "/v1/circuits/us-west-2", user="admin")[1]["reset"] == [
+        {"region": "us-west-2", "instance_type": "*"}
+    ]
+    assert fleet("GET", "/v1/circuits", user="admin")[1]["circuits"] == []
+
+
+def test_an_admin_admits_more_gpus_than_a_host_first_registered(fleet: Invoke) -> None:
+    """Finding 8c: v100-a registered 8 V100s; 9 are refused until an admin admits them."""
+    from berth.domain.fleet import InventoryRefused
+
+    nine = {"gpu_type": "V100", "gpus": 9}
+    with pytest.raises(InventoryRefused):
+        _register("v100-a", "V100", 9)
+    status, err = fleet("PUT", "/v1/hosts/v100-a/admission", user="alice", body=nine)
+    assert status == 403, err
+    for bad in ({"gpu_type": "V100", "gpus": 17}, {"gpu_type": "V100", "gpus": "9"}, {"gpus": 9}):
+        status, err = fleet("PUT", "/v1/hosts/v100-a/admission", user="admin", body=bad)
+        assert status == 422, (bad, err)
+    status, err = fleet("PUT", "/v1/hosts/nope/admission", user="admin", body=nine)
+    assert status == 404, err
+    status, out = fleet("PUT", "/v1/hosts/v100-a/admission", user="admin", body=nine)
+    assert status == 200 and out == {"host_id": "v100-a", "admitted": {"gpu_type": "V100", "gpus": 9}}
+    _register("v100-a", "V100", 9)
+    hosts = {h["host_id"]: h for h in fleet("GET", "/v1/capacity", user="admin")[1]["hosts"]}
+    assert hosts["v100-a"]["gpus"] == 9 and hosts["v100-a"]["admitted_gpus"] == 9

@@ -274,14 +274,14 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobsTableName/index/by_queue", None): {"dynamodb:Query"},
         ("JobsTableName/index/by_placed", None): {"dynamodb:Query"},
         ("TenantsTableName/index/by_directory", None): {"dynamodb:Query"},
-        # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request
+        # the fleet read; PUT /v1/hosts/{host}/drain sets a host's drain request, .../admission its bound
         ("HostsTableName", None): {"dynamodb:Scan", "dynamodb:UpdateItem"},
         # GET /v1/tenants/{tenant}/usage
         ("UsageTableName", None): {"dynamodb:Query"},
         ("JobEventsTableName", None): {"dynamodb:PutItem", "dynamodb:Query"},
         # quotas, membership, documents; explain and capacity read the run-time histories (RUNTIMES#)
         ("TenantsTableName", None): {"dynamodb:GetItem", "dynamodb:BatchGetItem"},
-        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*,ARRAYS#*"): {
+        ("TenantsTableName", "TENANT#*,DATASET#*,RATE#*,KEY#*,DOC#*,ARRAYS#*,CIRCUITS"): {
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
         },
@@ -718,7 +718,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     assert set(_method_paths(synthesized)) == public | agent
     assert not public & agent
     assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
-    assert len(public) == 23
+    assert len(public) == 26
     assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
     assert agent == {
         ("/v1/agent/register", "POST"),

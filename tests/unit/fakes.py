@@ -17,7 +17,15 @@ from typing import Any
 
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
-from berth.domain.fleet import Hold, HostInventory, HostRecord, StoredDocument, check_hold_requests
+from berth.domain.fleet import (
+    Admission,
+    Hold,
+    HostInventory,
+    HostRecord,
+    StoredDocument,
+    admission_for,
+    check_hold_requests,
+)
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES, fit_page
@@ -181,6 +189,7 @@ class FakeHosts:
     def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
         with self.lock:
             current = self.hosts.get(inventory.host_id)
+            admitted = admission_for(current, inventory)
             holds = {} if current is None else dict(current.holds)
             held = {g for h in holds.values() for g in h.gpu_ids}
             missing = held - set(inventory.gpu_ids)
@@ -193,6 +202,7 @@ class FakeHosts:
                 holds=holds,
                 version=(0 if current is None else current.version) + 1,
                 drain_requested=current is not None and current.drain_requested,
+                admitted=admitted,
             )
             self.hosts[inventory.host_id] = record
             return record
@@ -261,6 +271,15 @@ class FakeHosts:
                 update={"healthy": False, "version": current.version + 1}
             )
             return True
+
+    def admit(self, host_id: str, admission: Admission) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            self.hosts[host_id] = current.model_copy(
+                update={"admitted": admission, "version": current.version + 1}
+            )
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         with self.lock:
@@ -551,6 +570,16 @@ class FakeCircuits:
 
     def record_success(self, region: str, instance_type: str, at: float) -> None:
         self._record(region, instance_type, at, False)
+
+    def reset(self, region: str, instance_type: str | None) -> list[tuple[str, str]]:
+        from berth.domain.cloud import reset_circuit_records
+
+        kept, gone = reset_circuit_records(self.circuits, region, instance_type)
+        found = [(self.circuits[k]["region"], self.circuits[k]["instance_type"]) for k in gone]
+        if gone:
+            self.circuits = kept
+            self.writes += 1
+        return found
 
     def list(self) -> list[Any]:
         from berth.domain.ports import CircuitEntry

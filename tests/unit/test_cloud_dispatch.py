@@ -25,6 +25,7 @@ from berth.domain.cloud import (
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
+from berth.domain.tenancy import Caller, Role
 from berth.domain.workflow import Failure
 from berth.logic.cloud_dispatch import CloudDispatchService
 from berth.logic.cloud_sweep import CloudSweep
@@ -289,7 +290,8 @@ def test_a_region_outage_fails_over_elsewhere_and_opens_the_circuit() -> None:
     now = w.clock().timestamp()
     board = CircuitBoard(w.source.fleet().circuits, now, CircuitRule())
     assert board.state(region, "p4d.24xlarge") is CircuitState.OPEN
-    rows = {r["region"]: r for r in FleetService(w.source).capacity(None)["cloud"]["regions"]}  # type: ignore[arg-type]
+    admin = Caller(principal="arn:aws:iam::1:user/admin", tenant="platform", role=Role.ADMIN)
+    rows = {r["region"]: r for r in FleetService(w.source).capacity(admin)["cloud"]["regions"]}
     assert rows[region]["circuit"] == "open"
     assert {r["circuit"] for name, r in rows.items() if name != region} == {"closed"}
     # Half-open after open_s; a success closes it.
@@ -300,6 +302,32 @@ def test_a_region_outage_fails_over_elsewhere_and_opens_the_circuit() -> None:
     w.circuits.record_success(region, "*", w.clock().timestamp())
     board = CircuitBoard(w.source.fleet().circuits, w.clock().timestamp(), CircuitRule())
     assert board.state(region, "*") is CircuitState.CLOSED
+
+
+def test_both_regions_down_opens_their_circuits_before_the_job_uses_an_attempt() -> None:
+    """Finding 9: both regions a job may use have their Batch API down. Its failed submits back off
+    (longer each time) and use none of its attempts; once both circuits are open it waits, queued."""
+    w = CloudWorld()
+    regions = ["us-east-1", "us-west-2"]
+    w.batch.down.update(regions)
+    job = w.place(constraints={"regions": regions})
+    backoffs = []
+    for _ in range(12):
+        token = w.dispatch(job)
+        assert w.deliver() == ["failed"]
+        out = w.classify(job, token)
+        assert out["action"] == "retry"
+        backoffs.append(out["backoff_s"])
+        w.workflow.requeue(job.id)
+        w.workflow.await_placement(job.id, f"again-{len(backoffs)}")
+        w.scheduler.run_pass()
+        job = w.job(job.id)
+        if job.status is not S.STARTING:
+            break
+    assert job.status is S.QUEUED and job.run.counted_failures == 0, job.reason
+    board = CircuitBoard(w.source.fleet().circuits, w.clock().timestamp(), CircuitRule())
+    assert {board.state(r, "*") for r in regions} == {CircuitState.OPEN}
+    assert max(backoffs) > backoffs[0]  # backed off, not every 2 s
 
 
 def test_circuit_records_prune_and_successes_without_failures_cost_no_write() -> None:
@@ -372,7 +400,9 @@ def test_the_event_is_never_trusted_describe_decides() -> None:
         ("CAPACITY_UNAVAILABLE: no p4d", None, Failure.CAPACITY, False, "p4d.24xlarge"),
         ("Essential container in task exited", 3, Failure.NONZERO_EXIT, True, None),
         ("Essential container in task exited", 124, Failure.TIMEOUT, True, None),
-        ("", None, Failure.CLOUD_API, True, "*"),
+        # the cloud's fault with no reason: the (region, instance type) circuit, and the job's first
+        # API failures use up none of its attempts
+        ("", None, Failure.CLOUD_API, False, "p4d.24xlarge"),
     ],
 )
 def test_failed_batch_jobs_map_into_the_taxonomy(
@@ -391,6 +421,75 @@ def test_failed_batch_jobs_map_into_the_taxonomy(
     assert after.run.counted_failures == (1 if counted else 0)
     permanent = failure in (Failure.NONZERO_EXIT, Failure.TIMEOUT)
     assert after.status is (S.FAILED if permanent else S.RETRYING)
+
+
+@pytest.mark.parametrize(
+    ("reason", "failure", "circuit"),
+    [
+        (
+            "CannotStartContainerError: Error response from daemon: failed to create shim task: OCI runtime "
+            'create failed: runc create failed: unable to start container process: exec: "trian.py": '
+            "executable file not found in $PATH: unknown",
+            Failure.BAD_IMAGE,
+            None,
+        ),
+        ("CannotPullContainerError: pull access denied for nosuch/image", Failure.BAD_IMAGE, None),
+        (
+            "CannotStartContainerError: OCI runtime create failed: nvidia-container-cli: initialization "
+            "error: driver error: failed to process request",
+            Failure.CLOUD_API,
+            "p4d.24xlarge",
+        ),
+        (
+            "CannotInspectContainerError: Could not transition to inspecting",
+            Failure.CLOUD_API,
+            "p4d.24xlarge",
+        ),
+    ],
+)
+def test_a_container_that_cannot_start_is_the_jobs_fault_only_when_the_job_caused_it(
+    reason: str, failure: Failure, circuit: str | None
+) -> None:
+    """A missing executable or image is the job's mistake: permanent, and no circuit of any region
+    hears of it (the same error on-prem is permanent too). The instance's own trouble counts against
+    its (region, instance type) circuit only, never the whole region's."""
+    w = CloudWorld()
+    job, token, bid = _submitted(w)
+    w.batch.set(bid, BatchStatus.FAILED, reason=reason)
+    assert w.cloud.on_event(bid, f"{job.id}-a1") == "failed"
+    assert w.failures_of(token) == [failure.error_name]
+    recorded = {(e.region, e.instance_type) for e in w.circuits.list() if e.failures}
+    assert recorded == (set() if circuit is None else {(_placement(job).region, circuit)})
+    w.classify(job, token)
+    after = w.job(job.id)
+    assert after.status is (S.FAILED if failure is Failure.BAD_IMAGE else S.RETRYING)
+    if failure is Failure.BAD_IMAGE:
+        assert after.reason is not None and after.reason.startswith("BadImage (permanent)")
+
+
+def test_the_launchers_broken_bundle_exit_is_invalid_bundle_only_for_code_jobs() -> None:
+    p = CloudPlacement(region="us-east-1", queue="q", instance_type="g5.xlarge", gpu_type="A10G")
+    exited = BatchJob(
+        "b", "j-a1", BatchStatus.FAILED, status_reason="Essential container in task exited", exit_code=66
+    )
+    bundle = failed_outcome(exited, p, launcher=True)
+    assert bundle.failure is Failure.INVALID_BUNDLE and bundle.circuit is None
+    assert failed_outcome(exited, p, launcher=False).failure is Failure.NONZERO_EXIT  # an image's own 66
+
+
+def test_one_teams_missing_executable_leaves_every_region_open() -> None:
+    """Finding 9: three jobs whose command does not exist fail; no circuit opens anywhere."""
+    w = CloudWorld()
+    missing = 'CannotStartContainerError: exec: "nope": executable file not found in $PATH'
+    for _ in range(3):
+        job, token, bid = _submitted(w)
+        w.batch.set(bid, BatchStatus.FAILED, reason=missing)
+        w.cloud.on_event(bid, f"{job.id}-a1")
+        w.classify(job, token)
+        assert w.job(job.id).status is S.FAILED
+    board = CircuitBoard(w.source.fleet().circuits, w.clock().timestamp(), CircuitRule())
+    assert board.state(_placement(job).region, _placement(job).instance_type) is CircuitState.CLOSED
+    assert not [e for e in w.circuits.list() if e.failures]
 
 
 def test_a_spot_interruption_retries_without_using_an_attempt() -> None:
@@ -466,6 +565,28 @@ def test_an_attempt_waiting_for_capacity_too_long_is_stopped_and_re_placed() -> 
     # Its FAILED event (terminated by Berth) arrives later: stale, nothing recorded twice.
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "stale"
     assert len(w.circuits.list()[0].failures) == 1
+
+
+def test_batchs_capacity_reason_shows_on_the_job_and_in_its_events_while_it_waits() -> None:
+    """Finding 9: a RUNNABLE job's ``statusReason`` (no capacity) is the job's reason, with an event,
+    while it waits; once per reason, not once per pass."""
+    w = CloudWorld(runnable_timeout_s=600)
+    job, token, bid = _submitted(w)
+    why = "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - Service cannot fulfill the capacity requested"
+    w.batch.set(bid, BatchStatus.RUNNABLE, reason=why)
+    w.clock.now += timedelta(seconds=60)
+    report = w.scheduler.run_pass()
+    assert report.cloud is not None and report.cloud.waits_noted == 1
+    waiting = w.job(job.id)
+    p = _placement(job)
+    assert waiting.status is S.STARTING and why in waiting.reason
+    assert waiting.reason.startswith(f"waiting for an instance in {p.region} {p.instance_type} (RUNNABLE")
+    events = w.jobs.events(job.id)
+    assert events[-1].reason == waiting.reason and events[-1].to is S.STARTING
+    w.clock.now += timedelta(seconds=60)
+    assert w.scheduler.run_pass().cloud.waits_noted == 0  # type: ignore[union-attr]
+    assert len(w.jobs.events(job.id)) == len(events)
+    assert not w.failures_of(token)  # still waiting: nothing failed
 
 
 def test_cancel_terminates_the_batch_job_and_ends_canceled() -> None:

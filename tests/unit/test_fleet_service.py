@@ -182,3 +182,22 @@ def test_explain_of_a_job_placed_while_it_reads_the_snapshot_says_where(world) -
     )
     assert out["outcome"] == "placed" and out["status"] == "STARTING", out
     assert [h["host_id"] for h in out["placement"]["hosts"]] == ["live"] and out["explanation"] is None
+
+
+def test_capacity_names_only_the_callers_own_tenants_job_ids(world) -> None:  # type: ignore[no-untyped-def]
+    """Finding 8a over the fakes: a member sees its own tenant's attempts on a host, an admin all."""
+    fleet, source, hosts, _ = world
+    ids = []
+    for i, tenant in enumerate(("vision", "nlp")):
+        job, event = new_job(new_job_id(NOW + timedelta(seconds=i)), tenant, "someone", _spec(gpus=1), NOW)
+        source.jobs.create(job, event, max_active=100)
+        ids.append(job.id)
+    mine, theirs = ids
+    hosts.hold("live", f"{mine}#1", ("live-0",), 1, 1)
+    hosts.hold("live", f"{theirs}#1", ("live-1",), 1, 1)
+
+    def attempts(caller: Caller) -> list[str]:
+        return {h["host_id"]: h for h in fleet.capacity(caller)["hosts"]}["live"]["attempts"]
+
+    assert attempts(ALICE) == [f"{mine}#1"]
+    assert attempts(ADMIN) == sorted([f"{mine}#1", f"{theirs}#1"])

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 
 from berth.domain.errors import NotFound
-from berth.domain.fleet import HostInventory
+from berth.domain.fleet import HostInventory, InventoryRefused
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import OnPremPlacement
 from berth.domain.status import JobStatus
 from berth.domain.workflow import (
+    AGENT_FAILURES,
+    FREE_CLOUD_API_FAILURES,
     Action,
     AttemptRef,
     AttemptReport,
@@ -26,6 +28,7 @@ from berth.domain.workflow import (
     FailureClass,
     HeartbeatRequest,
     ReportEvent,
+    agent_failure,
     classify,
     failure_from_error,
     retry_decision,
@@ -239,6 +242,75 @@ def test_retry_decisions_bound_attempts_and_back_off() -> None:
     assert preempted.action is Action.RETRY and not preempted.counted
     delays = [backoff.delay(n, random.Random(n)) for n in range(1, 12)]
     assert max(delays) <= 30
+
+
+def test_an_invalid_bundle_report_fails_the_job_for_good() -> None:
+    assert agent_failure("invalid_bundle") is Failure.INVALID_BUNDLE
+    assert Failure.INVALID_BUNDLE in AGENT_FAILURES
+    decision = retry_decision(Failure.INVALID_BUNDLE, "h0: broken", 0, 3, False, Backoff(), random.Random(1))
+    assert decision.action is Action.FAIL and decision.reason.startswith("InvalidBundle (permanent)")
+
+
+def test_the_reason_names_the_real_attempt_after_uncounted_failures() -> None:
+    """Four spot interruptions: the next attempt is attempt 5, whatever the counted failures are."""
+    rng = random.Random(3)
+    fifth = retry_decision(Failure.SPOT_INTERRUPTION, "x", 0, 3, False, Backoff(), rng, attempt=4)
+    assert "as attempt 5 (0 of 3 attempts failed, this one not counted)" in fifth.reason
+    assert "attempt 1 of 3" not in fifth.reason
+    counted = retry_decision(Failure.HOST_LOST, "x", 1, 3, False, Backoff(), rng, attempt=6)
+    assert "as attempt 7 (2 of 3 attempts failed)" in counted.reason
+    last = retry_decision(Failure.HOST_LOST, "x", 2, 3, False, Backoff(), rng, attempt=7)
+    assert "retries exhausted (3 of 3 attempts failed) after attempt 7" in last.reason
+
+
+def test_cloud_api_errors_back_off_before_they_use_attempts() -> None:
+    """A region outage: the first API failures use no attempt and each waits longer than the last."""
+    backoff = Backoff(base_s=2, cap_s=300)
+    attempts = range(1, FREE_CLOUD_API_FAILURES + 2)
+    decisions = [
+        retry_decision(
+            Failure.CLOUD_API,
+            "down",
+            0,
+            3,
+            False,
+            backoff,
+            random.Random(0),
+            attempt=n,
+            free_api_failures=n - 1,
+        )
+        for n in attempts
+    ]
+    assert [d.counted for d in decisions] == [False] * FREE_CLOUD_API_FAILURES + [True]
+    assert all(d.action is Action.RETRY for d in decisions)
+    ceilings = [min(300, 2 * 2 ** (n - 1)) for n in attempts]
+    assert all(d.backoff_s <= c for d, c in zip(decisions, ceilings, strict=True))
+    assert decisions[3].backoff_s > decisions[0].backoff_s  # uniform(2, 16) with this seed, not 2
+
+
+def test_classify_failure_keeps_the_free_api_failures_on_the_job() -> None:
+    w = World()
+    job = w.submit()
+    free = FREE_CLOUD_API_FAILURES
+    for n in range(1, free + 3):
+        job, _host = w.run_to_running(job)
+        assert job.attempts == n
+        w.workflow.classify_failure(job.id, n, Failure.CLOUD_API.error_name, "us-east-1: down")
+        after = w.job(job.id)
+        assert after.status is JobStatus.RETRYING and f"as attempt {n + 1}" in (after.reason or "")
+        assert (after.run.counted_failures, after.run.free_api_failures) == (max(0, n - free), min(n, free))
+        w.workflow.requeue(job.id)
+        job = w.job(job.id)
+
+
+def test_a_host_claiming_512_gpus_is_refused_and_changes_nothing() -> None:
+    """Finding 8c: an inventory is bounded: at most MAX_HOST_GPUS, and what the host first registered."""
+    w = World(hosts=1)
+    with pytest.raises(InventoryRefused):
+        w.register("h9", 512)
+    with pytest.raises(InventoryRefused):
+        w.register("h0", 9)  # registered with 8
+    assert [(h.host_id, h.gpus) for h in w.hosts.list_hosts()] == [("h0", 8)]
 
 
 # -- the scheduler service ---------------------------------------------------------------------

@@ -188,6 +188,16 @@ class BerthClient:
     def capacity(self) -> Any:
         return self.call("GET", "/v1/capacity")
 
+    def admit_host(self, host_id: str, gpu_type: str, gpus: int) -> Any:
+        body = {"gpu_type": gpu_type, "gpus": gpus}
+        return self.call("PUT", f"/v1/hosts/{_seg(host_id)}/admission", body=body)
+
+    def circuits(self) -> Any:
+        return self.call("GET", "/v1/circuits")
+
+    def reset_circuits(self, region: str, instance_type: str | None = None) -> Any:
+        return self.call("DELETE", f"/v1/circuits/{_seg(region)}", query={"instance_type": instance_type})
+
     def drain_host(self, host_id: str, drain: bool = True) -> Any:
         return self.call("PUT", f"/v1/hosts/{_seg(host_id)}/drain", body={"drain": drain})
 

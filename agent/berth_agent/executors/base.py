@@ -56,6 +56,7 @@ class FailureKind(StrEnum):
     OOM = "oom"
     BAD_IMAGE = "bad_image"
     STAGING = "staging"
+    INVALID_BUNDLE = "invalid_bundle"
     CANCELED = "canceled"
     AGENT_ERROR = "agent_error"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from berth.dal.errors import translated
 from berth.dal.models import circuits_model
-from berth.domain.cloud import circuit_key, record_circuit_event
+from berth.domain.cloud import circuit_key, record_circuit_event, reset_circuit_records
 from berth.domain.errors import Conflict, StoreUnavailable
 from berth.domain.ports import CircuitEntry
 
@@ -68,6 +68,23 @@ class DynamoCircuitRepository:
 
     def record_success(self, region: str, instance_type: str, at: float) -> None:
         self._record(region, instance_type, at, False)
+
+    def reset(self, region: str, instance_type: str | None) -> list[tuple[str, str]]:
+        R = self._Row
+        for _ in range(RETRIES):
+            version, circuits = self._read()
+            kept, gone = reset_circuit_records(circuits, region, instance_type)
+            if not gone:
+                return []
+            try:
+                with translated("reset circuits"):
+                    R(PK, version=version + 1, circuits=kept).save(condition=R.version == version)
+            except Conflict:
+                continue
+            for key in gone:
+                self._clean.pop(key, None)
+            return [(str(circuits[k]["region"]), str(circuits[k]["instance_type"])) for k in gone]
+        raise StoreUnavailable("the circuits kept changing; try again")
 
     def list(self) -> list[CircuitEntry]:
         _, circuits = self._read()

@@ -21,7 +21,7 @@ from pynamodb.transactions import TransactWrite
 from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
 from berth.domain.errors import Conflict, NotFound
-from berth.domain.fleet import Hold, HostInventory, HostRecord
+from berth.domain.fleet import Admission, Hold, HostInventory, HostRecord, admission_for
 
 #: Register retries when a hold or release lands between its read and its conditional write.
 REGISTER_RETRIES = 5
@@ -68,6 +68,9 @@ class DynamoHostRepository:
             version=int(row.version or 0),
             draining=bool(row.draining),
             drain_requested=bool(row.drain_requested),
+            admitted=None
+            if row.admitted_gpu_type is None or row.admitted_gpus is None
+            else Admission(gpu_type=row.admitted_gpu_type, gpus=int(row.admitted_gpus)),
         )
 
     def get(self, host_id: str) -> HostRecord | None:
@@ -86,6 +89,7 @@ class DynamoHostRepository:
         R = self._Row
         for _ in range(REGISTER_RETRIES):
             current = self.get(inventory.host_id)
+            admitted = admission_for(current, inventory)
             held = set() if current is None else current.held_gpu_ids
             missing = held - set(inventory.gpu_ids)
             if missing:
@@ -107,6 +111,8 @@ class DynamoHostRepository:
                 R.lease_expires_at.set(lease_expires_at),
                 R.free_gpu_ids.set(free) if free else R.free_gpu_ids.remove(),
                 R.version.set(version + 1),
+                R.admitted_gpu_type.set(admitted.gpu_type),
+                R.admitted_gpus.set(admitted.gpus),
             ]
             if current is None:
                 actions.append(R.holds.set({}))
@@ -229,6 +235,15 @@ class DynamoHostRepository:
         except Conflict:
             return False
         return True
+
+    def admit(self, host_id: str, admission: Admission) -> None:
+        R = self._Row
+        actions = [
+            R.admitted_gpu_type.set(admission.gpu_type),
+            R.admitted_gpus.set(admission.gpus),
+            R.version.add(1),
+        ]
+        self._update_existing(host_id, f"admit host {host_id}", actions)
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         R = self._Row

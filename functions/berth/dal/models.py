@@ -182,6 +182,8 @@ class HostRow(Model):
     version = NumberAttribute(null=True)
     draining = BooleanAttribute(null=True)
     drain_requested = BooleanAttribute(null=True)
+    admitted_gpu_type = UnicodeAttribute(null=True)
+    admitted_gpus = NumberAttribute(null=True)
 
 
 class RateRow(Model):

@@ -34,6 +34,8 @@ _SECRET_ARN_RE = re.compile(r"arn:[a-z-]+:secretsmanager:[a-z0-9-]*:[0-9]*:secre
 _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "INSUFFICIENTINSTANCECAPACITY")
 #: The launcher's exit code when the command ran past ``timeout_s`` (as ``timeout(1)``).
 TIMEOUT_EXIT_CODE = 124
+#: The launcher's exit code when the code bundle is a broken archive (``berth_agent.launch``).
+LAUNCHER_INVALID_BUNDLE_EXIT = 66
 #: Batch's own reason when ``attemptDurationSeconds`` ran out.
 _BATCH_TIMEOUT_REASON = "Job attempt duration exceeded timeout"
 REGION_WIDE = "*"
@@ -250,35 +252,98 @@ class CloudOutcome:
     circuit: tuple[str, str] | None = None
 
 
-def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
+#: Reasons a container could not start because of the job itself (its image, entry point or
+#: command): the same in every region, so permanent and never counted against a circuit.
+_JOB_START_MARKERS = (
+    "executable file not found",
+    "command not found",
+    "no such file or directory",
+    "exec format error",
+    "permission denied",
+    "not found in $path",
+    "invalid reference format",
+    "manifest unknown",
+    "manifest for",
+    "repository does not exist",
+    "pull access denied",
+    "not found: manifest",
+    "no such image",
+    "requested access to the resource is denied",
+    "unauthorized",
+    ": not found",
+)
+#: ... unless the instance names itself as why (its GPU driver, its disk, its network): the cloud's.
+_INSTANCE_START_MARKERS = (
+    "nvidia",
+    "no space left on device",
+    "devmapper",
+    "thin pool",
+    "toomanyrequests",
+    "timeout",
+    "deadline exceeded",
+    "connection reset",
+    "connection refused",
+)
+#: ECS/Batch reasons of a container that never started: the job's fault when a job marker names why,
+#: else the instance's (a GPU driver, a full disk, a Docker daemon that did not answer).
+_CONTAINER_START_ERRORS = (
+    "CannotPullContainerError",
+    "CannotStartContainerError",
+    "CannotCreateContainerError",
+    "CannotInspectContainerError",
+    "ResourceInitializationError",
+)
+
+
+def container_start_error(text: str) -> tuple[str, bool] | None:
+    """``(error name, the job's fault)`` when ``text`` says the container could not start, else None.
+    The job's fault: its image cannot be pulled as named, or its entry point or command does not exist
+    or cannot run (``CannotStartContainerError: ... executable file not found in $PATH``). Anything
+    else (``CannotInspectContainerError``, a driver or disk error, a registry timeout) is the cloud's."""
+    name = next((n for n in _CONTAINER_START_ERRORS if n in text), None)
+    if name is None:
+        return None
+    lower = text.lower()
+    if any(m in lower for m in _INSTANCE_START_MARKERS):
+        return name, False
+    return name, any(m in lower for m in _JOB_START_MARKERS)
+
+
+def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = False) -> CloudOutcome:
     """What a FAILED Batch job means (docs/cloud.md, failure mapping).
 
     The instance going away under the job (spot reclaimed it) is a spot interruption: transient, not
     counted, resumes from the last checkpoint. A capacity reason is ``Capacity``. A timeout (Batch's
     own, or the launcher's exit 124) is the job's ``Timeout``. Any other exit code is the job's
-    ``NonZeroExit`` (its retry rules). No exit code and no known reason: the cloud's fault
-    (``CloudApiError``: transient).
+    ``NonZeroExit`` (its retry rules). A container that could not start because of the job (an image
+    not found, an entry point or command that does not exist) is the job's ``BadImage`` (permanent,
+    no circuit); one that could not start for the instance's reasons, or no exit code and no known
+    reason, is the cloud's (``CloudApiError``: transient), counted against the (region, instance
+    type) circuit only: one instance type's trouble never closes a region to the others. A
+    ``launcher`` (code-bundle) job's exit 66 is the launcher's: a broken bundle, ``InvalidBundle``.
     """
     reason = job.status_reason or ""
-    text = " ".join(x for x in (reason, job.container_reason) if x).strip()
+    # Batch often repeats the reason as the container's: say it once
+    text = " ".join(dict.fromkeys(x.strip() for x in (reason, job.container_reason) if x.strip()))
     where = f"{placement.region} {placement.instance_type}"
+    own_circuit = (placement.region, placement.instance_type)
     if reason.startswith(TERMINATED_BY_BERTH):
         return CloudOutcome(Failure.CANCELED, f"{where}: {reason}")
     if _HOST_TERMINATED_RE.match(reason) or ("spot" in reason.lower() and "interrupt" in reason.lower()):
-        return CloudOutcome(
-            Failure.SPOT_INTERRUPTION, f"{where}: {text}", (placement.region, placement.instance_type)
-        )
+        return CloudOutcome(Failure.SPOT_INTERRUPTION, f"{where}: {text}", own_circuit)
     if any(m in text.upper().replace(" ", "_") for m in _CAPACITY_MARKERS):
-        return CloudOutcome(Failure.CAPACITY, f"{where}: {text}", (placement.region, placement.instance_type))
+        return CloudOutcome(Failure.CAPACITY, f"{where}: {text}", own_circuit)
     if job.exit_code == TIMEOUT_EXIT_CODE or reason.startswith(_BATCH_TIMEOUT_REASON):
         return CloudOutcome(Failure.TIMEOUT, f"{where}: {text or 'timed out'}")
+    if launcher and job.exit_code == LAUNCHER_INVALID_BUNDLE_EXIT:
+        return CloudOutcome(
+            Failure.INVALID_BUNDLE, f"{where}: exit code 66: the code bundle is a broken archive"
+        )
     if job.exit_code is not None and job.exit_code != 0:
         # Berth's words and where the output is (never the output: docs/security.md, reasons).
         named = parse_batch_job_name(job.name)
         pointer = f"; {logs_pointer(named[0])}" if named else ""
         return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: {exit_words(job.exit_code)}{pointer}")
-    if reason.startswith("CannotPullContainerError") or "CannotPullContainer" in text:
-        return CloudOutcome(Failure.BAD_IMAGE, f"{where}: {text}")
     if "ResourceInitializationError" in text and "secret" in text.lower():
         # ECS could not read a secret the definition names with the execution role (missing, or not
         # the tenant's): the job's own mistake, the same everywhere, so never retried.
@@ -288,9 +353,14 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement) -> CloudOutcome:
         return CloudOutcome(
             Failure.INVALID_SPEC, f"{where}: a secret could not be read (ResourceInitializationError): {why}"
         )
-    return CloudOutcome(
-        Failure.CLOUD_API, f"{where}: {text or 'the Batch job failed'}", (placement.region, REGION_WIDE)
-    )
+    start = container_start_error(text)
+    if start is not None and start[1]:
+        return CloudOutcome(Failure.BAD_IMAGE, f"{where}: the container could not start ({text})")
+    if start is not None:
+        return CloudOutcome(
+            Failure.CLOUD_API, f"{where}: the instance could not start it ({text})", own_circuit
+        )
+    return CloudOutcome(Failure.CLOUD_API, f"{where}: {text or 'the Batch job failed'}", own_circuit)
 
 
 # -- the submission ---------------------------------------------------------------------------------
@@ -561,6 +631,7 @@ __all__ = [
     "batch_job_name",
     "batch_job_task",
     "batch_secrets",
+    "container_start_error",
     "execution_role_name",
     "expected_batch_name",
     "failed_outcome",
@@ -618,3 +689,17 @@ def record_circuit_event(
     }
     out[key] = entry
     return out
+
+
+def reset_circuit_records(
+    circuits: dict[str, dict[str, Any]], region: str, instance_type: str | None
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``circuits`` without the records an admin reset, and their keys: one (region, instance type
+    or ``'*'``), or with ``instance_type`` None every circuit of the region (its API's and each
+    instance type's). A reset circuit is closed: its failures are gone. Pure."""
+    gone = sorted(
+        k
+        for k, v in circuits.items()
+        if v.get("region") == region and (instance_type is None or v.get("instance_type") == instance_type)
+    )
+    return {k: dict(v) for k, v in circuits.items() if k not in gone}, gone

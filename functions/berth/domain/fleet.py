@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.domain.errors import Forbidden
+
 #: Host ids name the host's work queue (``berth-host-<host id>``) and its IAM tag, so they use only
 #: what an SQS queue name allows.
 HOST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
@@ -85,6 +87,54 @@ class HostInventory(_Frozen):
         return self
 
 
+#: The most GPUs one host may register with (the largest servers carry 8 or 16): a host claiming more
+#: is refused, whatever it says.
+MAX_HOST_GPUS = 16
+
+
+class Admission(_Frozen):
+    """What a host may register at most: its GPU type and count. Fixed by its first registration (or
+    by an admin); a later registration may report fewer GPUs (one failed), never more or another
+    type, until an admin admits more."""
+
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32)]
+    gpus: Annotated[int, Field(ge=0, le=MAX_HOST_GPUS)]
+
+
+class InventoryRefused(Forbidden):
+    """A host registered more (or other) GPUs than it was admitted with, or more than any host has."""
+
+    code = "InventoryRefused"
+
+
+def admission_for(current: HostRecord | None, inventory: HostInventory) -> Admission:
+    """The admission the host keeps after registering ``inventory``: the first registration fixes it
+    (at most ``MAX_HOST_GPUS``); a host registered before admissions were kept is admitted with what
+    it had. Raises ``InventoryRefused`` for more GPUs, or another type, than admitted."""
+    count = len(inventory.gpu_ids)
+    if count > MAX_HOST_GPUS:
+        raise InventoryRefused(
+            f"host {inventory.host_id!r} registered {count} GPUs; a host has at most {MAX_HOST_GPUS}",
+            details={"gpus": count, "max": MAX_HOST_GPUS},
+        )
+    if current is None:
+        return Admission(gpu_type=inventory.gpu_type, gpus=count)
+    admitted = current.admitted or Admission(
+        gpu_type=current.inventory.gpu_type, gpus=min(MAX_HOST_GPUS, current.gpus)
+    )
+    if inventory.gpu_type != admitted.gpu_type or count > admitted.gpus:
+        raise InventoryRefused(
+            f"host {inventory.host_id!r} registered {count} {inventory.gpu_type} GPUs; it is admitted "
+            f"with at most {admitted.gpus} {admitted.gpu_type}: an admin must admit more "
+            f"(berth admit {inventory.host_id} --gpu-type {inventory.gpu_type} --gpus {count})",
+            details={
+                "admitted": admitted.model_dump(),
+                "registered": {"gpu_type": inventory.gpu_type, "gpus": count},
+            },
+        )
+    return admitted
+
+
 class HostRecord(_Frozen):
     """A host as stored: inventory, health, lease expiry, and the holds of running attempts."""
 
@@ -98,6 +148,8 @@ class HostRecord(_Frozen):
     """Its agent said it takes no new work (its heartbeat's ``draining``); reset on registration."""
     drain_requested: bool = False
     """An operator asked it to drain: heartbeats answer a ``drain`` directive; survives registration."""
+    admitted: Admission | None = None
+    """What it may register at most (``admission_for``); None: a host stored before admissions were."""
 
     @property
     def host_id(self) -> str:

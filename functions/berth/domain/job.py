@@ -103,6 +103,16 @@ class Job(BaseModel):
         event = JobEvent(job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=to, reason=reason)
         return nxt, event
 
+    def noted(self, reason: str, now: datetime) -> tuple[Job, JobEvent]:
+        """The next version with a new reason and an event for it, the status unchanged (``from`` and
+        ``to`` the same): something worth telling about a job that waits, e.g. why Batch has no
+        instance for it yet."""
+        nxt = self.model_copy(update={"reason": reason, "updated_at": now, "version": self.version + 1})
+        event = JobEvent(
+            job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=self.status, reason=reason
+        )
+        return nxt, event
+
     def updated(self, now: datetime, **changes: Any) -> Job:
         """The next version of this job without a status change (no event)."""
         return self.model_copy(update={"updated_at": now, "version": self.version + 1, **changes})

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
-from berth.domain.fleet import HoldRequest, HostInventory, HostRecord, StoredDocument
+from berth.domain.fleet import Admission, HoldRequest, HostInventory, HostRecord, StoredDocument
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES
@@ -109,7 +109,13 @@ class HostRepository(Protocol):
 
     def register(self, inventory: HostInventory, lease_expires_at: datetime) -> HostRecord:
         """Create the host or replace its inventory (keeping the holds of running attempts and only
-        its own attributes); healthy, with this lease. Conflict if a held GPU would disappear."""
+        its own attributes); healthy, with this lease. Conflict if a held GPU would disappear;
+        ``InventoryRefused`` beyond its admission (``berth.domain.fleet.admission_for``, which the
+        first registration fixes)."""
+
+    def admit(self, host_id: str, admission: Admission) -> None:
+        """Set what the host may register at most (an admin's decision); NotFound for an unknown
+        host. Its current inventory is left as it is (the next registration is checked against it)."""
 
     def heartbeat(
         self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
@@ -346,6 +352,12 @@ class CircuitRepository(Protocol):
         """Add a failure (epoch seconds); old failures are pruned (only recent ones decide)."""
 
     def record_success(self, region: str, instance_type: str, at: float) -> None: ...
+
+    def reset(self, region: str, instance_type: str | None) -> list[tuple[str, str]]:
+        """Forget the failures of one circuit (``instance_type``: a type or ``'*'``) or, with None,
+        of every circuit of the region (an admin closing them); the ``(region, instance type)`` of
+        each circuit reset, none when there was nothing to reset."""
+        ...
 
     def list(self) -> list[CircuitEntry]: ...
 

@@ -42,6 +42,9 @@ class Failure(StrEnum):
     CANCELED = "Canceled"
     COST_LIMIT = "CostLimit"
     """The job's ``max_cost_usd`` would be exceeded: the scheduler stopped it (never retried)."""
+    INVALID_BUNDLE = "InvalidBundle"
+    """The job's code bundle is a broken archive (corrupt, truncated, not an archive, unsafe to
+    unpack): the same on every host, so never retried."""
 
     @property
     def error_name(self) -> str:
@@ -72,10 +75,17 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
     Failure.OOM: FailureClass.PERMANENT,
     Failure.CANCELED: FailureClass.CANCELED,
     Failure.COST_LIMIT: FailureClass.PERMANENT,
+    Failure.INVALID_BUNDLE: FailureClass.PERMANENT,
 }
 
 #: Transient failures that are not the job's fault and do not use up one of its attempts.
 NOT_COUNTED = frozenset({Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED})
+#: A job's first this many ``CloudApiError`` failures (a region's API failing or refusing, an instance
+#: that could not start the container) use up none of its attempts: they back off (by attempt
+#: number, below) while the circuits open and steer the pass elsewhere; later ones count. Six: enough
+#: for one job alone to open the circuits of the two regions a GPU type is typically offered in
+#: (3 failures each, policy ``circuit``) before its attempts are touched; then it waits, queued.
+FREE_CLOUD_API_FAILURES = 6
 #: Failures that exclude the failed host (or region) from the next placement.
 EXCLUDES_LOCATION = frozenset(
     {
@@ -158,11 +168,20 @@ def retry_decision(
     canceling: bool,
     backoff: Backoff,
     rng: random.Random,
+    *,
+    attempt: int = 1,
+    free_api_failures: int = 0,
 ) -> RetryDecision:
-    """What the workflow does after an attempt failed: retry after a backoff, fail, or end canceled.
+    """What the workflow does after attempt ``attempt`` failed: retry after a backoff, fail, or end
+    canceled.
 
-    ``counted_failures`` is how many earlier failures used up an attempt. A job being canceled ends
-    canceled whatever stopped it.
+    ``counted_failures`` is how many earlier failures used up an attempt; ``free_api_failures`` how
+    many earlier ``CloudApiError`` failures did not (``FREE_CLOUD_API_FAILURES``). The backoff grows
+    with ``attempt`` (every attempt before this one failed too), so failures that do not count (spot
+    interruptions, capacity, a region's API down) still back off rather than retry every 2 s. The
+    reason names the attempt that comes next and the counted failures apart: a fifth attempt after
+    four spot interruptions is ``attempt 5``, with ``0 of 3`` counted failures. A job being canceled
+    ends canceled whatever stopped it.
     """
     klass = classify(failure)
     text = f"{failure.value} ({klass.value}): {detail}".rstrip(": ")
@@ -172,22 +191,25 @@ def retry_decision(
         )
     if klass is FailureClass.PERMANENT:
         return RetryDecision(Action.FAIL, failure, klass, text)
-    counted = failure not in NOT_COUNTED
+    counted = failure not in NOT_COUNTED and not (
+        failure is Failure.CLOUD_API and free_api_failures < FREE_CLOUD_API_FAILURES
+    )
     used = counted_failures + (1 if counted else 0)
     if used >= max_attempts:
         return RetryDecision(
             Action.FAIL,
             failure,
             klass,
-            f"{text}; retries exhausted ({used} of {max_attempts} attempts failed)",
+            f"{text}; retries exhausted ({used} of {max_attempts} attempts failed) after attempt {attempt}",
             counted=counted,
         )
-    delay = backoff.delay(max(1, used), rng)
+    delay = backoff.delay(max(1, attempt, used), rng)
+    tally = f"{used} of {max_attempts} attempts failed" + ("" if counted else ", this one not counted")
     return RetryDecision(
         Action.RETRY,
         failure,
         klass,
-        f"{text}; retrying in {delay} s (attempt {used + 1} of {max_attempts})",
+        f"{text}; retrying in {delay} s as attempt {attempt + 1} ({tally})",
         backoff_s=delay,
         counted=counted,
     )
@@ -224,6 +246,8 @@ class RunState(_Model):
     stop: str | None = None
     """Why the scheduler stopped the current attempt (preemption, repatriation): a stop directive."""
     counted_failures: int = 0
+    free_api_failures: int = 0
+    """``CloudApiError`` failures that used up no attempt (``FREE_CLOUD_API_FAILURES``)."""
     excluded_hosts: tuple[str, ...] = ()
     excluded_regions: tuple[str, ...] = ()
     last_failure: str | None = None
@@ -295,6 +319,7 @@ AGENT_FAILURES = frozenset(
         Failure.AGENT_ERROR,
         Failure.INVALID_SPEC,
         Failure.PREEMPTED,
+        Failure.INVALID_BUNDLE,
     }
 )
 
@@ -307,10 +332,19 @@ _AGENT_FAILURE_NAMES = {
     "agent_error": Failure.AGENT_ERROR,
     "invalid_spec": Failure.INVALID_SPEC,
     "preempted": Failure.PREEMPTED,
+    "invalid_bundle": Failure.INVALID_BUNDLE,
 }
 
 AgentFailureName = Literal[
-    "nonzero_exit", "bad_image", "staging", "timeout", "oom", "agent_error", "invalid_spec", "preempted"
+    "nonzero_exit",
+    "bad_image",
+    "staging",
+    "timeout",
+    "oom",
+    "agent_error",
+    "invalid_spec",
+    "preempted",
+    "invalid_bundle",
 ]
 
 

@@ -54,6 +54,7 @@ from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.arrays import ArrayService
+from berth.logic.circuits import INSTANCE_TYPE_RE, REGION_RE, CircuitService
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
@@ -728,6 +729,80 @@ def put_host_drain(
     ],
 ) -> Response[Any]:
     return _json(200, _fleet().drain(_caller(), host, body))
+
+
+@app.put(
+    "/v1/hosts/<host>/admission",
+    summary="Admit what an on-prem host may register at most (admins only): its GPU type and count. "
+    "Its first registration fixes them; more, or another type, is refused until an admin admits it",
+    responses={
+        200: {
+            "description": "The host's admission",
+            "content": {"application/json": {"model": schemas.AdmitOut}},
+        },
+        **schemas.error_responses(400, 403, 404, 415, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def put_host_admission(
+    host: HostId,
+    body: Annotated[
+        dict[str, Any],
+        Body(
+            embed=False,
+            description='{"gpu_type": "H200", "gpus": 8}',
+            examples=[{"gpu_type": "H200", "gpus": 8}],
+        ),
+    ],
+) -> Response[Any]:
+    return _json(200, _fleet().admit(_caller(), host, body))
+
+
+def _circuits() -> CircuitService:
+    return CircuitService(runtime.snapshot_source())
+
+
+@app.get(
+    "/v1/circuits",
+    summary="The cloud's circuits (admins only): each (region, instance type or `*`) with a record, "
+    "its state, recent failures and last success",
+    responses={
+        200: {"description": "The circuits", "content": {"application/json": {"model": schemas.CircuitsOut}}},
+        **schemas.error_responses(403, 429),
+    },
+    tags=["fleet and policy"],
+)
+def get_circuits() -> Response[Any]:
+    return _json(200, _circuits().show(_caller()))
+
+
+Region = Annotated[str, Path(pattern=REGION_RE.pattern, description="An AWS region, e.g. us-east-1")]
+
+
+@app.delete(
+    "/v1/circuits/<region>",
+    summary="Reset (close) a region's circuits, or one of them with `instance_type` (admins only): "
+    "their failures are forgotten and the next pass places there again",
+    responses={
+        200: {
+            "description": "The circuits reset",
+            "content": {"application/json": {"model": schemas.CircuitResetOut}},
+        },
+        **schemas.error_responses(403, 404, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def delete_circuits(
+    region: Region,
+    instance_type: Annotated[
+        str | None,
+        Query(
+            pattern=INSTANCE_TYPE_RE.pattern,
+            description="Only this instance type's circuit (`*`: the region's API circuit); default: all",
+        ),
+    ] = None,
+) -> Response[Any]:
+    return _json(200, _circuits().reset(_caller(), region, instance_type))
 
 
 # -- errors ---------------------------------------------------------------------------------------

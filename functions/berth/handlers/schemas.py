@@ -114,6 +114,42 @@ class CapacityOut(BaseModel):
     policy_version: int
 
 
+class CircuitOut(BaseModel):
+    region: str
+    instance_type: str = Field(description="An instance type, or `*` for the region's Batch API")
+    state: str = Field(description="`closed`, `half-open` or `open`: this circuit's own")
+    effective_state: str = Field(description="What placement sees: the worse of this and the region's `*`")
+    recent_failures: int = Field(description="Failures since the last success within the rule's window")
+    last_failure_at: str | None
+    last_success_at: str | None
+
+
+class CircuitsOut(BaseModel):
+    as_of: str
+    enabled: bool = Field(description="Whether the cloud is enabled (no circuits are kept otherwise)")
+    rule: dict[str, Any] = Field(description="The stored policy's `circuit` rule")
+    circuits: list[CircuitOut]
+
+
+class CircuitKeyOut(BaseModel):
+    region: str
+    instance_type: str
+
+
+class CircuitResetOut(BaseModel):
+    reset: list[CircuitKeyOut] = Field(description="The circuits closed")
+
+
+class AdmissionOut(BaseModel):
+    gpu_type: str
+    gpus: int
+
+
+class AdmitOut(BaseModel):
+    host_id: str
+    admitted: AdmissionOut = Field(description="What the host's registrations may report at most")
+
+
 class DrainOut(BaseModel):
     host_id: str
     drain_requested: bool

@@ -316,7 +316,7 @@ class CloudDispatchService:
                 return "succeeded"
             return "answered"
         if bj.status is BatchStatus.FAILED:
-            outcome = failed_outcome(bj, placement)
+            outcome = failed_outcome(bj, placement, launcher=not job.spec.image)
             if token and self.tokens.fail(token, outcome.failure.error_name, outcome.detail):
                 if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.stop:
                     self.circuits.record_failure(*outcome.circuit, self._now())

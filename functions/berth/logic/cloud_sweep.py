@@ -11,6 +11,9 @@ Each pass looks at every placed cloud attempt through DescribeJobs (100 ids a ca
 - a Batch outcome whose event was missed (none came within ``event_grace_s`` of its ``stoppedAt``) is
   reconciled as the event would have been (and the log stream Batch named for the attempt is recorded
   on the job if it is not yet); a younger one is left to its event, so the token is answered once;
+- an attempt waiting for an instance whose Batch job names why (``CAPACITY:INSUFFICIENT_INSTANCE_
+  CAPACITY - ...`` in a RUNNABLE job's ``statusReason``) gets that reason on the job, with an event,
+  each time it changes: the wait is visible while it lasts, not only once it timed out;
 - a region whose API fails counts a region-wide circuit failure; an attempt not yet running in a
   region whose circuit the core holds open fails as ``CloudApiError`` and is re-placed elsewhere.
 """
@@ -28,6 +31,7 @@ from berth.domain.cloud import (
     BatchJob,
     CloudError,
 )
+from berth.domain.errors import Conflict
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
@@ -37,6 +41,8 @@ from berth.logic.cloud_dispatch import CloudDispatchService, cloud_attempt, subm
 S = JobStatus
 #: DescribeJobs takes at most 100 ids.
 DESCRIBE_BATCH = 100
+#: The most of Batch's reason a waiting job's reason quotes.
+WAIT_REASON_CHARS = 200
 
 
 @dataclass
@@ -49,6 +55,7 @@ class SweepReport:
     reconciled: int = 0
     region_errors: list[str] = field(default_factory=list)
     failed_over: int = 0
+    waits_noted: int = 0
 
 
 @dataclass(frozen=True)
@@ -147,12 +154,31 @@ class CloudSweep:
                 report.capacity_timeouts += 1
             self._terminate(job, bj.batch_job_id, "no capacity", report)
             return
+        if bj.status.is_queued and bj.status_reason and job.status is S.STARTING:
+            self._note_wait(job, bj, placement, now, report)
+            return
         if self._event_due(bj, now):
             return  # its own state-change event answers the token (once)
         if bj.status.is_terminal or (bj.status.value == "RUNNING" and job.status is S.STARTING):
             report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded", "running"))
         elif bj.log_stream and job.run.log_stream_of(job.attempts) is None:
             svc.record_log_stream(job, bj)  # its event was missed: the logs route needs the stream
+
+    def _note_wait(
+        self, job: Job, bj: BatchJob, placement: CloudPlacement, now: datetime, report: SweepReport
+    ) -> None:
+        """Put Batch's reason for the wait on the job (and in its events) when it is new."""
+        why = bj.status_reason.strip()[:WAIT_REASON_CHARS]
+        where = f"{placement.region} {placement.instance_type}"
+        reason = f"waiting for an instance in {where} ({bj.status.value}: {why})"
+        if job.reason == reason:
+            return
+        nxt, event = job.noted(reason, now)
+        try:
+            self.service.jobs.save(nxt, event)
+        except Conflict:
+            return  # the job moved meanwhile: the next pass looks again
+        report.waits_noted += 1
 
     def _event_due(self, bj: BatchJob, now: datetime) -> bool:
         """A Batch outcome younger than ``event_grace_s``: its state-change event is on its way."""

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from berth.domain.errors import Conflict, Forbidden, Infeasible, NotFound, ValidationFailed
-from berth.domain.fleet import StoredDocument
+from berth.domain.fleet import MAX_HOST_GPUS, Admission, StoredDocument
 from berth.domain.job import Job
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import TenantRecord
@@ -198,10 +198,28 @@ class FleetService:
         self.clear_cache()
         return {"host_id": host_id, "drain_requested": drain}
 
+    def admit(self, caller: Caller, host_id: str, body: Any) -> dict[str, Any]:
+        """An admin's admission of a host (body ``{"gpu_type": "H200", "gpus": 8}``): what its
+        registrations may report at most from now on (its first registration fixed it before). The
+        GPUs it has now are not changed: its agent's next registration is checked against it."""
+        if not caller.is_admin:
+            raise Forbidden("only admins may admit host inventory")
+        try:
+            admission = Admission.model_validate(body, strict=True)
+        except ValidationError as exc:
+            raise ValidationFailed(
+                f'the body is {{"gpu_type": "<model>", "gpus": 0..{MAX_HOST_GPUS}}}',
+                details=_validation_details(exc),
+            ) from exc
+        self.source.hosts.admit(host_id, admission)
+        return {"host_id": host_id, "admitted": admission.model_dump()}
+
     def capacity(self, caller: Caller) -> dict[str, Any]:
-        """Pools, hosts, free and used GPUs; cloud regions and their circuit state."""
-        del caller
+        """Pools, hosts, free and used GPUs; cloud regions and their circuit state. Each host's
+        ``attempts`` (``<job id>#<attempt>``) name only the caller's own tenant's jobs, unless the
+        caller is an admin: another team's job ids are not a member's to see."""
         fleet = self.source.fleet()
+        visible = self._visible_attempts(caller, [k for rec in fleet.records for k in rec.holds])
         now = self.source.clock()
         pools: dict[str, dict[str, Any]] = {}
         for rec in fleet.records:
@@ -235,7 +253,8 @@ class FleetService:
                 "lease_expires_at": None
                 if rec.lease_expires_at is None
                 else rec.lease_expires_at.isoformat(),
-                "attempts": sorted(rec.holds),
+                "attempts": sorted(k for k in rec.holds if k in visible),
+                "admitted_gpus": None if rec.admitted is None else rec.admitted.gpus,
             }
             for rec in fleet.records
         ]
@@ -275,6 +294,19 @@ class FleetService:
                 "regions": region_rows,
             },
             "policy_version": fleet.policy_version,
+        }
+
+    def _visible_attempts(self, caller: Caller, keys: list[str]) -> set[str]:
+        """The hold keys ``caller`` may see: all for an admin, else those of its tenant's jobs (one
+        batch read of the held jobs; a hold whose job is not found is shown to admins only)."""
+        if caller.is_admin:
+            return set(keys)
+        job_ids = {k.rpartition("#")[0] for k in keys}
+        jobs = self.source.jobs.get_many(sorted(job_ids)) if job_ids else {}
+        return {
+            k
+            for k in keys
+            if (job := jobs.get(k.rpartition("#")[0])) is not None and job.tenant == caller.tenant
         }
 
 

@@ -252,7 +252,10 @@ class WorkflowService:
                 canceling,
                 self.settings.backoff,
                 self.rng,
+                attempt=job.attempts,
+                free_api_failures=job.run.free_api_failures,
             )
+            free_api = failure is Failure.CLOUD_API and not decision.counted
             cost = self._end_attempt(job, now)
             run = job.run.model_copy(
                 update={
@@ -264,6 +267,7 @@ class WorkflowService:
                     "cost_at": None,
                     "last_failure": decision.reason,
                     "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
+                    "free_api_failures": job.run.free_api_failures + (1 if free_api else 0),
                     "excluded_hosts": _excluded(job, failure),
                     "excluded_regions": _excluded_regions(job, failure),
                 }

@@ -66,3 +66,24 @@ def test_interleaved_writers_keep_every_record(circuits: tuple[CircuitRepository
     entries = {(e.region, e.instance_type): e for e in a.list()}
     assert len(entries[("eu-west-1", "*")].failures) == 5
     assert len(entries[("eu-west-1", "g6.xlarge")].failures) == 5
+
+
+def test_an_admin_reset_forgets_one_circuit_or_a_whole_region(
+    circuits: tuple[CircuitRepository, CircuitRepository],
+) -> None:
+    repo, other = circuits
+    for t in (1.0, 2.0, 3.0):
+        repo.record_failure("us-east-1", "p5.48xlarge", t)
+        repo.record_failure("us-east-1", "*", t)
+        repo.record_failure("us-west-2", "p5.48xlarge", t)
+    assert other.reset("us-east-1", "p5.48xlarge") == [("us-east-1", "p5.48xlarge")]
+    assert {(e.region, e.instance_type) for e in repo.list()} == {
+        ("us-east-1", "*"),
+        ("us-west-2", "p5.48xlarge"),
+    }
+    assert other.reset("us-east-1", "p5.48xlarge") == []  # nothing left to reset
+    repo.record_failure("us-east-1", "g5.xlarge", 4.0)
+    assert other.reset("us-east-1", None) == [("us-east-1", "*"), ("us-east-1", "g5.xlarge")]
+    assert [(e.region, e.instance_type) for e in repo.list()] == [("us-west-2", "p5.48xlarge")]
+    repo.record_failure("us-east-1", "*", 5.0)  # a reset circuit records failures again
+    assert [e.failures for e in repo.list() if e.region == "us-east-1"] == [(5.0,)]

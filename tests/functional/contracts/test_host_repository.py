@@ -150,3 +150,30 @@ def test_draining_comes_from_heartbeats_and_a_drain_request_survives_registratio
     assert rec is not None and not rec.drain_requested and rec.schedulable(T0)
     with pytest.raises(NotFound):
         store.hosts.request_drain("nope", True)
+
+
+def test_the_first_registration_bounds_what_a_host_may_register(store: Store) -> None:
+    """Finding 8c: a host's inventory is bounded by what it was admitted with: its first registration
+    (at most MAX_HOST_GPUS), or what an admin admitted since. It may shrink (a GPU failed), never grow
+    or change type on its own say."""
+    from berth.domain.fleet import MAX_HOST_GPUS, Admission, InventoryRefused
+
+    with pytest.raises(InventoryRefused):
+        store.hosts.register(_inventory("big", gpus=tuple(f"G-{i}" for i in range(512)), gpu_type="H200"), T0)
+    assert store.hosts.get("big") is None
+    rec = store.hosts.register(_inventory(), T0)
+    assert rec.admitted == Admission(gpu_type="A100", gpus=4)
+    shrunk = store.hosts.register(_inventory(gpus=GPUS[:3]), T0)  # one GPU failed
+    assert shrunk.gpus == 3 and shrunk.admitted == Admission(gpu_type="A100", gpus=4)
+    assert store.hosts.register(_inventory(), T0).gpus == 4  # and came back
+    more = (*GPUS, "GPU-4")
+    with pytest.raises(InventoryRefused):
+        store.hosts.register(_inventory(gpus=more), T0)
+    with pytest.raises(InventoryRefused):
+        store.hosts.register(_inventory(gpu_type="H200"), T0)
+    after = store.hosts.get("h1")
+    assert after is not None and after.gpus == 4 and after.inventory.gpu_type == "A100"
+    store.hosts.admit("h1", Admission(gpu_type="A100", gpus=5))  # an admin approves the fifth
+    assert store.hosts.register(_inventory(gpus=more), T0).gpus == 5
+    with pytest.raises(NotFound):
+        store.hosts.admit("nope", Admission(gpu_type="A100", gpus=MAX_HOST_GPUS))

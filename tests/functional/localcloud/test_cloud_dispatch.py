@@ -94,6 +94,14 @@ def test_logs_of_a_cloud_job_waiting_for_capacity_are_empty_with_a_reason(cloud:
         assert status == 200 and isinstance(page, dict), page
         assert page["events"] == [] and page["next_token"] is None and page["status"] == "STARTING", page
         assert "AWS Batch names the log stream" in page["reason"], page
+        # Batch's capacity reason (the local Batch gives it after a few seconds) is the job's reason
+        # and in its events while it waits (finding 9)
+        waiting = wait_for(
+            cloud, job_id, lambda j: "INSUFFICIENT_INSTANCE_CAPACITY" in j["reason"], timeout=30
+        )
+        assert waiting["status"] == "STARTING" and "waiting for an instance in us-east-1" in waiting["reason"]
+        _, events = cloud.request("GET", f"/v1/jobs/{job_id}/events", "alice")
+        assert any("INSUFFICIENT_INSTANCE_CAPACITY" in e["reason"] for e in events["events"]), events
     finally:
         faults.FAULTS.clear()
         faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})  # the module's standing fault
@@ -168,3 +176,26 @@ def test_compute_environments_are_per_family_so_one_familys_shortage_spares_the_
     done = wait_for(cloud, a10g, status_in("COMPLETED", "FAILED"), timeout=60)
     assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
     assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["SUCCEEDED"]
+
+
+def test_a_command_that_does_not_exist_fails_the_job_and_no_circuit(cloud: LocalCloud) -> None:
+    """Finding 9, as reported: a cloud job whose command does not exist cannot start its container
+    (``CannotStartContainerError``). That is the job's mistake: it fails at once as ``BadImage``
+    (permanent, one attempt) and no circuit hears of it, so every other team keeps the region."""
+    spec = {**_cloud_spec(regions=["us-east-1"]), "command": ["berth-no-such-command"]}
+    job_id = submit(cloud, spec)
+    done = wait_for(
+        cloud,
+        job_id,
+        lambda j: (
+            j["status"] in ("COMPLETED", "FAILED", "RETRYING") or (j["status"] == "QUEUED" and j["attempts"])
+        ),
+        timeout=60,
+    )
+    _, evs = cloud.request("GET", f"/v1/jobs/{job_id}/events", "alice")
+    assert done["status"] == "FAILED" and done["attempts"] == 1, (done, evs)
+    assert done["reason"].startswith("BadImage (permanent)") and "CannotStartContainerError" in done["reason"]
+    status, circuits = cloud.request("GET", "/v1/circuits", "admin")
+    assert status == 200 and isinstance(circuits, dict), circuits
+    east = [c for c in circuits["circuits"] if c["region"] == "us-east-1" and c["recent_failures"]]
+    assert east == [], east

@@ -160,6 +160,38 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
     assert list((tmp_path / "work").iterdir()) == [tmp_path / "work" / ".attempts"]  # job dir removed
 
 
+def _corrupt_zip(tmp_path: Path) -> bytes:
+    """A zip whose directory is sound but whose member's compressed data is garbage (as a truncated
+    or damaged upload leaves it): ``is_zipfile`` says yes, extracting it fails."""
+    import io as _io
+    import zipfile
+
+    buf = _io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("train.py", "print('never')\n" * 200)
+    data = bytearray(buf.getvalue())
+    start = 30 + len("train.py")  # the first member's data, after its local header
+    data[start : start + 40] = b"\xff" * 40
+    return bytes(data)
+
+
+def test_a_corrupt_zip_bundle_fails_at_once_as_invalid_bundle(tmp_path: Path) -> None:
+    """Finding 8b: a corrupt zip is reported (permanent ``invalid_bundle``) and frees the GPU at once,
+    rather than escaping the attempt and ending as a heartbeat timeout."""
+    import hashlib
+
+    data = _corrupt_zip(tmp_path)
+    digest = hashlib.sha256(data).hexdigest()
+    api, io = FakeApi(_spec(digest)), FakeIO({digest: data})
+    runner = _runner(tmp_path, api, io)
+    outcome = runner.run(MSG)
+    assert not outcome.ran and outcome.result is not None
+    assert outcome.result.failure is FailureKind.INVALID_BUNDLE
+    assert [(r["event"], r["failure"]) for r in api.reports] == [("failed", "invalid_bundle")]
+    assert "broken archive" in api.reports[0]["message"]
+    assert runner.running() == [] and runner.ledger.entries() == [] and io.events == []
+
+
 def test_a_retried_attempt_gets_its_checkpoints_back(tmp_path: Path) -> None:
     script = "import os; print(open(os.path.join(os.environ['BERTH_CHECKPOINT_DIR'], 'step-7')).read())"
     digest, data = _bundle(tmp_path, script)

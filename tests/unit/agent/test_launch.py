@@ -111,6 +111,29 @@ def test_bundle_digest_mismatch_is_refused_and_nothing_runs(tmp_path: Path) -> N
     assert not marker.exists()
 
 
+def test_a_corrupt_zip_bundle_exits_invalid_bundle_and_nothing_runs(tmp_path: Path) -> None:
+    """Finding 8b on the cloud: a broken archive is the launcher's own exit code 66 with a reason on
+    stderr, never a traceback (the control plane reads 66 as the permanent ``InvalidBundle``)."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("train.py", "print('never')\n" * 200)
+    data = bytearray(buf.getvalue())
+    start = 30 + len("train.py")
+    data[start : start + 40] = b"\xff" * 40
+    digest = hashlib.sha256(bytes(data)).hexdigest()
+    spec = _spec(
+        code={"uri": "s3://artifacts/b.zip", "digest": f"sha256:{digest}"},
+        command=[sys.executable, "train.py"],
+    )
+    code, out, err = _run(tmp_path, spec, FakeIO(bytes(data)))
+    from berth.domain.cloud import LAUNCHER_INVALID_BUNDLE_EXIT
+
+    assert code == launch.EXIT_INVALID_BUNDLE == LAUNCHER_INVALID_BUNDLE_EXIT and out == ""
+    assert "berth-launch: invalid bundle" in err and "Traceback" not in err
+
+
 def test_data_is_staged_at_its_mount_and_outputs_and_checkpoints_are_synced(tmp_path: Path) -> None:
     fake = FakeIO()
     fake.data["s3://data/vision/sets/x.txt"] = b"payload"

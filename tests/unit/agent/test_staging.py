@@ -9,6 +9,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -308,3 +309,31 @@ def test_stage_bundle_removes_the_archive_even_when_the_digest_is_wrong(tmp_path
         stage_bundle(lambda path: path.write_bytes(b"not the bundle"), "0" * 64, archive, tmp_path / "work")
     assert not archive.exists()
     assert not (tmp_path / "work").exists()  # nothing unpacked
+
+
+def _broken_zip() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("train.py", "print('x')\n" * 200)
+    data = bytearray(buf.getvalue())
+    start = 30 + len("train.py")
+    data[start : start + 40] = b"\xff" * 40
+    return bytes(data)
+
+
+def _truncated_tar_gz() -> bytes:
+    whole = _tar([_file("a.py")], {"a.py": b"x = 1\n" * 5000})
+    return whole[: len(whole) // 2]
+
+
+@pytest.mark.parametrize("make", [_broken_zip, _truncated_tar_gz], ids=["corrupt zip", "truncated tar.gz"])
+def test_a_broken_archive_is_an_invalid_bundle_not_a_crash(tmp_path: Path, make: Any) -> None:
+    """Finding 8b: whatever a broken archive raises while it is read becomes ``InvalidBundle`` (the
+    permanent ``invalid_bundle`` failure), never an exception the attempt does not expect."""
+    from berth_agent.staging import InvalidBundle
+
+    archive = _write(tmp_path, make(), "bundle.bin")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    with pytest.raises(InvalidBundle, match="broken archive") as e:
+        unpack_bundle(archive, tmp_path / "job", expected_sha256=digest)
+    assert e.value.failure == "invalid_bundle"

@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, drain, policy, offers."""
+"""Fleet and policy commands: explain, capacity, circuits, drain, admit, policy, offers."""
 
 from __future__ import annotations
 
@@ -190,9 +190,84 @@ def drain(
     render(output, data, table)
 
 
+def admit(
+    host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
+    gpu_type: Annotated[str, typer.Option("--gpu-type", help="The GPU model it may register")],
+    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs it may register at most")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Admit what an on-prem host may register at most (admins): its first registration fixed it;
+    more GPUs, or another type, are refused until an admin admits them."""
+    with api_errors(output):
+        data = client_for(api_url, profile).admit_host(host, gpu_type, gpus)
+
+    def table(d: dict[str, Any]) -> None:
+        a = d["admitted"]
+        console.print(
+            f"host [bold]{escape(d['host_id'])}[/] may register up to {a['gpus']} {escape(a['gpu_type'])}"
+        )
+
+    render(output, data, table)
+
+
+def _circuits_table(d: dict[str, Any]) -> None:
+    if "reset" in d:
+        done = ", ".join(f"{c['region']}/{c['instance_type']}" for c in d["reset"])
+        console.print(f"reset (closed): {escape(done)}")
+        return
+    rule = d["rule"]
+    console.print(
+        f"circuits as of {d['as_of']}: open after {rule['failure_threshold']} failures within "
+        f"{rule['window_s']:g} s, for {rule['open_s']:g} s"
+    )
+    t = Table("REGION", "TYPE", "STATE", "FAILURES", "LAST FAILURE")
+    colour = {"open": "red", "half-open": "yellow", "closed": "green"}
+    for c in d["circuits"]:
+        state = f"[{colour.get(c['state'], 'white')}]{escape(c['state'])}[/]"
+        if c["effective_state"] != c["state"]:
+            state += f" ({escape(c['effective_state'])} by its region)"
+        row = (c["region"], c["instance_type"], str(c["recent_failures"]), c["last_failure_at"] or "-")
+        region, instance_type, failures, last = (escape(str(x)) for x in row)
+        t.add_row(region, instance_type, state, failures, last)
+    console.print(t)
+
+
+def parse_circuit(text: str) -> tuple[str, str | None]:
+    """``REGION`` or ``REGION/INSTANCE_TYPE`` (``*``: the region's API circuit)."""
+    region, sep, instance_type = text.partition("/")
+    if not region or (sep and not instance_type):
+        raise typer.BadParameter("REGION or REGION/INSTANCE_TYPE, e.g. us-east-1/p5.48xlarge")
+    return region, instance_type or None
+
+
+def circuits(
+    reset: Annotated[
+        str | None,
+        typer.Option(
+            "--reset",
+            metavar="REGION[/INSTANCE_TYPE]",
+            help="Close a region's circuits, or one (`us-east-1/p5.48xlarge`, `us-east-1/*` for its API)",
+        ),
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """The cloud's circuits and their state (admins); `--reset` closes them."""
+    target = None if reset is None else parse_circuit(reset)
+    with api_errors(output):
+        client = client_for(api_url, profile)
+        data = client.circuits() if target is None else client.reset_circuits(*target)
+    render(output, data, _circuits_table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("explain")(explain)
     app.command("capacity")(capacity)
+    app.command("circuits")(circuits)
     app.command("drain")(drain)
+    app.command("admit")(admit)
     app.command("policy")(policy)
     app.command("offers")(offers)
