@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -27,6 +27,7 @@ from berth_agent import logship
 from berth_agent.attempt_credentials import AttemptCredentials, CredentialsFile
 from berth_agent.client import AgentApiError, AlreadyClaimed, Canceled, Fenced
 from berth_agent.config import AgentConfig, ExecutorKind
+from berth_agent.containment import new_attempt_key
 from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHandle, StartError
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
@@ -34,6 +35,7 @@ from berth_agent.ledger import AttemptEntry, AttemptLedger
 from berth_agent.metricship import MetricsShipper
 from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
 from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
+from berth_agent.started_report import Answer, StartedReport
 from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,9 @@ class AttemptRunner:
         sampler: UsageSampler | None = None,
         sample_interval_s: float = 15.0,
         metrics: MetricsShipper | None = None,
+        started_retry_s: float = 5.0,
     ) -> None:
+        self.started_retry_s = started_retry_s
         self.config, self.inventory, self.api, self.executor = config, inventory, api, executor
         self.ledger, self.io_for = ledger, io_for
         self.sync_interval_s, self.tick_s = sync_interval_s, tick_s
@@ -217,7 +221,14 @@ class AttemptRunner:
             self._report(job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
             return Outcome(job_id, attempt, False, None, "bad claim")
         key = (job_id, attempt)
-        entry = AttemptEntry(job_id, attempt, token, self.config.executor.value, f"berth-{job_id}-{attempt}")
+        entry = AttemptEntry(
+            job_id,
+            attempt,
+            token,
+            self.config.executor.value,
+            f"berth-{job_id}-{attempt}",
+            attempt_key=new_attempt_key(job_id, attempt),
+        )
         self.ledger.record(entry)
         with self._lock:
             self._running[key] = (token, None)
@@ -324,27 +335,62 @@ class AttemptRunner:
             )
         try:
             try:
-                handle = self.executor.start(launch, shipper.emit_line)
+                marked = replace(launch, attempt_key=entry.attempt_key)
+                handle = self.executor.start(marked, shipper.emit_line)
             except StartError as exc:
                 return JobResult(None, exc.failure, str(exc)), False
-            with self._lock:
-                self._running[key] = (token, handle)
-                pending_cancel = self._cancel.get(key)
-            if handle.pid is not None:
-                self.ledger.started(entry, handle.pid)
-            if pending_cancel is not None:
-                handle.cancel(pending_cancel)
             try:
-                self.api.report(claim.job_id, claim.attempt, token, "started")
-            except Fenced:
-                with self._lock:
-                    self._fenced.add(key)
-                handle.cancel(0)
-            result = self._supervise(handle, syncs, key, launch.gpu_uuids, refresher)
+                result = self._run_started(handle, token, entry, syncs, launch.gpu_uuids, refresher)
+            except BaseException:
+                # whatever broke here, the process has started: it ends before the GPUs are freed
+                log.exception("attempt supervision failed: stopping the job", extra={"job_id": key[0]})
+                self._stop_and_wait(handle)
+                raise
         finally:
             syncs.final()
             shipper.close(timeout_s=30)
         return result, True
+
+    def _run_started(
+        self,
+        handle: RunHandle,
+        token: str,
+        entry: AttemptEntry,
+        syncs: PeriodicSync,
+        gpus: tuple[str, ...],
+        refresher: AttemptCredentials | None,
+    ) -> JobResult:
+        key = (entry.job_id, entry.attempt)
+        with self._lock:
+            self._running[key] = (token, handle)
+            pending_cancel = self._cancel.get(key)
+        if handle.pid is not None:
+            self.ledger.started(entry, handle.pid, cgroup=handle.cgroup_path)
+        if pending_cancel is not None:
+            handle.cancel(pending_cancel)
+        started = StartedReport(
+            lambda: self.api.report(entry.job_id, entry.attempt, token, "started"),
+            retry_s=self.started_retry_s,
+            what=entry.file_name,
+        )
+        self._act_on(started.send(), handle, key)
+        return self._supervise(handle, syncs, key, gpus, refresher, started)
+
+    def _act_on(self, answer: Answer, handle: RunHandle, key: tuple[str, int]) -> None:
+        """What the ``started`` report's answer means for the running job (started_report)."""
+        if answer is Answer.NOT_OURS:
+            with self._lock:
+                self._fenced.add(key)
+            handle.cancel(0)
+        elif answer is Answer.CANCELED:
+            self.cancel(*key)
+
+    @staticmethod
+    def _stop_and_wait(handle: RunHandle) -> None:
+        """Kill the run now and wait until all of it has ended (the handle's result)."""
+        handle.cancel(0)
+        while handle.wait(1.0) is None:
+            log.warning("waiting for a stopped job to end", extra={"pid": handle.pid})
 
     def _stage(self, claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
         code = claim.spec.code
@@ -382,11 +428,14 @@ class AttemptRunner:
         key: tuple[str, int],
         gpus: tuple[str, ...],
         refresher: AttemptCredentials | None = None,
+        started: StartedReport | None = None,
     ) -> JobResult:
         next_sample = time.monotonic()
         try:
             while (result := handle.wait(self.tick_s)) is None:
                 now = time.monotonic()
+                if started is not None and started.retry_due():
+                    self._act_on(started.send(), handle, key)
                 if refresher is not None:
                     try:
                         refresher.maybe_refresh()
@@ -442,5 +491,5 @@ class AttemptRunner:
             )
         except Fenced:
             log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})
-        except AgentApiError as exc:
+        except Exception as exc:  # the job has ended either way; the control plane reconciles on heartbeats
             log.error("final report failed", extra={"job_id": job_id, "attempt": attempt, "error": str(exc)})

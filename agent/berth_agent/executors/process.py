@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from berth_agent.cgroups import JobCgroup, JobCgroups
+from berth_agent.containment import SCAN_S, CgroupScope, Mode, Scope, TreeScope, empty_out
 from berth_agent.executors.base import (
     Executor,
     FailureKind,
@@ -124,9 +125,11 @@ class ProcessRun(RunHandle):
         on_exit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         cgroup: JobCgroup | None = None,
+        attempt_key: str | None = None,
     ) -> None:
         self._on_line = on_line
         self._cgroup = cgroup
+        self.attempt_key = attempt_key
         self._on_exit = on_exit
         self._clock = clock
         self._terminate_hook = terminate
@@ -181,12 +184,22 @@ class ProcessRun(RunHandle):
         ]
         for t in self._readers:
             t.start()
+        self.scope: Scope = (
+            CgroupScope(cgroup)
+            if cgroup is not None
+            else TreeScope(pgid=self._proc.pid, key=attempt_key, reap=True, owned=[self._proc.pid])
+        )
+        self._next_scan = clock()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True, name=f"run-{self.pid}")
         self._supervisor.start()
 
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    @property
+    def cgroup_path(self) -> str | None:
+        return None if self._cgroup is None else str(self._cgroup.path)
 
     # -- output ---------------------------------------------------------------------------------
     def _read(self, name: str, stream: IO[bytes]) -> None:
@@ -203,8 +216,13 @@ class ProcessRun(RunHandle):
 
     # -- control --------------------------------------------------------------------------------
     def _signal_group(self, sig: int) -> None:
+        """``sig`` to the process group, and to what left it (its cgroup, its marker)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
+        try:
+            self.scope.signal(sig)
+        except OSError as exc:  # /proc or the cgroup unreadable for a moment: the next turn retries
+            log.warning("attempt's processes not signalled", extra={"pid": self.pid, "error": str(exc)})
 
     def _begin_stop(self, grace_s: float) -> None:
         self._kill_at = self._clock() + max(0.0, grace_s)
@@ -231,6 +249,10 @@ class ProcessRun(RunHandle):
             except subprocess.TimeoutExpired:
                 pass
             now = self._clock()
+            if now >= self._next_scan:  # remember who belongs to the run while they still show it
+                self._next_scan = now + SCAN_S
+                with contextlib.suppress(OSError):
+                    self.scope.members()
             with self._lock:
                 if self._deadline is not None and now >= self._deadline and self._stop_reason is None:
                     self._stop_reason = "timeout"
@@ -238,11 +260,10 @@ class ProcessRun(RunHandle):
                 if self._kill_at is not None and now >= self._kill_at:
                     self._kill_at = None
                     self._signal_group(signal.SIGKILL)
-        # The leader is gone: nothing else of the group may outlive it (and hold the pipes open),
-        # nor anything of its cgroup (a process that left the group with setsid).
+        # The leader is gone: nothing else of the run may outlive it (and hold the pipes or the
+        # GPUs): its group, its cgroup, what carries its marker. The run ends only once all are gone.
         self._signal_group(signal.SIGKILL)
-        if self._cgroup is not None:
-            self._cgroup.kill()
+        empty_out(self.scope, what=f"pid {self.pid}")
         for t in self._readers:
             t.join(timeout=5.0)
         with self._lock:
@@ -321,6 +342,7 @@ class ProcessExecutor(Executor):
         self.uids = uids
         self.timeout_grace_s = timeout_grace_s
         self.cgroups = cgroups
+        self.containment = Mode.CGROUP_V2 if cgroups is not None else Mode.PROCESS_GROUP
 
     def _cgroup(self, launch: Launch) -> JobCgroup | None:
         """The job's own cgroup with its limits, or None (no delegated cgroup, or the kernel refused:
@@ -430,4 +452,5 @@ class ProcessExecutor(Executor):
             group=uid,
             on_exit=on_exit,
             cgroup=cgroup,
+            attempt_key=launch.attempt_key,
         )
