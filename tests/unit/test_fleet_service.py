@@ -182,3 +182,25 @@ def test_explain_of_a_job_placed_while_it_reads_the_snapshot_says_where(world) -
     )
     assert out["outcome"] == "placed" and out["status"] == "STARTING", out
     assert [h["host_id"] for h in out["placement"]["hosts"]] == ["live"] and out["explanation"] is None
+
+
+def test_capacity_shows_each_hosts_containment(world) -> None:  # type: ignore[no-untyped-def]
+    svc, _, hosts, _ = world
+    inv = HostInventory(
+        host_id="contained",
+        pool="p",
+        gpu_type="V100",
+        gpu_ids=("c-0",),
+        cpu=8,
+        memory_gib=64,
+        containment="process-group",
+    )
+    hosts.register(inv, NOW + timedelta(minutes=5))
+    cap = svc.capacity(ALICE)
+    assert {h["host_id"]: h["containment"] for h in cap["hosts"]} == {
+        "contained": "process-group",
+        "live": None,  # an agent that does not say
+        "stale": None,
+    }
+    with pytest.raises(ValueError, match="containment"):
+        HostInventory(**{**inv.model_dump(), "containment": "chroot"})

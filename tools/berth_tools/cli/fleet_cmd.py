@@ -66,7 +66,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
                 str(m["unavailable_gpus"]),
             )
     console.print(t)
-    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "ATTEMPTS")
+    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "CONTAINMENT", "ATTEMPTS")
     for host in d["hosts"]:
         alive = "[green]yes[/]" if host["alive"] else "[red]no[/]"
         h.add_row(
@@ -75,6 +75,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
             host["gpu_type"],
             f"{host['free_gpus']}/{host['gpus']}",
             alive,
+            host.get("containment") or "-",
             ", ".join(host["attempts"]) or "-",
         )
     console.print(h)
