@@ -7,10 +7,13 @@ credentials goes through ``AttemptIO`` (built by ``io_for(credentials)``: botoco
 clients in production, fakes in tests), so this module holds the order of things and no AWS code.
 
 Order and rules: the claim is answered before anything else (409 -> nothing runs); the attempt is
-recorded in the ledger before it starts and removed only after its final report; a staging
-failure is reported as ``staging`` and nothing starts; a ``Fenced`` answer to any report stops the
-job at once (the attempt is no longer ours); outputs and checkpoints are synced while it runs and
-once more after it ends; the per-attempt directory is removed at the end.
+recorded in the ledger (with its ``BERTH_ATTEMPT_KEY`` marker) before it starts and removed only
+after its final report; a staging failure is reported as ``staging`` and nothing starts; once the
+process has started, it is supervised until all of it has ended whatever the control plane
+answers (``reports``), and any error here first kills it and waits for its end; a
+``Fenced`` answer to any report stops the job at once (the attempt is no longer ours); outputs
+and checkpoints are synced while it runs and once more after it ends; the per-attempt directory
+is removed at the end.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 from berth_agent.metricship import MetricsShipper
 from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
+from berth_agent.reports import Answer, StartedReport, report_end
 from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
-from berth_agent.started_report import Answer, StartedReport
 from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
@@ -142,6 +145,43 @@ class Outcome:
     reason: str = ""
 
 
+def stop_and_wait(handle: RunHandle) -> None:
+    """Kill the run now and wait until all of it has ended (the handle's result)."""
+    handle.cancel(0)
+    while handle.wait(1.0) is None:
+        log.warning("waiting for a stopped job to end", extra={"pid": handle.pid})
+
+
+def resolve_secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
+    """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
+    read only the tenant's own prefix); never written anywhere but the job's environment."""
+    out = {}
+    for env_name, secret_name in claim.spec.secrets.items():
+        if not secret_name.startswith(f"berth/{claim.tenant}/"):
+            raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
+        try:
+            out[env_name] = io.secret_value(secret_name)
+        except Exception as exc:
+            raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
+    return out
+
+
+def stage_inputs(claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
+    code = claim.spec.code
+    if code is not None:
+        digest = parse_digest(code)
+        if digest is None:
+            raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
+        stage_bundle(
+            lambda path: io.fetch_bundle(claim.tenant, digest, path),
+            digest,
+            dirs.base / "bundle",
+            dirs.work,
+        )
+    if claim.attempt > 1:
+        restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
+
+
 class AttemptRunner:
     def __init__(
         self,
@@ -218,7 +258,7 @@ class AttemptRunner:
         try:
             claim = Claim.parse(answer)
         except ClaimError as exc:
-            self._report(job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
+            report_end(self.api, job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
             return Outcome(job_id, attempt, False, None, "bad claim")
         key = (job_id, attempt)
         entry = AttemptEntry(
@@ -242,7 +282,7 @@ class AttemptRunner:
                 return Outcome(job_id, attempt, ran, result, "Fenced")
             if self.metrics is not None:  # while the token still admits them
                 self.metrics.flush(key)
-            self._report(job_id, attempt, token, result)
+            report_end(self.api, job_id, attempt, token, result)
             return Outcome(job_id, attempt, ran, result)
         finally:
             with self._lock:
@@ -279,7 +319,7 @@ class AttemptRunner:
                     # refreshable for the job's SDK: a credential_process file, not fixed values
                     creds_file = CredentialsFile(dirs.work, self.config.region)
             keys = OutputKeys.of(claim.tenant, claim.job_id)
-            self._stage(claim, io, dirs, keys)
+            stage_inputs(claim, io, dirs, keys)
             if creds_file is not None and creds is not None:
                 try:
                     creds_file.write(creds)
@@ -287,7 +327,7 @@ class AttemptRunner:
                     raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
                 job_creds = creds_file.env()
             mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
-            secrets = self._secrets(claim, io)
+            secrets = resolve_secrets(claim, io)
             launch = build_launch(
                 claim,
                 self.config,
@@ -344,7 +384,7 @@ class AttemptRunner:
             except BaseException:
                 # whatever broke here, the process has started: it ends before the GPUs are freed
                 log.exception("attempt supervision failed: stopping the job", extra={"job_id": key[0]})
-                self._stop_and_wait(handle)
+                stop_and_wait(handle)
                 raise
         finally:
             syncs.final()
@@ -384,42 +424,6 @@ class AttemptRunner:
             handle.cancel(0)
         elif answer is Answer.CANCELED:
             self.cancel(*key)
-
-    @staticmethod
-    def _stop_and_wait(handle: RunHandle) -> None:
-        """Kill the run now and wait until all of it has ended (the handle's result)."""
-        handle.cancel(0)
-        while handle.wait(1.0) is None:
-            log.warning("waiting for a stopped job to end", extra={"pid": handle.pid})
-
-    def _stage(self, claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
-        code = claim.spec.code
-        if code is not None:
-            digest = parse_digest(code)
-            if digest is None:
-                raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
-            stage_bundle(
-                lambda path: io.fetch_bundle(claim.tenant, digest, path),
-                digest,
-                dirs.base / "bundle",
-                dirs.work,
-            )
-        if claim.attempt > 1:
-            restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
-
-    @staticmethod
-    def _secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
-        """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
-        read only the tenant's own prefix); never written anywhere but the job's environment."""
-        out = {}
-        for env_name, secret_name in claim.spec.secrets.items():
-            if not secret_name.startswith(f"berth/{claim.tenant}/"):
-                raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
-            try:
-                out[env_name] = io.secret_value(secret_name)
-            except Exception as exc:
-                raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
-        return out
 
     def _supervise(
         self,
@@ -470,26 +474,3 @@ class AttemptRunner:
                 entry = self._running.get(key)
             if entry is not None:
                 self.metrics.add(key, entry[0], usage)
-
-    def _report(self, job_id: str, attempt: int, token: str, result: JobResult) -> None:
-        event = (
-            "succeeded"
-            if result.succeeded
-            else "canceled"
-            if result.failure is FailureKind.CANCELED
-            else "failed"
-        )
-        try:
-            self.api.report(
-                job_id,
-                attempt,
-                token,
-                event,
-                exit_code=result.exit_code,
-                failure=None if result.failure in (None, FailureKind.CANCELED) else result.failure.value,
-                message=result.message,
-            )
-        except Fenced:
-            log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})
-        except Exception as exc:  # the job has ended either way; the control plane reconciles on heartbeats
-            log.error("final report failed", extra={"job_id": job_id, "attempt": attempt, "error": str(exc)})

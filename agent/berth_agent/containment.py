@@ -103,6 +103,10 @@ class ProcTable:
             return None
         return Proc(pid, int(fields[1]), int(fields[2]), int(fields[19]), fields[0] in ("Z", "X"))
 
+    def start_ticks(self, pid: int) -> int | None:
+        p = self.stat(pid)
+        return None if p is None else p.start_ticks
+
     def all(self) -> dict[int, Proc]:
         out = {}
         for entry in self.root.iterdir():
@@ -187,7 +191,11 @@ class TreeScope:
             return True
         if group_ours and p.pgid == self.pgid:
             return True
-        return self.key is not None and not p.zombie and self._proc.has_marker(p.pid, self.key)
+        if self.key is None or p.zombie or p.pid in self._seen:
+            return False
+        if self.leader_ticks is not None and p.start_ticks < self.leader_ticks:
+            return False  # older than the run: it cannot carry the run's marker (skips most reads)
+        return self._proc.has_marker(p.pid, self.key)
 
     def observe(self) -> list[int]:
         """Look the attempt's processes up now; remembers them, reaps its adopted zombies."""

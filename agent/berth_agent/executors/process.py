@@ -16,9 +16,10 @@ job cannot read another's files, and none can read the agent's.
 
 Where the host delegates a cgroup v2 subtree (``berth_agent.cgroups``), each job also gets a cgroup
 of its own with ``memory.max`` and ``cpu.max`` from its spec: the child writes itself into it
-before it drops to the job's uid and execs, so all it forks is inside, and what escaped the process
-group (``setsid``) is killed with the cgroup when the leader exits. Elsewhere the reason is logged
-once and jobs get the rlimits only.
+before it drops to the job's uid and execs, so all it forks is inside. Elsewhere jobs get the
+rlimits only. Either way a run's processes are its ``scope`` (berth_agent.containment: the cgroup,
+or the group, the ``BERTH_ATTEMPT_KEY`` marker and descendants): signals reach all of them, and
+once the leader has exited the run has its result only after none of them is left.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from berth_agent.cgroups import JobCgroup, JobCgroups
-from berth_agent.containment import SCAN_S, CgroupScope, Mode, Scope, TreeScope, empty_out
+from berth_agent.containment import SCAN_S, CgroupScope, Mode, ProcTable, Scope, TreeScope, empty_out
 from berth_agent.executors.base import (
     Executor,
     FailureKind,
@@ -187,7 +188,13 @@ class ProcessRun(RunHandle):
         self.scope: Scope = (
             CgroupScope(cgroup)
             if cgroup is not None
-            else TreeScope(pgid=self._proc.pid, key=attempt_key, reap=True, owned=[self._proc.pid])
+            else TreeScope(
+                pgid=self._proc.pid,
+                key=attempt_key,
+                leader_ticks=ProcTable().start_ticks(self._proc.pid),
+                reap=True,
+                owned=[self._proc.pid],
+            )
         )
         self._next_scan = clock()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True, name=f"run-{self.pid}")

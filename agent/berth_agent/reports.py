@@ -1,4 +1,4 @@
-"""The ``started`` report of a running attempt, and what its answer means for the process.
+"""An attempt's reports: ``started`` and what its answer means for the process, and the end.
 
 Whatever the control plane answers, the process has started and stays supervised until it has
 ended (its GPUs are freed only then). The answer decides only whether it may go on:
@@ -9,6 +9,9 @@ ended (its GPUs are freed only then). The answer decides only whether it may go 
 - ``Canceled`` (409): ``CANCELED``, it is stopped with the cancel grace and reported canceled;
 - anything else (5xx or no answer after the client's retries, another 4xx, an exception):
   ``PENDING``, it runs on and the report is sent again every ``retry_s`` while it runs.
+
+``report_end`` sends the final report (succeeded, failed, canceled); the run has ended by then, so
+a failure is only logged (the control plane reconciles through the heartbeats' ``attempts``).
 """
 
 from __future__ import annotations
@@ -17,10 +20,26 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any, Protocol
 
 from berth_agent.client import AgentApiError, Canceled, Fenced
+from berth_agent.executors.base import FailureKind, JobResult
 
 log = logging.getLogger(__name__)
+
+
+class ReportApi(Protocol):
+    def report(
+        self,
+        job_id: str,
+        attempt: int,
+        fencing_token: str,
+        event: str,
+        *,
+        exit_code: int | None = None,
+        failure: str | None = None,
+        message: str = "",
+    ) -> Any: ...
 
 
 class Answer(StrEnum):
@@ -70,3 +89,27 @@ class StartedReport:
 
     def retry_due(self) -> bool:
         return self.answer is Answer.PENDING and self._clock() >= self._next
+
+
+def report_end(api: ReportApi, job_id: str, attempt: int, token: str, result: JobResult) -> None:
+    event = (
+        "succeeded"
+        if result.succeeded
+        else "canceled"
+        if result.failure is FailureKind.CANCELED
+        else "failed"
+    )
+    try:
+        api.report(
+            job_id,
+            attempt,
+            token,
+            event,
+            exit_code=result.exit_code,
+            failure=None if result.failure in (None, FailureKind.CANCELED) else result.failure.value,
+            message=result.message,
+        )
+    except Fenced:
+        log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})
+    except Exception as exc:  # the job has ended either way; the control plane reconciles on heartbeats
+        log.error("final report failed", extra={"job_id": job_id, "attempt": attempt, "error": str(exc)})
