@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 
 from berth_agent.client import AgentApiError, Canceled, Fenced, Unreachable
+from berth_agent.daemon import BUSY_RETRY_S, Daemon
 from berth_agent.executors import FailureKind
 from berth_agent.ledger import AttemptEntry, AttemptLedger
-from tests.unit.agent.jobprocs import ESCAPERS, alive, kill_all, read_pids
+from tests.unit.agent.jobprocs import ESCAPERS, alive, kill_all, read_pids, wait_for
 from tests.unit.agent.test_attempt import MSG, FakeApi, FakeIO, _bundle, _runner, _spec
+from tests.unit.agent.test_daemon import FakeApi as DaemonApi
+from tests.unit.agent.test_daemon import FakeQueue, _msg
 
 
 class FailingApi(FakeApi):
@@ -157,5 +160,35 @@ def test_an_error_after_the_start_kills_the_job_before_it_is_raised(tmp_path: Pa
             runner.run(MSG)
         pids = read_pids(marks, timeout_s=1)
         assert [n for n, p in pids.items() if alive(p)] == []
+    finally:
+        kill_all(_pids_if_any(marks))
+
+
+def test_the_daemon_keeps_the_gpus_busy_until_every_process_of_the_job_has_ended(tmp_path: Path) -> None:
+    """(b) through the daemon: ``started`` answered 500, the job runs on, its GPU is not offered to
+    the next attempt; canceled, the GPU is free again only once its escapers are all dead."""
+    spec, io, marks = _setup(tmp_path, leader_s=60)
+    api = FailingApi(spec, "started", [Unreachable(500, "InternalError", "retries exhausted")] * 100, marks)
+    runner = _runner(tmp_path, api, io)
+    daemon = Daemon(
+        config=runner.config,
+        inventory=runner.inventory,
+        api=DaemonApi(),
+        runner=runner,
+        queue_for=lambda url: FakeQueue([]),
+        ledger=runner.ledger,
+        poll_wait_s=0,
+    )
+    queue = FakeQueue([])
+    try:
+        assert daemon.offer(queue, _msg("j-1", ["GPU-a"]))
+        pids = read_pids(marks)
+        wait_for(lambda: [r["event"] for r in api.reports].count("started") >= 2, 10, "a retried report")
+        assert not daemon.offer(queue, _msg("j-2", ["GPU-a"]))  # the GPU is still the job's
+        assert queue.retried == [("r-j-2", BUSY_RETRY_S)]
+        runner.cancel("j-1", 1, grace_s=0.2)
+        wait_for(lambda: "GPU-a" not in daemon._busy, 30, "the GPU to be freed")
+        assert [n for n, p in pids.items() if alive(p)] == []  # no wait: gone before the GPU was
+        assert api.reports[-1]["event"] == "canceled"
     finally:
         kill_all(_pids_if_any(marks))
