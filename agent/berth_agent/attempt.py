@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from berth_agent import logship
 from berth_agent.attempt_credentials import AttemptCredentials, CredentialsFile
 from berth_agent.client import AgentApiError, AlreadyClaimed, Canceled, Fenced
 from berth_agent.config import AgentConfig, ExecutorKind
 from berth_agent.containment import new_attempt_key
-from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHandle, StartError
+from berth_agent.executors.base import Executor, FailureKind, JobResult, Launch, RunHandle, StartError
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
@@ -143,6 +143,16 @@ class Outcome:
     ran: bool
     result: JobResult | None
     reason: str = ""
+
+
+class _Prepared(NamedTuple):
+    """An attempt ready to start."""
+
+    io: AttemptIO
+    creds: Mapping[str, Any] | None
+    creds_file: CredentialsFile | None
+    keys: OutputKeys
+    launch: Launch
 
 
 def stop_and_wait(handle: RunHandle) -> None:
@@ -295,48 +305,53 @@ class AttemptRunner:
             if dirs is not None:
                 dirs.remove()
 
+    def _prepare(self, claim: Claim, token: str, dirs: JobDirs) -> _Prepared:
+        """Everything before the start: credentials, inputs staged, secrets, the launch (raises
+        ``StagingError``, ``ClaimError`` or ``AgentApiError``: nothing runs)."""
+        gpu_uuids = claim.check_gpus(self.inventory)
+        creds: Mapping[str, Any] | None
+        try:
+            creds = self.api.credentials(claim.job_id, claim.attempt, token)
+        except AgentApiError as exc:
+            if exc.status != 404:
+                raise
+            creds = None
+        io: AttemptIO = (
+            self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
+        )
+        creds_file: CredentialsFile | None = None
+        job_creds: dict[str, str] = {}
+        if creds is not None:
+            job_creds = credential_env(creds, self.config.region)
+            if self.config.executor == ExecutorKind.PROCESS:
+                # refreshable for the job's SDK: a credential_process file, not fixed values
+                creds_file = CredentialsFile(dirs.work, self.config.region)
+        keys = OutputKeys.of(claim.tenant, claim.job_id)
+        stage_inputs(claim, io, dirs, keys)
+        if creds_file is not None and creds is not None:
+            try:
+                creds_file.write(creds)
+            except OSError as exc:
+                raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
+            job_creds = creds_file.env()
+        mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
+        launch = build_launch(
+            claim,
+            self.config,
+            dirs,
+            mounts,
+            gpu_uuids=gpu_uuids,
+            credentials=job_creds,
+            secrets=resolve_secrets(claim, io),
+        )
+        return _Prepared(io, creds, creds_file, keys, launch)
+
     def _run_claimed(
         self, claim: Claim, token: str, entry: AttemptEntry, dirs: JobDirs
     ) -> tuple[JobResult, bool]:
         key = (claim.job_id, claim.attempt)
         try:
-            gpu_uuids = claim.check_gpus(self.inventory)
-            creds: Mapping[str, Any] | None
-            try:
-                creds = self.api.credentials(claim.job_id, claim.attempt, token)
-            except AgentApiError as exc:
-                if exc.status != 404:
-                    raise
-                creds = None
-            io: AttemptIO = (
-                self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
-            )
-            creds_file: CredentialsFile | None = None
-            job_creds: dict[str, str] = {}
-            if creds is not None:
-                job_creds = credential_env(creds, self.config.region)
-                if self.config.executor == ExecutorKind.PROCESS:
-                    # refreshable for the job's SDK: a credential_process file, not fixed values
-                    creds_file = CredentialsFile(dirs.work, self.config.region)
-            keys = OutputKeys.of(claim.tenant, claim.job_id)
-            stage_inputs(claim, io, dirs, keys)
-            if creds_file is not None and creds is not None:
-                try:
-                    creds_file.write(creds)
-                except OSError as exc:
-                    raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
-                job_creds = creds_file.env()
-            mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
-            secrets = resolve_secrets(claim, io)
-            launch = build_launch(
-                claim,
-                self.config,
-                dirs,
-                mounts,
-                gpu_uuids=gpu_uuids,
-                credentials=job_creds,
-                secrets=secrets,
-            )
+            io, creds, creds_file, keys, launch = self._prepare(claim, token, dirs)
         except (StagingError, ClaimError, AgentApiError) as exc:
             failure = FailureKind.STAGING if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
             return JobResult(None, failure, str(exc)), False
