@@ -6,6 +6,7 @@ fake /proc in a tmp dir where the point is which process counts as the attempt's
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from berth_agent import containment, executors
+from berth_agent.config import AgentConfig, JobLimits
 from berth_agent.containment import (
     ATTEMPT_KEY_ENV,
     ProcTable,
@@ -175,3 +178,30 @@ def test_the_job_sees_its_marker(tmp_path: Path) -> None:
     launch = Launch("j-1", 1, "t", ("/bin/sh", "-c", f"echo ${ATTEMPT_KEY_ENV}"), work, attempt_key=key)
     result = ProcessExecutor().start(launch, lambda s, line: lines.append(line)).wait(10)
     assert result is not None and result.succeeded and lines == [key]
+
+
+@pytest.mark.parametrize(
+    ("refused", "says"), [(None, "the agent is their child subreaper"), ("EPERM", "EPERM")]
+)
+def test_without_job_cgroups_the_agent_says_so_once_and_becomes_the_subreaper(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    refused: str | None,
+    says: str,
+) -> None:
+    calls: list[int] = []
+
+    def subreaper() -> str | None:
+        calls.append(1)
+        return refused
+
+    monkeypatch.setattr(containment, "become_subreaper", subreaper)
+    cfg = AgentConfig(
+        api_url="http://x", pool="p", host_id="h", work_dir=tmp_path, limits=JobLimits(cgroups=False)
+    )
+    with caplog.at_level(logging.INFO):
+        executor = executors.for_config(cfg)
+    assert executor.containment == "process-group" and calls == [1]
+    (line,) = [r.getMessage() for r in caplog.records if "containment:" in r.getMessage()]
+    assert "process-group" in line and "off in the config" in line and says in line
