@@ -107,6 +107,10 @@ def test_agents_are_real_registered_processes(real_cloud: LocalCloudProcess) -> 
         assert len(agent["gpus"]) == 2
     capacity = real_cloud.client("alice").get("/v1/capacity").json()
     assert {a["host_id"] for a in agents} <= {h["host_id"] for h in capacity.get("hosts", [])} or capacity
+    # each says how it contains its jobs (registered with its inventory): a cgroup of their own where
+    # the host delegates one, else process group + marker + subreaper (this repo's test machine)
+    modes = {h["host_id"]: h["containment"] for h in capacity["hosts"]}
+    assert all(modes[a["host_id"]] in ("cgroup-v2", "process-group") for a in agents), modes
 
 
 def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
@@ -180,3 +184,60 @@ def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
     assert len(starts) == 2 and len(ends) == 1, lines
     # the second run started after the first was killed, and only the second ended
     assert float(starts[1][2]) > killed_at and ends[0][1] == starts[1][1], lines
+
+
+#: Double-forks a sleeper into a session of its own (its parent exits at once: a daemon), writes
+#: the sleeper's pid to $MARK, then runs $RUN_S seconds.
+DETACHING_SCRIPT = """
+import os, time
+mark = os.environ["MARK"]
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(mark + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os.rename(mark + ".tmp", mark)
+        time.sleep(600)
+    os._exit(0)
+os.waitpid(pid, 0)
+while not os.path.exists(mark):
+    time.sleep(0.05)
+print("detached a sleeper", flush=True)
+time.sleep(float(os.environ.get("RUN_S", "1")))
+"""
+
+
+def _sleeper(marker: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the job never detached its sleeper"
+        time.sleep(0.1)
+    return int(marker.read_text())
+
+
+@pytest.mark.parametrize("end", ["completes", "canceled"])
+def test_a_detached_sleeper_dies_before_the_job_ends(
+    real_cloud: LocalCloudProcess, job_dir: Path, end: str
+) -> None:
+    """A double-forked daemon of the job (setsid, its parent gone) is killed with the job, on a
+    normal end and on cancel, before the job's end is reported (and its GPU freed)."""
+    alice = real_cloud.client("alice")
+    marker = job_dir / "sleeper"
+    spec = _spec(marker, 1 if end == "completes" else 300)
+    spec["command"] = ["python3", "-c", DETACHING_SCRIPT]
+    r = alice.post("/v1/jobs", json=spec)
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    sleeper = _sleeper(marker)
+    try:
+        if end == "canceled":
+            _wait(alice, job_id, ("RUNNING",))
+            assert alice.post(f"/v1/jobs/{job_id}/cancel").status == 202
+        job = _wait(alice, job_id, ("COMPLETED", "CANCELED", "FAILED"), timeout=60)
+        assert job["status"] == ("COMPLETED" if end == "completes" else "CANCELED"), job
+        assert not _alive(sleeper), f"the job's detached sleeper {sleeper} outlived it"  # no wait
+    finally:
+        if _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
