@@ -18,7 +18,9 @@ the register inventory:
 
 ``empty_out(scope)`` SIGKILLs every member, waits and looks again until none is left: a run's end,
 a cancel and a restarted agent's reaping all go through it, and the attempt's GPUs are freed only
-after it returned. Zombies the agent adopted are reaped on the way.
+after it returned. Zombies the agent adopted are reaped on the way, and ``STRAYS`` reaps those of
+detached processes that ended before any lookup saw them (never a run's leader: ``LEADERS``,
+which ``subprocess`` waits on itself).
 
 What the process-group mode cannot see: a process that clears its environment and leaves the
 group and the parent chain before a scan saw it (scans run every ``SCAN_S`` while the attempt runs).
@@ -33,6 +35,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -217,7 +220,7 @@ class TreeScope:
             self._seen[pid] = p.start_ticks
             if not p.zombie:
                 live.append(pid)
-            elif self._reap and p.ppid == self._me and pid not in self._owned:
+            elif self._reap and p.ppid == self._me and pid not in self._owned and pid not in LEADERS:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
         return live
@@ -227,6 +230,68 @@ class TreeScope:
 
     def signal(self, sig: int) -> None:
         _send(self.members(), sig)
+
+
+class _Leaders:
+    """The runs' leaders this process started: ``subprocess`` waits on them, nothing else may."""
+
+    def __init__(self) -> None:
+        self._pids: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, pid: int) -> None:
+        with self._lock:
+            self._pids.add(pid)
+
+    def discard(self, pid: int) -> None:
+        with self._lock:
+            self._pids.discard(pid)
+
+    def __contains__(self, pid: object) -> bool:
+        with self._lock:
+            return pid in self._pids
+
+
+LEADERS = _Leaders()
+
+
+class StrayReaper:
+    """Waits on the zombies this process adopted as subreaper that no run claimed: a detached
+    process that ended before any lookup saw it. A zombie child counts as a stray when it is in
+    another process group than this process (so not a helper ``subprocess`` of the agent's own),
+    is no run's leader (``LEADERS``), and was already one at the previous sweep, at least
+    ``SCAN_S`` before (a leader is registered microseconds after its start)."""
+
+    def __init__(self, proc: ProcTable | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._proc, self._clock = proc or ProcTable(), clock
+        self._last: dict[int, int] = {}
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def sweep(self) -> list[int]:
+        """Reap the strays seen twice; returns their pids (at most once per ``SCAN_S``)."""
+        with self._lock:
+            now = self._clock()
+            if now < self._next:
+                return []
+            self._next = now + SCAN_S
+            me, my_group = os.getpid(), os.getpgid(0)
+            zombies = {
+                p.pid: p.start_ticks
+                for p in self._proc.all().values()
+                if p.zombie and p.ppid == me and p.pgid != my_group and p.pid not in LEADERS
+            }
+            reaped = []
+            for pid, ticks in zombies.items():
+                if self._last.get(pid) == ticks:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                        reaped.append(pid)
+            self._last = {pid: t for pid, t in zombies.items() if pid not in reaped}
+            return reaped
+
+
+STRAYS = StrayReaper()
 
 
 class Scopes:

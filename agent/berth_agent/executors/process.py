@@ -40,7 +40,17 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from berth_agent.cgroups import JobCgroup, JobCgroups
-from berth_agent.containment import SCAN_S, CgroupScope, Mode, ProcTable, Scope, TreeScope, empty_out
+from berth_agent.containment import (
+    LEADERS,
+    SCAN_S,
+    STRAYS,
+    CgroupScope,
+    Mode,
+    ProcTable,
+    Scope,
+    TreeScope,
+    empty_out,
+)
 from berth_agent.executors.base import (
     Executor,
     FailureKind,
@@ -178,6 +188,7 @@ class ProcessRun(RunHandle):
             if isinstance(exc, (subprocess.SubprocessError, OSError)):  # preexec (rlimits), uid switch
                 raise StartError(FailureKind.AGENT_ERROR, f"the job could not be started: {exc}") from exc
             raise
+        LEADERS.add(self._proc.pid)  # no scope or stray sweep may wait on it: subprocess does
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
             threading.Thread(target=self._read, args=("stdout", self._proc.stdout), daemon=True),
@@ -260,6 +271,7 @@ class ProcessRun(RunHandle):
                 self._next_scan = now + SCAN_S
                 with contextlib.suppress(OSError):
                     self.scope.members()
+                    STRAYS.sweep()
             with self._lock:
                 if self._deadline is not None and now >= self._deadline and self._stop_reason is None:
                     self._stop_reason = "timeout"
@@ -269,6 +281,7 @@ class ProcessRun(RunHandle):
                     self._signal_group(signal.SIGKILL)
         # The leader is gone: nothing else of the run may outlive it (and hold the pipes or the
         # GPUs): its group, its cgroup, what carries its marker. The run ends only once all are gone.
+        LEADERS.discard(self._proc.pid)  # reaped by the wait above
         self._signal_group(signal.SIGKILL)
         empty_out(self.scope, what=f"pid {self.pid}")
         for t in self._readers:

@@ -205,3 +205,45 @@ def test_without_job_cgroups_the_agent_says_so_once_and_becomes_the_subreaper(
     assert executor.containment == "process-group" and calls == [1]
     (line,) = [r.getMessage() for r in caplog.records if "containment:" in r.getMessage()]
     assert "process-group" in line and "off in the config" in line and says in line
+
+
+STRAYS_SCRIPT = r"""
+import os, subprocess, time
+from berth_agent.containment import LEADERS, ProcTable, StrayReaper, become_subreaper
+assert become_subreaper() is None
+r, w = os.pipe()
+mid = os.fork()
+if mid == 0:                  # a job's detached helper: setsid, double fork, ends at once
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode()); os._exit(0)
+    os._exit(0)
+os.waitpid(mid, 0)            # (the job's own process waits on its child)
+stray = int(os.read(r, 32))
+leader = subprocess.Popen(["false"], start_new_session=True)  # a run's leader: subprocess's
+LEADERS.add(leader.pid)
+helper = subprocess.Popen(["sh", "-c", "exit 3"])              # the agent's own helper
+table = ProcTable()
+def zombie(pid):
+    p = table.stat(pid)
+    return p is not None and p.zombie
+deadline = time.monotonic() + 10
+while not all(zombie(p) for p in (stray, leader.pid, helper.pid)):
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+now = [0.0]
+reaper = StrayReaper(clock=lambda: now[0])
+first = reaper.sweep()        # seen once: not yet
+now[0] += 0.5
+early = reaper.sweep()        # within SCAN_S: no sweep at all
+now[0] += 1.0
+second = reaper.sweep()
+print(first, early, second == [stray], table.stat(stray) is None, leader.wait(), helper.wait())
+"""
+
+
+def test_a_stray_zombie_the_agent_adopted_is_reaped_its_own_children_never() -> None:
+    out = subprocess.run([sys.executable, "-c", STRAYS_SCRIPT], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    # subprocess still gets its children's real exit codes: neither was reaped behind its back
+    assert out.stdout.split() == ["[]", "[]", "True", "True", "1", "3"]
