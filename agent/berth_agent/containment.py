@@ -194,7 +194,7 @@ class TreeScope:
             return True
         if group_ours and p.pgid == self.pgid:
             return True
-        if self.key is None or p.zombie or p.pid in self._seen:
+        if self.key is None or p.zombie:
             return False
         if self.leader_ticks is not None and p.start_ticks < self.leader_ticks:
             return False  # older than the run: it cannot carry the run's marker (skips most reads)

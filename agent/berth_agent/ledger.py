@@ -13,7 +13,7 @@ old agent (and the kernel killed its leader: ``PR_SET_PDEATHSIG``). ``reap`` kil
 left of it, leader or not: its cgroup, its process group, every process carrying its marker and
 their descendants, and waits until none is left (``containment.empty_out``; False when some
 survive, and the daemon then offers no GPU); and ``<runtime> rm -f`` for a container, through
-the given runner and the daemon reports the attempt failed (``agent_error``, "lost on agent
+the given runner. The daemon then reports the attempt failed (``agent_error``, "lost on agent
 restart") with its fencing token; the control plane then retries it elsewhere or here, as a new
 attempt with a new token, so an attempt never runs twice.
 """
