@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,5 +241,80 @@ def test_a_detached_sleeper_dies_before_the_job_ends(
         assert job["status"] == ("COMPLETED" if end == "completes" else "CANCELED"), job
         assert not _alive(sleeper), f"the job's detached sleeper {sleeper} outlived it"  # no wait
     finally:
+        if _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def _agent_launch(pid: int) -> tuple[dict[str, str], str]:
+    """How a running agent was started (its environment and working directory), to start it again."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    return env, os.readlink(f"/proc/{pid}/cwd")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
+    real_cloud: LocalCloudProcess, job_dir: Path
+) -> None:
+    """(a) with real agents: SIGKILL takes the job's leader (``PR_SET_PDEATHSIG``), not its
+    double-forked sleeper; the agent started again on the same work dir kills the sleeper before it
+    registers, so the job's code never runs on beside its retry or another tenant's job."""
+    alice = real_cloud.client("alice")
+    marker = job_dir / "sleeper"
+    spec = _spec(marker, 300)
+    spec["command"] = ["python3", "-c", DETACHING_SCRIPT]
+    r = alice.post("/v1/jobs", json=spec)
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    sleeper = _sleeper(marker)
+    replacement = None
+    try:
+        running = _wait(alice, job_id, ("RUNNING",))
+        host = running["placement"]["hosts"][0]["host_id"]
+        (agent,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
+        env, cwd = _agent_launch(agent["pid"])
+        # the agent's children: the job's leader and the sleeper it adopted as their subreaper
+        leaders = [pid for pid in _children(agent["pid"]) if pid != sleeper]
+        assert leaders and sleeper in _children(agent["pid"])
+        os.kill(agent["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in leaders):
+            assert time.monotonic() < deadline, "the job's leader outlived its agent"
+            time.sleep(0.05)
+        assert _alive(sleeper)  # what nothing else kills: the old agent is gone
+        replacement = subprocess.Popen(
+            [sys.executable, "-m", "berth_agent.main"],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while _alive(sleeper):
+            assert time.monotonic() < deadline, f"the restarted agent left the sleeper {sleeper} running"
+            assert replacement.poll() is None, "the restarted agent exited"
+            time.sleep(0.1)
+    finally:
+        alice.post(f"/v1/jobs/{job_id}/cancel")
+        if replacement is not None and replacement.poll() is None:
+            replacement.send_signal(signal.SIGTERM)
+            replacement.send_signal(signal.SIGTERM)  # the second: stop its jobs now
+            try:
+                replacement.wait(30)
+            except subprocess.TimeoutExpired:
+                replacement.kill()
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)
