@@ -12,8 +12,8 @@ from pathlib import Path
 
 #: ``python -c`` body: fork ``child`` (same group) which forks ``grandchild`` (setsid: its own
 #: session and group), then ``detached`` (double fork + setsid, its parent exits at once); every
-#: one writes its pid to ``<dir>/<name>`` and sleeps; the leader then sleeps ``LEADER_S`` (env) and
-#: exits 0.
+#: one writes its pid to ``<dir>/<name>`` and sleeps; the leader then waits for the file ``RELEASE``
+#: (env, if set), sleeps ``LEADER_S`` (env) and exits 0.
 ESCAPERS = r"""
 import os, sys, time
 d = sys.argv[1]
@@ -38,6 +38,9 @@ os.waitpid(pid, 0)
 while not all(os.path.exists(os.path.join(d, n)) for n in ("child", "grandchild", "detached")):
     time.sleep(0.02)
 print("escapers ready", flush=True)
+release = os.environ.get("RELEASE")
+while release and not os.path.exists(release):
+    time.sleep(0.02)
 time.sleep(float(os.environ.get("LEADER_S", "60")))
 """
 NAMES = ("child", "grandchild", "detached")

@@ -82,10 +82,21 @@ def test_started_answered_not_ours_kills_the_job_and_all_of_it_has_ended_on_retu
         kill_all(_pids_if_any(marks))
 
 
+class ReleasingApi(FailingApi):
+    """Lets the job end (its ``RELEASE`` file) once a ``started`` report was taken."""
+
+    def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any:
+        answer = super().report(job_id, attempt, fencing_token, event, **kw)
+        if event == "started":
+            (self.marks.parent / "release").touch()
+        return answer
+
+
 @pytest.mark.parametrize("answer", sorted(RUNNING_ON))
 def test_started_failing_leaves_the_job_running_supervised_to_its_end(tmp_path: Path, answer: str) -> None:
-    spec, io, marks = _setup(tmp_path, leader_s=1.0)
-    api = FailingApi(spec, "started", [RUNNING_ON[answer]] * 2, marks)
+    spec, io, marks = _setup(tmp_path, leader_s=0)
+    spec["env"]["RELEASE"] = str(tmp_path / "release")
+    api = ReleasingApi(spec, "started", [RUNNING_ON[answer]] * 2, marks)
     runner = _runner(tmp_path, api, io)
     runner.started_retry_s = 0.2
     try:
