@@ -285,8 +285,12 @@ def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
         (agent,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
         env, cwd = _agent_launch(agent["pid"])
         # the agent's children: the job's leader and the sleeper it adopted as their subreaper
+        deadline = time.monotonic() + 10
+        while sleeper not in _children(agent["pid"]):  # its parent exits at once: then it is adopted
+            assert time.monotonic() < deadline, "the agent is not the subreaper of the job's sleeper"
+            time.sleep(0.05)
         leaders = [pid for pid in _children(agent["pid"]) if pid != sleeper]
-        assert leaders and sleeper in _children(agent["pid"])
+        assert leaders
         os.kill(agent["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in leaders):
