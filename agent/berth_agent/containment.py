@@ -78,6 +78,7 @@ def become_subreaper() -> str | None:
             return f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}"
     except (OSError, AttributeError) as exc:
         return f"prctl unavailable: {exc}"
+    STRAYS.enabled = True
     return None
 
 
@@ -267,12 +268,14 @@ class StrayReaper:
         self._last: dict[int, int] = {}
         self._next = 0.0
         self._lock = threading.Lock()
+        #: Only a subreaper adopts strays (``become_subreaper`` turns it on).
+        self.enabled = False
 
     def sweep(self) -> list[int]:
         """Reap the strays seen twice; returns their pids (at most once per ``SCAN_S``)."""
         with self._lock:
             now = self._clock()
-            if now < self._next:
+            if not self.enabled or now < self._next:
                 return []
             self._next = now + SCAN_S
             me, my_group = os.getpid(), os.getpgid(0)

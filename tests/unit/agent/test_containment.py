@@ -233,6 +233,8 @@ while not all(zombie(p) for p in (stray, leader.pid, helper.pid)):
     time.sleep(0.02)
 now = [0.0]
 reaper = StrayReaper(clock=lambda: now[0])
+assert reaper.sweep() == []   # not a subreaper (in this reaper's eyes): nothing, not even a look
+reaper.enabled = True
 first = reaper.sweep()        # seen once: not yet
 now[0] += 0.5
 early = reaper.sweep()        # within SCAN_S: no sweep at all
