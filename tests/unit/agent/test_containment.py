@@ -70,7 +70,8 @@ def test_once_seen_a_process_stays_a_member_while_it_is_the_same_process(tmp_pat
 
 def test_empty_out_gives_up_after_its_timeout_when_something_survives() -> None:
     class Undying:
-        signals: list[int] = []
+        def __init__(self) -> None:
+            self.signals: list[int] = []
 
         def members(self) -> list[int]:
             return [4242]
