@@ -7,10 +7,13 @@ credentials goes through ``AttemptIO`` (built by ``io_for(credentials)``: botoco
 clients in production, fakes in tests), so this module holds the order of things and no AWS code.
 
 Order and rules: the claim is answered before anything else (409 -> nothing runs); the attempt is
-recorded in the ledger before it starts and removed only after its final report; a staging
-failure is reported as ``staging`` and nothing starts; a ``Fenced`` answer to any report stops the
-job at once (the attempt is no longer ours); outputs and checkpoints are synced while it runs and
-once more after it ends; the per-attempt directory is removed at the end.
+recorded in the ledger (with its ``BERTH_ATTEMPT_KEY`` marker) before it starts and removed only
+after its final report; a staging failure is reported as ``staging`` and nothing starts; once the
+process has started, it is supervised until all of it has ended whatever the control plane
+answers (``reports``), and any error here first kills it and waits for its end; a
+``Fenced`` answer to any report stops the job at once (the attempt is no longer ours); outputs
+and checkpoints are synced while it runs and once more after it ends; the per-attempt directory
+is removed at the end.
 """
 
 from __future__ import annotations
@@ -19,20 +22,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from berth_agent import logship
 from berth_agent.attempt_credentials import AttemptCredentials, CredentialsFile
 from berth_agent.client import AgentApiError, AlreadyClaimed, Canceled, Fenced
 from berth_agent.config import AgentConfig, ExecutorKind
-from berth_agent.executors.base import Executor, FailureKind, JobResult, RunHandle, StartError
+from berth_agent.containment import new_attempt_key
+from berth_agent.executors.base import Executor, FailureKind, JobResult, Launch, RunHandle, StartError
 from berth_agent.gpus import Inventory
 from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 from berth_agent.metricship import MetricsShipper
 from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
+from berth_agent.reports import Answer, StartedReport, report_end
 from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
 from berth_agent.usage import JobUsage, UsageSampler
 
@@ -140,6 +145,53 @@ class Outcome:
     reason: str = ""
 
 
+class _Prepared(NamedTuple):
+    """An attempt ready to start."""
+
+    io: AttemptIO
+    creds: Mapping[str, Any] | None
+    creds_file: CredentialsFile | None
+    keys: OutputKeys
+    launch: Launch
+
+
+def stop_and_wait(handle: RunHandle) -> None:
+    """Kill the run now and wait until all of it has ended (the handle's result)."""
+    handle.cancel(0)
+    while handle.wait(1.0) is None:
+        log.warning("waiting for a stopped job to end", extra={"pid": handle.pid})
+
+
+def resolve_secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
+    """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
+    read only the tenant's own prefix); never written anywhere but the job's environment."""
+    out = {}
+    for env_name, secret_name in claim.spec.secrets.items():
+        if not secret_name.startswith(f"berth/{claim.tenant}/"):
+            raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
+        try:
+            out[env_name] = io.secret_value(secret_name)
+        except Exception as exc:
+            raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
+    return out
+
+
+def stage_inputs(claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
+    code = claim.spec.code
+    if code is not None:
+        digest = parse_digest(code)
+        if digest is None:
+            raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
+        stage_bundle(
+            lambda path: io.fetch_bundle(claim.tenant, digest, path),
+            digest,
+            dirs.base / "bundle",
+            dirs.work,
+        )
+    if claim.attempt > 1:
+        restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
+
+
 class AttemptRunner:
     def __init__(
         self,
@@ -155,7 +207,9 @@ class AttemptRunner:
         sampler: UsageSampler | None = None,
         sample_interval_s: float = 15.0,
         metrics: MetricsShipper | None = None,
+        started_retry_s: float = 5.0,
     ) -> None:
+        self.started_retry_s = started_retry_s
         self.config, self.inventory, self.api, self.executor = config, inventory, api, executor
         self.ledger, self.io_for = ledger, io_for
         self.sync_interval_s, self.tick_s = sync_interval_s, tick_s
@@ -214,10 +268,17 @@ class AttemptRunner:
         try:
             claim = Claim.parse(answer)
         except ClaimError as exc:
-            self._report(job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
+            report_end(self.api, job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
             return Outcome(job_id, attempt, False, None, "bad claim")
         key = (job_id, attempt)
-        entry = AttemptEntry(job_id, attempt, token, self.config.executor.value, f"berth-{job_id}-{attempt}")
+        entry = AttemptEntry(
+            job_id,
+            attempt,
+            token,
+            self.config.executor.value,
+            f"berth-{job_id}-{attempt}",
+            attempt_key=new_attempt_key(job_id, attempt),
+        )
         self.ledger.record(entry)
         with self._lock:
             self._running[key] = (token, None)
@@ -231,7 +292,7 @@ class AttemptRunner:
                 return Outcome(job_id, attempt, ran, result, "Fenced")
             if self.metrics is not None:  # while the token still admits them
                 self.metrics.flush(key)
-            self._report(job_id, attempt, token, result)
+            report_end(self.api, job_id, attempt, token, result)
             return Outcome(job_id, attempt, ran, result)
         finally:
             with self._lock:
@@ -244,48 +305,53 @@ class AttemptRunner:
             if dirs is not None:
                 dirs.remove()
 
+    def _prepare(self, claim: Claim, token: str, dirs: JobDirs) -> _Prepared:
+        """Everything before the start: credentials, inputs staged, secrets, the launch (raises
+        ``StagingError``, ``ClaimError`` or ``AgentApiError``: nothing runs)."""
+        gpu_uuids = claim.check_gpus(self.inventory)
+        creds: Mapping[str, Any] | None
+        try:
+            creds = self.api.credentials(claim.job_id, claim.attempt, token)
+        except AgentApiError as exc:
+            if exc.status != 404:
+                raise
+            creds = None
+        io: AttemptIO = (
+            self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
+        )
+        creds_file: CredentialsFile | None = None
+        job_creds: dict[str, str] = {}
+        if creds is not None:
+            job_creds = credential_env(creds, self.config.region)
+            if self.config.executor == ExecutorKind.PROCESS:
+                # refreshable for the job's SDK: a credential_process file, not fixed values
+                creds_file = CredentialsFile(dirs.work, self.config.region)
+        keys = OutputKeys.of(claim.tenant, claim.job_id)
+        stage_inputs(claim, io, dirs, keys)
+        if creds_file is not None and creds is not None:
+            try:
+                creds_file.write(creds)
+            except OSError as exc:
+                raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
+            job_creds = creds_file.env()
+        mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
+        launch = build_launch(
+            claim,
+            self.config,
+            dirs,
+            mounts,
+            gpu_uuids=gpu_uuids,
+            credentials=job_creds,
+            secrets=resolve_secrets(claim, io),
+        )
+        return _Prepared(io, creds, creds_file, keys, launch)
+
     def _run_claimed(
         self, claim: Claim, token: str, entry: AttemptEntry, dirs: JobDirs
     ) -> tuple[JobResult, bool]:
         key = (claim.job_id, claim.attempt)
         try:
-            gpu_uuids = claim.check_gpus(self.inventory)
-            creds: Mapping[str, Any] | None
-            try:
-                creds = self.api.credentials(claim.job_id, claim.attempt, token)
-            except AgentApiError as exc:
-                if exc.status != 404:
-                    raise
-                creds = None
-            io: AttemptIO = (
-                self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
-            )
-            creds_file: CredentialsFile | None = None
-            job_creds: dict[str, str] = {}
-            if creds is not None:
-                job_creds = credential_env(creds, self.config.region)
-                if self.config.executor == ExecutorKind.PROCESS:
-                    # refreshable for the job's SDK: a credential_process file, not fixed values
-                    creds_file = CredentialsFile(dirs.work, self.config.region)
-            keys = OutputKeys.of(claim.tenant, claim.job_id)
-            self._stage(claim, io, dirs, keys)
-            if creds_file is not None and creds is not None:
-                try:
-                    creds_file.write(creds)
-                except OSError as exc:
-                    raise StagingError(f"the job's credentials file could not be written: {exc}") from exc
-                job_creds = creds_file.env()
-            mounts = data_mounts(claim.spec, self.config.datasets, dirs, stage_s3=io.stage_s3)
-            secrets = self._secrets(claim, io)
-            launch = build_launch(
-                claim,
-                self.config,
-                dirs,
-                mounts,
-                gpu_uuids=gpu_uuids,
-                credentials=job_creds,
-                secrets=secrets,
-            )
+            io, creds, creds_file, keys, launch = self._prepare(claim, token, dirs)
         except (StagingError, ClaimError, AgentApiError) as exc:
             failure = FailureKind(exc.failure) if isinstance(exc, StagingError) else FailureKind.AGENT_ERROR
             return JobResult(None, failure, str(exc)), False
@@ -324,56 +390,55 @@ class AttemptRunner:
             )
         try:
             try:
-                handle = self.executor.start(launch, shipper.emit_line)
+                marked = replace(launch, attempt_key=entry.attempt_key)
+                handle = self.executor.start(marked, shipper.emit_line)
             except StartError as exc:
                 return JobResult(None, exc.failure, str(exc)), False
-            with self._lock:
-                self._running[key] = (token, handle)
-                pending_cancel = self._cancel.get(key)
-            if handle.pid is not None:
-                self.ledger.started(entry, handle.pid)
-            if pending_cancel is not None:
-                handle.cancel(pending_cancel)
             try:
-                self.api.report(claim.job_id, claim.attempt, token, "started")
-            except Fenced:
-                with self._lock:
-                    self._fenced.add(key)
-                handle.cancel(0)
-            result = self._supervise(handle, syncs, key, launch.gpu_uuids, refresher)
+                result = self._run_started(handle, token, entry, syncs, launch.gpu_uuids, refresher)
+            except BaseException:
+                # whatever broke here, the process has started: it ends before the GPUs are freed
+                log.exception("attempt supervision failed: stopping the job", extra={"job_id": key[0]})
+                stop_and_wait(handle)
+                raise
         finally:
             syncs.final()
             shipper.close(timeout_s=30)
         return result, True
 
-    def _stage(self, claim: Claim, io: AttemptIO, dirs: JobDirs, keys: OutputKeys) -> None:
-        code = claim.spec.code
-        if code is not None:
-            digest = parse_digest(code)
-            if digest is None:
-                raise StagingError(f"code {code} is not a sha256: bundle reference this agent can fetch")
-            stage_bundle(
-                lambda path: io.fetch_bundle(claim.tenant, digest, path),
-                digest,
-                dirs.base / "bundle",
-                dirs.work,
-            )
-        if claim.attempt > 1:
-            restore(dirs.checkpoints, keys.checkpoints, io.list_keys, io.get)
+    def _run_started(
+        self,
+        handle: RunHandle,
+        token: str,
+        entry: AttemptEntry,
+        syncs: PeriodicSync,
+        gpus: tuple[str, ...],
+        refresher: AttemptCredentials | None,
+    ) -> JobResult:
+        key = (entry.job_id, entry.attempt)
+        with self._lock:
+            self._running[key] = (token, handle)
+            pending_cancel = self._cancel.get(key)
+        if handle.pid is not None:
+            self.ledger.started(entry, handle.pid, cgroup=handle.cgroup_path)
+        if pending_cancel is not None:
+            handle.cancel(pending_cancel)
+        started = StartedReport(
+            lambda: self.api.report(entry.job_id, entry.attempt, token, "started"),
+            retry_s=self.started_retry_s,
+            what=entry.file_name,
+        )
+        self._act_on(started.send(), handle, key)
+        return self._supervise(handle, syncs, key, gpus, refresher, started)
 
-    @staticmethod
-    def _secrets(claim: Claim, io: AttemptIO) -> dict[str, str]:
-        """Each ``ENV: berth/<tenant>/name`` resolved now, with the attempt's credentials (which can
-        read only the tenant's own prefix); never written anywhere but the job's environment."""
-        out = {}
-        for env_name, secret_name in claim.spec.secrets.items():
-            if not secret_name.startswith(f"berth/{claim.tenant}/"):
-                raise ClaimError(f"secret {secret_name} is outside berth/{claim.tenant}/")
-            try:
-                out[env_name] = io.secret_value(secret_name)
-            except Exception as exc:
-                raise StagingError(f"secret {secret_name} could not be read: {exc}") from exc
-        return out
+    def _act_on(self, answer: Answer, handle: RunHandle, key: tuple[str, int]) -> None:
+        """What the ``started`` report's answer means for the running job (started_report)."""
+        if answer is Answer.NOT_OURS:
+            with self._lock:
+                self._fenced.add(key)
+            handle.cancel(0)
+        elif answer is Answer.CANCELED:
+            self.cancel(*key)
 
     def _supervise(
         self,
@@ -382,11 +447,14 @@ class AttemptRunner:
         key: tuple[str, int],
         gpus: tuple[str, ...],
         refresher: AttemptCredentials | None = None,
+        started: StartedReport | None = None,
     ) -> JobResult:
         next_sample = time.monotonic()
         try:
             while (result := handle.wait(self.tick_s)) is None:
                 now = time.monotonic()
+                if started is not None and started.retry_due():
+                    self._act_on(started.send(), handle, key)
                 if refresher is not None:
                     try:
                         refresher.maybe_refresh()
@@ -421,26 +489,3 @@ class AttemptRunner:
                 entry = self._running.get(key)
             if entry is not None:
                 self.metrics.add(key, entry[0], usage)
-
-    def _report(self, job_id: str, attempt: int, token: str, result: JobResult) -> None:
-        event = (
-            "succeeded"
-            if result.succeeded
-            else "canceled"
-            if result.failure is FailureKind.CANCELED
-            else "failed"
-        )
-        try:
-            self.api.report(
-                job_id,
-                attempt,
-                token,
-                event,
-                exit_code=result.exit_code,
-                failure=None if result.failure in (None, FailureKind.CANCELED) else result.failure.value,
-                message=result.message,
-            )
-        except Fenced:
-            log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})
-        except AgentApiError as exc:
-            log.error("final report failed", extra={"job_id": job_id, "attempt": attempt, "error": str(exc)})

@@ -2,7 +2,9 @@
 
 ``Daemon.run()`` is what ``berth-agent`` runs (once the control plane's agent API is in place):
 
-1. leftovers of a previous run (``AttemptLedger``) are reaped and reported lost, then forgotten;
+1. leftovers of a previous run (``AttemptLedger``) are reaped (every process of each, leader or
+   not: berth_agent.containment) and reported lost, then forgotten; when one survives SIGKILL the
+   agent stops (``LeftoverAlive``) rather than offer its GPUs, and systemd starts it again;
 2. ``register`` with the inventory; ``sd_notify READY=1``;
 3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
    directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host). ``drain`` is
@@ -42,6 +44,10 @@ from berth_agent.ledger import AttemptLedger
 log = logging.getLogger(__name__)
 #: A work message whose GPUs this agent still counts busy is visible again after this long.
 BUSY_RETRY_S = 1
+
+
+class LeftoverAlive(RuntimeError):
+    """Processes of an attempt a previous run left survive SIGKILL: its GPUs cannot be offered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +150,9 @@ class Daemon:
         """Reap and report what a previous run left; returns how many attempts were lost."""
         lost = 0
         for left in self.ledger.leftovers():
-            self.ledger.reap(left)
             e = left.entry
+            if not self.ledger.reap(left):
+                raise LeftoverAlive(f"processes of {e.job_id} attempt {e.attempt} survive SIGKILL")
             try:
                 self.api.report(
                     e.job_id,

@@ -1,15 +1,19 @@
 """The attempts this host is running, on disk, so that a restarted agent knows what it left behind.
 
 Before an attempt starts, the daemon ``record``s it (job, attempt, fencing token, executor, run
-name) and, once started, its process group with the kernel's start time of the leader; it
+name, and its marker ``BERTH_ATTEMPT_KEY``: berth_agent.containment) and, once started, its process
+group (the leader's pid) with the kernel's start time of the leader and its cgroup, if any; it
 ``remove``s the entry after the final report. Each entry is one JSON file written atomically
 (temporary file, fsync, rename) under ``<work_dir>/.attempts/``.
 
 After a restart, ``leftovers()`` lists what is still recorded, each with whether its process group
 leader is still the same process (pid and start time from ``/proc/<pid>/stat``, so a recycled pid
 is never mistaken for the job). A process job cannot be re-adopted: its output pipes died with the
-old agent. ``reap`` kills what is left of its group (and ``<runtime> rm -f`` for a container, through
-the given runner) and the daemon reports the attempt failed (``agent_error``, "lost on agent
+old agent (and the kernel killed its leader: ``PR_SET_PDEATHSIG``). ``reap`` kills everything
+left of it, leader or not: its cgroup, its process group, every process carrying its marker and
+their descendants, and waits until none is left (``containment.empty_out``; False when some
+survive, and the daemon then offers no GPU); and ``<runtime> rm -f`` for a container, through
+the given runner. The daemon then reports the attempt failed (``agent_error``, "lost on agent
 restart") with its fencing token; the control plane then retries it elsewhere or here, as a new
 attempt with a new token, so an attempt never runs twice.
 """
@@ -25,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from berth_agent.cgroups import JobCgroup
+from berth_agent.containment import CgroupScope, ProcTable, Scope, Scopes, TreeScope, empty_out
 from berth_agent.staging import safe_join
 
 
@@ -48,7 +54,11 @@ class AttemptEntry:
     executor: str
     run_name: str
     pid: int | None = None
+    """The run's leader, which leads its own process group (pgid = pid)."""
     start_ticks: int | None = None
+    attempt_key: str | None = None
+    """The marker every process of the run inherits (``BERTH_ATTEMPT_KEY``)."""
+    cgroup: str | None = None
 
     @property
     def file_name(self) -> str:
@@ -66,6 +76,7 @@ class AttemptLedger:
         self.dir = work_dir / ".attempts"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._proc = proc_root
+        self._table = ProcTable(proc_root)
 
     def _write(self, entry: AttemptEntry) -> None:
         target = safe_join(self.dir, entry.file_name)
@@ -89,8 +100,8 @@ class AttemptLedger:
     def record(self, entry: AttemptEntry) -> None:
         self._write(entry)
 
-    def started(self, entry: AttemptEntry, pid: int) -> AttemptEntry:
-        updated = replace(entry, pid=pid, start_ticks=process_start_ticks(pid, self._proc))
+    def started(self, entry: AttemptEntry, pid: int, cgroup: str | None = None) -> AttemptEntry:
+        updated = replace(entry, pid=pid, start_ticks=process_start_ticks(pid, self._proc), cgroup=cgroup)
         self._write(updated)
         return updated
 
@@ -114,12 +125,27 @@ class AttemptLedger:
     def leftovers(self) -> list[Leftover]:
         return [Leftover(e, self.alive(e)) for e in self.entries()]
 
-    def reap(self, leftover: Leftover, run: Callable[[list[str]], object] | None = None) -> None:
-        """Kill what is left of a lost attempt: its process group (only if the leader is still the
-        recorded process), and its container when it had one."""
+    def scope(self, entry: AttemptEntry) -> Scope:
+        """Every process of the recorded run, found again by a restarted agent."""
+        scopes: list[Scope] = [
+            TreeScope(pgid=entry.pid, key=entry.attempt_key, leader_ticks=entry.start_ticks, proc=self._table)
+        ]
+        if entry.cgroup is not None:
+            scopes.append(CgroupScope(JobCgroup(Path(entry.cgroup)), self._table))
+        return Scopes(scopes)
+
+    def reap(
+        self,
+        leftover: Leftover,
+        run: Callable[[list[str]], object] | None = None,
+        timeout_s: float = 10.0,
+    ) -> bool:
+        """Kill what is left of a lost attempt (every process of its run, its container when it had
+        one); True once nothing of it is left, False when something survived ``timeout_s``."""
         e = leftover.entry
         if leftover.alive and e.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(e.pid, signal.SIGKILL)
         if e.executor in ("docker", "podman") and run is not None:
             run([e.executor, "rm", "-f", e.run_name])
+        return empty_out(self.scope(e), timeout_s=timeout_s, what=e.file_name)

@@ -48,6 +48,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     cache = ObjectCache(cfg.cache_dir, cfg.cache_max_bytes)
     ledger = AttemptLedger(cfg.work_dir)
+    executor = executors.for_config(cfg)
 
     def io_for(creds: Mapping[str, Any]) -> BotocoreIO:
         return BotocoreIO.for_credentials(
@@ -63,7 +64,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         config=cfg,
         inventory=inventory,
         api=api,
-        executor=executors.for_config(cfg),
+        executor=executor,
         ledger=ledger,
         io_for=io_for,
         sampler=UsageSampler(nvml=nvml if inventory.source == "nvml" else None),
@@ -92,7 +93,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         runner=runner,
         queue_for=queue_for,
         ledger=ledger,
-        host_facts=facts,
+        host_facts={**facts, "containment": executor.containment},
     )
 
 

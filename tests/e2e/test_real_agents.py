@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +111,10 @@ def test_agents_are_real_registered_processes(real_cloud: LocalCloudProcess) -> 
         assert len(agent["gpus"]) == 2
     capacity = real_cloud.client("alice").get("/v1/capacity").json()
     assert {a["host_id"] for a in agents} <= {h["host_id"] for h in capacity.get("hosts", [])} or capacity
+    # each says how it contains its jobs (registered with its inventory): a cgroup of their own where
+    # the host delegates one, else process group + marker + subreaper (this repo's test machine)
+    modes = {h["host_id"]: h["containment"] for h in capacity["hosts"]}
+    assert all(modes[a["host_id"]] in ("cgroup-v2", "process-group") for a in agents), modes
 
 
 def test_a_real_process_job_completes(real_cloud: LocalCloudProcess, job_dir: Path) -> None:
@@ -256,3 +262,139 @@ def test_agent_kill_restarts_the_agent_and_a_partition_cuts_only_its_api(
     finally:
         assert send(url, {"kind": "heal", "host_id": host})[0] == 200
     assert hosted.get("/v1/capacity").status != 503
+
+
+#: Double-forks a sleeper into a session of its own (its parent exits at once: a daemon), writes
+#: the sleeper's pid to $MARK, then runs $RUN_S seconds.
+DETACHING_SCRIPT = """
+import os, time
+mark = os.environ["MARK"]
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(mark + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os.rename(mark + ".tmp", mark)
+        time.sleep(600)
+    os._exit(0)
+os.waitpid(pid, 0)
+while not os.path.exists(mark):
+    time.sleep(0.05)
+print("detached a sleeper", flush=True)
+time.sleep(float(os.environ.get("RUN_S", "1")))
+"""
+
+
+def _sleeper(marker: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the job never detached its sleeper"
+        time.sleep(0.1)
+    return int(marker.read_text())
+
+
+@pytest.mark.parametrize("end", ["completes", "canceled"])
+def test_a_detached_sleeper_dies_before_the_job_ends(
+    real_cloud: LocalCloudProcess, job_dir: Path, end: str
+) -> None:
+    """A double-forked daemon of the job (setsid, its parent gone) is killed with the job, on a
+    normal end and on cancel, before the job's end is reported (and its GPU freed)."""
+    alice = real_cloud.client("alice")
+    marker = job_dir / "sleeper"
+    spec = _spec(marker, 1 if end == "completes" else 300)
+    spec["command"] = ["python3", "-c", DETACHING_SCRIPT]
+    r = alice.post("/v1/jobs", json=spec)
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    sleeper = _sleeper(marker)
+    try:
+        if end == "canceled":
+            _wait(alice, job_id, ("RUNNING",))
+            assert alice.post(f"/v1/jobs/{job_id}/cancel").status == 202
+        job = _wait(alice, job_id, ("COMPLETED", "CANCELED", "FAILED"), timeout=60)
+        assert job["status"] == ("COMPLETED" if end == "completes" else "CANCELED"), job
+        assert not _alive(sleeper), f"the job's detached sleeper {sleeper} outlived it"  # no wait
+    finally:
+        if _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def _agent_launch(pid: int) -> tuple[dict[str, str], str]:
+    """How a running agent was started (its environment and working directory), to start it again."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    return env, os.readlink(f"/proc/{pid}/cwd")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
+    real_cloud: LocalCloudProcess, job_dir: Path
+) -> None:
+    """(a) with real agents: SIGKILL takes the job's leader (``PR_SET_PDEATHSIG``), not its
+    double-forked sleeper; the agent started again on the same work dir kills the sleeper before it
+    registers, so the job's code never runs on beside its retry or another tenant's job."""
+    alice = real_cloud.client("alice")
+    marker = job_dir / "sleeper"
+    spec = _spec(marker, 300)
+    spec["command"] = ["python3", "-c", DETACHING_SCRIPT]
+    r = alice.post("/v1/jobs", json=spec)
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    sleeper = _sleeper(marker)
+    replacement = None
+    try:
+        running = _wait(alice, job_id, ("RUNNING",))
+        host = running["placement"]["hosts"][0]["host_id"]
+        (agent,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
+        env, cwd = _agent_launch(agent["pid"])
+        # the agent's children: the job's leader and the sleeper it adopted as their subreaper
+        deadline = time.monotonic() + 10
+        while sleeper not in _children(agent["pid"]):  # its parent exits at once: then it is adopted
+            assert time.monotonic() < deadline, "the agent is not the subreaper of the job's sleeper"
+            time.sleep(0.05)
+        leaders = [pid for pid in _children(agent["pid"]) if pid != sleeper]
+        assert leaders
+        os.kill(agent["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in leaders):
+            assert time.monotonic() < deadline, "the job's leader outlived its agent"
+            time.sleep(0.05)
+        assert _alive(sleeper)  # what nothing else kills: the old agent is gone
+        replacement = subprocess.Popen(
+            [sys.executable, "-m", "berth_agent.main"],
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while _alive(sleeper):
+            assert time.monotonic() < deadline, f"the restarted agent left the sleeper {sleeper} running"
+            assert replacement.poll() is None, "the restarted agent exited"
+            time.sleep(0.1)
+    finally:
+        alice.post(f"/v1/jobs/{job_id}/cancel")
+        if replacement is not None and replacement.poll() is None:
+            replacement.send_signal(signal.SIGTERM)
+            replacement.send_signal(signal.SIGTERM)  # the second: stop its jobs now
+            try:
+                replacement.wait(30)
+            except subprocess.TimeoutExpired:
+                replacement.kill()
+        if _alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)

@@ -201,3 +201,25 @@ def test_capacity_names_only_the_callers_own_tenants_job_ids(world) -> None:  # 
 
     assert attempts(ALICE) == [f"{mine}#1"]
     assert attempts(ADMIN) == sorted([f"{mine}#1", f"{theirs}#1"])
+
+
+def test_capacity_shows_each_hosts_containment(world) -> None:  # type: ignore[no-untyped-def]
+    svc, _, hosts, _ = world
+    inv = HostInventory(
+        host_id="contained",
+        pool="p",
+        gpu_type="V100",
+        gpu_ids=("c-0",),
+        cpu=8,
+        memory_gib=64,
+        containment="process-group",
+    )
+    hosts.register(inv, NOW + timedelta(minutes=5))
+    cap = svc.capacity(ALICE)
+    assert {h["host_id"]: h["containment"] for h in cap["hosts"]} == {
+        "contained": "process-group",
+        "live": None,  # an agent that does not say
+        "stale": None,
+    }
+    with pytest.raises(ValueError, match="containment"):
+        HostInventory(**{**inv.model_dump(), "containment": "chroot"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from berth_agent import cgroups
+from berth_agent import cgroups, containment
 from berth_agent.config import AgentConfig, ExecutorKind
 from berth_agent.executors.base import (
     Executor,
@@ -49,6 +49,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _process_group_containment(why: str) -> None:
+    """No job cgroups: the agent becomes the child subreaper of its jobs (berth_agent.containment)."""
+    refused = containment.become_subreaper()
+    log.warning(
+        "containment: process-group (no job cgroups: %s); rlimits only; detached processes are found "
+        "by their BERTH_ATTEMPT_KEY marker%s",
+        why,
+        f"; not a child subreaper: {refused}" if refused else ", the agent is their child subreaper",
+        extra={"containment": containment.Mode.PROCESS_GROUP.value, "why": why},
+    )
+
+
 def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None) -> Executor:
     grace = float(config.cancel_grace_s)
     if config.executor == ExecutorKind.PROCESS:
@@ -57,7 +69,10 @@ def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None
             if config.limits.cgroups
             else (None, "off in the config")
         )
-        log.info("job cgroups" if job_cgroups else "no job cgroups: rlimits only", extra={"why": why})
+        if job_cgroups is not None:
+            log.info("containment: cgroup-v2 (one cgroup per attempt)", extra={"why": why})
+        else:
+            _process_group_containment(why)
         return ProcessExecutor(
             uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace, cgroups=job_cgroups
         )

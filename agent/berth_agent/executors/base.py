@@ -137,6 +137,9 @@ class Launch:
     limits: Limits = Limits()
     array_env: Mapping[str, str] = field(default_factory=dict)
     """``BERTH_ARRAY_*`` and ``BERTH_PARAM_*`` of an array task (from its spec's ``array_task``)."""
+    attempt_key: str | None = None
+    """The run's marker (``BERTH_ATTEMPT_KEY``, berth_agent.containment): every process of the run
+    inherits it, so one that detached (``setsid``, a double fork) is still found and killed."""
 
     @property
     def name(self) -> str:
@@ -176,6 +179,8 @@ def job_environment(
             env[key] = value
     env["BERTH_JOB_ID"] = launch.job_id
     env["BERTH_ATTEMPT"] = str(launch.attempt)
+    if launch.attempt_key is not None:
+        env["BERTH_ATTEMPT_KEY"] = launch.attempt_key
     if output_dir is not None:
         env["BERTH_OUTPUT_DIR"] = output_dir
     if checkpoint_dir is not None:
@@ -251,8 +256,16 @@ class RunHandle(ABC):
     def pid(self) -> int | None:
         """The host process (group leader) of the run, for sampling and re-adoption; None if none."""
 
+    @property
+    def cgroup_path(self) -> str | None:
+        """The run's own cgroup (cgroup v2 containment), recorded in the ledger; None if none."""
+        return None
+
 
 class Executor(ABC):
+    #: How a run's processes are held together (berth_agent.containment.Mode), for the inventory.
+    containment: str = "none"
+
     @abstractmethod
     def start(self, launch: Launch, on_line: LineSink) -> RunHandle:
         """Start ``launch``; raises ``StartError`` when it cannot start at all."""

@@ -135,6 +135,8 @@ def container_argv(
 
 
 class ContainerExecutor(Executor):
+    containment = "container"
+
     def __init__(
         self,
         runtime: Runtime,

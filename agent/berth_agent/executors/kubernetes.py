@@ -240,6 +240,8 @@ class KubernetesExecutor(Executor):
     """Runs image jobs as Kubernetes Jobs. Output lines are not streamed (the pod's log stays in
     the cluster's logging); ``on_line`` gets one line naming the Job."""
 
+    containment = "kubernetes"
+
     def __init__(
         self, batch: BatchApi, core: CoreApi, config: KubernetesConfig, poll_interval_s: float = 5.0
     ):

@@ -16,9 +16,10 @@ job cannot read another's files, and none can read the agent's.
 
 Where the host delegates a cgroup v2 subtree (``berth_agent.cgroups``), each job also gets a cgroup
 of its own with ``memory.max`` and ``cpu.max`` from its spec: the child writes itself into it
-before it drops to the job's uid and execs, so all it forks is inside, and what escaped the process
-group (``setsid``) is killed with the cgroup when the leader exits. Elsewhere the reason is logged
-once and jobs get the rlimits only.
+before it drops to the job's uid and execs, so all it forks is inside. Elsewhere jobs get the
+rlimits only. Either way a run's processes are its ``scope`` (berth_agent.containment: the cgroup,
+or the group, the ``BERTH_ATTEMPT_KEY`` marker and descendants): signals reach all of them, and
+once the leader has exited the run has its result only after none of them is left.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from berth_agent.cgroups import JobCgroup, JobCgroups
+from berth_agent.containment import (
+    LEADERS,
+    SCAN_S,
+    STRAYS,
+    CgroupScope,
+    Mode,
+    ProcTable,
+    Scope,
+    TreeScope,
+    empty_out,
+)
 from berth_agent.executors.base import (
     Executor,
     FailureKind,
@@ -124,9 +136,11 @@ class ProcessRun(RunHandle):
         on_exit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         cgroup: JobCgroup | None = None,
+        attempt_key: str | None = None,
     ) -> None:
         self._on_line = on_line
         self._cgroup = cgroup
+        self.attempt_key = attempt_key
         self._on_exit = on_exit
         self._clock = clock
         self._terminate_hook = terminate
@@ -174,6 +188,7 @@ class ProcessRun(RunHandle):
             if isinstance(exc, (subprocess.SubprocessError, OSError)):  # preexec (rlimits), uid switch
                 raise StartError(FailureKind.AGENT_ERROR, f"the job could not be started: {exc}") from exc
             raise
+        LEADERS.add(self._proc.pid)  # no scope or stray sweep may wait on it: subprocess does
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
             threading.Thread(target=self._read, args=("stdout", self._proc.stdout), daemon=True),
@@ -181,12 +196,28 @@ class ProcessRun(RunHandle):
         ]
         for t in self._readers:
             t.start()
+        self.scope: Scope = (
+            CgroupScope(cgroup)
+            if cgroup is not None
+            else TreeScope(
+                pgid=self._proc.pid,
+                key=attempt_key,
+                leader_ticks=ProcTable().start_ticks(self._proc.pid),
+                reap=True,
+                owned=[self._proc.pid],
+            )
+        )
+        self._next_scan = clock()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True, name=f"run-{self.pid}")
         self._supervisor.start()
 
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    @property
+    def cgroup_path(self) -> str | None:
+        return None if self._cgroup is None else str(self._cgroup.path)
 
     # -- output ---------------------------------------------------------------------------------
     def _read(self, name: str, stream: IO[bytes]) -> None:
@@ -203,8 +234,13 @@ class ProcessRun(RunHandle):
 
     # -- control --------------------------------------------------------------------------------
     def _signal_group(self, sig: int) -> None:
+        """``sig`` to the process group, and to what left it (its cgroup, its marker)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, sig)
+        try:
+            self.scope.signal(sig)
+        except OSError as exc:  # /proc or the cgroup unreadable for a moment: the next turn retries
+            log.warning("attempt's processes not signalled", extra={"pid": self.pid, "error": str(exc)})
 
     def _begin_stop(self, grace_s: float) -> None:
         self._kill_at = self._clock() + max(0.0, grace_s)
@@ -231,6 +267,11 @@ class ProcessRun(RunHandle):
             except subprocess.TimeoutExpired:
                 pass
             now = self._clock()
+            if now >= self._next_scan:  # remember who belongs to the run while they still show it
+                self._next_scan = now + SCAN_S
+                with contextlib.suppress(OSError):
+                    self.scope.members()
+                    STRAYS.sweep()
             with self._lock:
                 if self._deadline is not None and now >= self._deadline and self._stop_reason is None:
                     self._stop_reason = "timeout"
@@ -238,11 +279,11 @@ class ProcessRun(RunHandle):
                 if self._kill_at is not None and now >= self._kill_at:
                     self._kill_at = None
                     self._signal_group(signal.SIGKILL)
-        # The leader is gone: nothing else of the group may outlive it (and hold the pipes open),
-        # nor anything of its cgroup (a process that left the group with setsid).
+        # The leader is gone: nothing else of the run may outlive it (and hold the pipes or the
+        # GPUs): its group, its cgroup, what carries its marker. The run ends only once all are gone.
+        LEADERS.discard(self._proc.pid)  # reaped by the wait above
         self._signal_group(signal.SIGKILL)
-        if self._cgroup is not None:
-            self._cgroup.kill()
+        empty_out(self.scope, what=f"pid {self.pid}")
         for t in self._readers:
             t.join(timeout=5.0)
         with self._lock:
@@ -321,6 +362,7 @@ class ProcessExecutor(Executor):
         self.uids = uids
         self.timeout_grace_s = timeout_grace_s
         self.cgroups = cgroups
+        self.containment = Mode.CGROUP_V2 if cgroups is not None else Mode.PROCESS_GROUP
 
     def _cgroup(self, launch: Launch) -> JobCgroup | None:
         """The job's own cgroup with its limits, or None (no delegated cgroup, or the kernel refused:
@@ -430,4 +472,5 @@ class ProcessExecutor(Executor):
             group=uid,
             on_exit=on_exit,
             cgroup=cgroup,
+            attempt_key=launch.attempt_key,
         )

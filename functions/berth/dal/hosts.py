@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
@@ -21,7 +21,7 @@ from pynamodb.transactions import TransactWrite
 from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
 from berth.domain.errors import Conflict, NotFound
-from berth.domain.fleet import Admission, Hold, HostInventory, HostRecord, admission_for
+from berth.domain.fleet import Admission, Containment, Hold, HostInventory, HostRecord, admission_for
 
 #: Register retries when a hold or release lands between its read and its conditional write.
 REGISTER_RETRIES = 5
@@ -61,6 +61,7 @@ class DynamoHostRepository:
                 cpu=float(row.cpu or 0),
                 memory_gib=float(row.memory_gib or 0),
                 labels=dict(row.labels or {}),
+                containment=cast(Containment | None, row.containment),  # the model validates it
             ),
             healthy=bool(row.healthy) if row.healthy is not None else True,
             lease_expires_at=row.lease_expires_at,
@@ -106,6 +107,7 @@ class DynamoHostRepository:
                 R.cpu.set(inventory.cpu),
                 R.memory_gib.set(inventory.memory_gib),
                 R.labels.set(dict(inventory.labels)),
+                R.containment.set(inventory.containment) if inventory.containment else R.containment.remove(),
                 R.healthy.set(True),
                 R.draining.set(False),
                 R.lease_expires_at.set(lease_expires_at),

@@ -175,6 +175,7 @@ class HostRow(Model):
     cpu = NumberAttribute(null=True)
     memory_gib = NumberAttribute(null=True)
     labels = JSONAttribute(null=True)
+    containment = UnicodeAttribute(null=True)
     healthy = BooleanAttribute(null=True)
     lease_expires_at = UTCDateTimeAttribute(null=True)
     free_gpu_ids = UnicodeSetAttribute(null=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,8 @@ from berth.domain.errors import Forbidden
 #: what an SQS queue name allows.
 HOST_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 POOL_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+#: An agent's containment mode (berth_agent.containment.Mode).
+Containment = Literal["cgroup-v2", "process-group", "container", "kubernetes"]
 
 
 class _Frozen(BaseModel):
@@ -79,6 +81,9 @@ class HostInventory(_Frozen):
     cpu: Annotated[float, Field(ge=0)]
     memory_gib: Annotated[float, Field(ge=0)]
     labels: dict[str, str] = Field(default_factory=dict)
+    containment: Containment | None = None
+    """How its agent holds a job's processes together (docs/agent.md, Containment); None: an agent
+    that does not say."""
 
     @model_validator(mode="after")
     def _unique_gpus(self) -> HostInventory:

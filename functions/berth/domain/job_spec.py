@@ -37,9 +37,7 @@ GPU_TYPES = ("H100", "A100", "A100-80G", "A10G", "L4", "T4", "V100", "L40S", "H2
 
 RESERVED_ENV_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_ENV_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
-_RESERVED_NAME = (
-    r"(?:AWS_|BERTH_|NVIDIA_|LD_)[A-Za-z0-9_]*|" + "|".join(sorted(RESERVED_ENV_KEYS))
-)
+_RESERVED_NAME = r"(?:AWS_|BERTH_|NVIDIA_|LD_)[A-Za-z0-9_]*|" + "|".join(sorted(RESERVED_ENV_KEYS))
 #: A reserved variable set or unset through the command: ``env NAME=...``, a shell's ``NAME=... cmd``
 #: or ``export NAME=...``, ``env -u NAME``, ``unset NAME`` (the argv joined by spaces). A defence in
 #: depth: where the host does not enforce GPU isolation, a job's own code can still change its

@@ -247,6 +247,7 @@ class FleetService:
                 "cpu": rec.inventory.cpu,
                 "memory_gib": rec.inventory.memory_gib,
                 "labels": dict(rec.inventory.labels),
+                "containment": rec.inventory.containment,
                 "healthy": rec.healthy,
                 "alive": rec.alive(now),
                 "draining": rec.draining or rec.drain_requested,

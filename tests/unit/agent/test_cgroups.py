@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from berth_agent import cgroups
 from berth_agent.cgroups import JobCgroup, JobCgroups, detect
 from berth_agent.executors import FailureKind, Launch, Limits, ProcessExecutor, UidPool
+from berth_agent.ledger import AttemptEntry, AttemptLedger
 
 
 class Lines:
@@ -150,10 +150,8 @@ def test_what_escaped_the_process_group_is_killed_with_the_cgroup(tmp_path: Path
     result = ex.start(Launch("j-1", 1, "t", ("/bin/sh", "-c", script), _workdir(tmp_path)), out).wait(10)
     assert result is not None and result.succeeded
     escapee = int(out.of("stdout")[0])
-    deadline = time.monotonic() + 5
-    while _running(escapee):
-        assert time.monotonic() < deadline, f"the escapee {escapee} still runs"
-        time.sleep(0.05)
+    # no wait: the run has a result (and its GPUs may go) only once its cgroup is empty
+    assert not _running(escapee), f"the escapee {escapee} still runs"
 
 
 def _running(pid: int) -> bool:
@@ -208,3 +206,35 @@ def test_this_host() -> None:
     assert why
     if not (cgroups.FS_ROOT / "cgroup.controllers").is_file():
         assert job_cgroups is None and "no cgroup v2 hierarchy" in why
+
+
+def test_a_restarted_agent_kills_what_is_left_in_a_recorded_cgroup(tmp_path: Path) -> None:
+    cg = tmp_path / "jobs" / "berth-j-1-1"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.kill").write_text("")
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # setsid'd, no marker
+    try:
+        (cg / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        ledger = AttemptLedger(tmp_path / "work")
+        ledger.record(AttemptEntry("j-1", 1, "tok", "process", "berth-j-1-1", cgroup=str(cg)))
+        (left,) = ledger.leftovers()
+        assert ledger.reap(left, timeout_s=10)
+        assert sleeper.wait(5) == -9 and (cg / "cgroup.kill").read_text() == "1"
+    finally:
+        sleeper.kill()
+
+
+def test_the_ledger_records_the_runs_cgroup(tmp_path: Path) -> None:
+    ex, jobs = _executor(tmp_path)
+    launch = Launch("j-1", 1, "t", ("sleep", "60"), _workdir(tmp_path))
+    handle = ex.start(launch, Lines())
+    try:
+        assert handle.cgroup_path == str(jobs / "berth-j-1-1")
+        ledger = AttemptLedger(tmp_path / "ledger")
+        entry = ledger.started(
+            AttemptEntry("j-1", 1, "tok", "process", "n"), handle.pid or 0, handle.cgroup_path
+        )
+        assert ledger.entries() == [entry] and entry.cgroup == handle.cgroup_path
+    finally:
+        handle.cancel(0)
+        assert handle.wait(10) is not None

@@ -48,3 +48,7 @@ def test_build_wires_a_daemon_from_config(tmp_path: Path, monkeypatch: pytest.Mo
     queue = daemon.queue_for("http://127.0.0.1:1/q")
     assert queue.url == "http://127.0.0.1:1/q"  # type: ignore[attr-defined]
     assert daemon.host_facts["cpu"] >= 1 and daemon.host_facts["memory_gib"] >= 0
+    # registered with the inventory, shown by ``berth capacity``: cgroup-v2 where the host delegates
+    # a cgroup, process-group elsewhere (this test host: cgroup v1/hybrid)
+    assert daemon.host_facts["containment"] == daemon.runner.executor.containment  # type: ignore[attr-defined]
+    assert daemon.host_facts["containment"] in ("cgroup-v2", "process-group")

@@ -81,7 +81,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
                 str(m["unavailable_gpus"]),
             )
     console.print(t)
-    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "GPU ISOLATION", "ATTEMPTS")
+    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "CONTAINMENT", "GPU ISOLATION", "ATTEMPTS")
     for host in d["hosts"]:
         alive = "[green]yes[/]" if host["alive"] else "[red]no[/]"
         h.add_row(
@@ -90,6 +90,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
             host["gpu_type"],
             f"{host['free_gpus']}/{host['gpus']}",
             alive,
+            host.get("containment") or "-",
             (host.get("labels") or {}).get(GPU_ISOLATION_LABEL, "unknown"),
             ", ".join(host["attempts"]) or "-",
         )
