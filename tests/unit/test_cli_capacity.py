@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from berth_tools.cli import fleet_cmd
+
+
+@pytest.fixture(autouse=True)
+def wide_console() -> Iterator[None]:
+    """A terminal wide enough that no header wraps (what is shown, not how it folds)."""
+    before = fleet_cmd.console.width
+    fleet_cmd.console.width = 200
+    yield
+    fleet_cmd.console.width = before
 
 
 def _capacity(**host: Any) -> dict[str, Any]:
@@ -39,3 +51,10 @@ def test_a_host_whose_agent_does_not_say_shows_a_dash() -> None:
         fleet_cmd._capacity_table(_capacity(containment=None))
     row = next(line for line in out.get().splitlines() if "h1" in line)
     assert "process-group" not in row and "cgroup-v2" not in row and " - " in row
+
+
+def test_the_hosts_table_shows_whether_gpus_are_isolated() -> None:
+    with fleet_cmd.console.capture() as out:
+        fleet_cmd._capacity_table(_capacity(labels={"berth/gpu-isolation": "none"}))
+    row = next(line for line in out.get().splitlines() if "h1" in line)
+    assert "GPU ISOLATION" in out.get() and " none " in row
