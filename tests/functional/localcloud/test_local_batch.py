@@ -516,6 +516,32 @@ def test_terminating_a_launcher_job_leaves_no_process_behind(lb: Batch) -> None:
     assert _processes_with(marker) == []
 
 
+def test_a_detached_process_ends_with_its_container(lb: Batch) -> None:
+    """On AWS every process of a container ends with it (its PID namespace): a daemon the job leaves
+    behind (setsid and a double fork) does not outlive the local stand-in either."""
+    marker = f"berth-detached-check-{time.time_ns()}"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execvp('python3', ['python3', '-c', 'import time; time.sleep(300)  # {marker}'])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "time.sleep(1)\n"
+    )
+    job = lb.submit("j-detached-a1", ["python3", "-c", code])
+    deadline = time.monotonic() + 20
+    while not _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker), "the job never detached its daemon"
+    assert lb.done(job)["status"] == "SUCCEEDED"
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker) == []
+
+
 def test_batchs_own_events_and_job_logs_are_not_on_the_control_planes_bill(lb: Batch) -> None:
     metering.METER.reset()
     job = lb.submit("j-bill-a1", ["python3", "-c", "print('x')"])

@@ -162,6 +162,11 @@ def audit(records: Path, marker: str, final: dict[str, dict[str, Any]]) -> dict[
     twice = twice_at_once(runs)
     booked = double_booked(runs)
     left = orphans(runs, marker)
+    owner = {
+        p: (r.job_id, r.attempt, "main" if p == r.pid else "detached")
+        for r in runs
+        for p in (r.pid, *r.children)
+    }
     return {
         "runs": len(runs),
         "run_twice_at_once": len(twice),
@@ -170,5 +175,6 @@ def audit(records: Path, marker: str, final: dict[str, dict[str, Any]]) -> dict[
         "double_booked_examples": [list(x) for x in booked[:5]],
         "orphan_processes": len(left),
         "orphan_pids": left[:20],
+        "orphan_examples": [[p, *owner[p], final.get(owner[p][0], {}).get("site")] for p in left[:5]],
         "completed_without_a_finished_run": sorted(set(completed) - finished)[:20],
     }

@@ -16,7 +16,8 @@ while `berth local fault capacity` covers its instance types) -> STARTING -> RUN
 SUCCEEDED | FAILED, with `startedAt`/`stoppedAt`, `statusReason`, `container.exitCode` and an
 `attempts[]` entry; every status change puts a `Batch Job State Change` event (source `aws.batch`,
 detail as DescribeJobs answers it) on the default bus of the job's region. The container's command
-runs through the agent's `ProcessRun` (own process group, supervised, killed with its group, no
+runs through the agent's `ProcessRun` (own process group and a containment marker, so every process
+it started, detached ones too, ends with it as in a container; supervised, no
 environment but the one given): the job definition's environment with the submit's overrides over
 it, `AWS_BATCH_*`, `AWS_REGION`, `AWS_ENDPOINT_URL` (the local cloud), and STS credentials of the job
 definition's `jobRoleArn` (none without one, as on AWS). A code-bundle job's
@@ -71,6 +72,7 @@ from botocore.exceptions import ClientError
 
 from berth.domain.arrays import from_aws_name
 from berth.domain.cloud import batch_job_task
+from berth_agent import containment
 from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
 from berth_agent.executors.process import ProcessRun, UidPool
 from berth_agent.logship import LogShipper
@@ -330,6 +332,10 @@ class LocalBatch:
             if job.latest_attempt is not None:
                 job.latest_attempt["container"]["taskArn"] = self._task_arn(job, ce, task_id)
             argv, env = self._argv_env(job, env, workdir, secret_env)
+            # A container's processes all end with it (its PID namespace): the local stand-in marks
+            # them so the detached ones are found and killed with the rest (berth_agent.containment).
+            key = containment.new_attempt_key(job.job_id, len(job.attempts))
+            env[containment.ATTEMPT_KEY_ENV] = key
             try:
                 if self.uids is not None and self._may_switch(argv):  # its work dir (0700) is all it owns
                     uid = self.uids.take()
@@ -343,6 +349,7 @@ class LocalBatch:
                     timeout_grace_s=TERMINATE_GRACE_S / self.factor,
                     user=uid,
                     group=uid,
+                    attempt_key=key,
                 )
             except Exception as exc:  # CannotStartContainerError on AWS
                 shipper.emit(f"CannotStartContainerError: {exc}")
