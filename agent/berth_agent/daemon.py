@@ -30,11 +30,14 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
+from berth.domain.agent_wire import PROTOCOL_VERSION, Directive, HeartbeatAnswer, RegisterAnswer, WorkMessage
 from berth_agent import __version__, isolation, sdnotify
 from berth_agent.client import AgentApiError
 from berth_agent.config import AgentConfig
@@ -168,7 +171,7 @@ class Daemon:
             lost += 1
         return lost
 
-    def register(self) -> Any:
+    def register(self) -> RegisterAnswer:
         inv = self.inventory
         inventory = {
             "host_id": self.config.host_id,
@@ -178,10 +181,11 @@ class Daemon:
             "labels": {isolation.LABEL: isolation.gpu_isolation(self.config.executor)[0]},
             **self.host_facts,
         }
-        answer = self.api.register(inventory, agent_version=__version__)
-        self.heartbeat_s = float(answer.get("heartbeat_s", self.heartbeat_s))
-        self.lease_s = float(answer.get("lease_s", self.lease_s))
-        self.outage_tolerance_s = float(answer.get("outage_tolerance_s", self.outage_tolerance_s))
+        raw = self.api.register(inventory, agent_version=__version__)
+        answer = RegisterAnswer.model_validate(raw)
+        self.heartbeat_s = answer.heartbeat_s
+        self.lease_s = answer.lease_s
+        self.outage_tolerance_s = answer.outage_tolerance_s
         self._last_beat_ok = self._clock()
         log.info(
             "registered",
@@ -207,18 +211,17 @@ class Daemon:
         self.draining.set()
         sdnotify.stopping(f"draining ({why})")
 
-    def apply(self, directives: list[Mapping[str, Any]]) -> None:
+    def apply(self, directives: Sequence[Directive]) -> None:
         """Act on one heartbeat answer's directives (all of them: a ``drain`` absent from the answer
         ends a directed drain)."""
         drain = False
         for d in directives:
-            action = d.get("action")
-            if action == "drain":
+            if d.action == "drain":
                 drain = True
-            elif action in ("cancel", "stop") and d.get("job_id") and d.get("attempt") is not None:
-                self.runner.cancel(str(d["job_id"]), int(d["attempt"]))
+            elif d.action in ("cancel", "stop") and d.job_id and d.attempt is not None:
+                self.runner.cancel(d.job_id, d.attempt)
             else:
-                log.warning("unknown directive ignored", extra={"directive": dict(d)})
+                log.warning("unknown directive ignored", extra={"directive": d.model_dump()})
         if drain and not self.directed_drain.is_set():
             log.info("drain directive: taking no new work", extra={"running": len(self.runner.running())})
             self.directed_drain.set()
@@ -235,8 +238,9 @@ class Daemon:
         self._last_beat_ok = self._clock()
         self.lease_lost = False
         self._outage_logged = False
-        self.apply(list((answer or {}).get("directives") or []))
-        if (answer or {}).get("reregister"):
+        beat = HeartbeatAnswer.model_validate(answer or {})
+        self.apply(beat.directives)
+        if beat.reregister:
             # The control plane marked this host lost (its attempts were failed and are stopped by
             # the directives above): register again to get new work.
             log.warning("host was marked lost: registering again")
@@ -278,14 +282,18 @@ class Daemon:
     def offer(self, queue: WorkQueue, message: Message) -> bool:
         """Start the attempt ``message`` names if its GPUs are free; True when it was taken."""
         try:
+            parsed = WorkMessage.model_validate_json(message.body)  # protocol 1, kind run: else refused
             body = json.loads(message.body)
-            key = (str(body["job_id"]), int(body["attempt"]))
-            gpus = [str(g) for g in body.get("gpu_ids") or []]
-            valid = body.get("protocol") == 1 and body.get("kind") == "run"
-        except (ValueError, KeyError, TypeError):
+            key = (parsed.job_id, parsed.attempt)
+            gpus = list(parsed.gpu_ids)
+            valid = True
+        except (ValueError, ValidationError):
             valid = False
         if not valid:
-            log.error("unreadable work message deleted", extra={"body": message.body[:200]})
+            log.error(
+                "unreadable work message deleted",
+                extra={"body": message.body[:200], "protocol": PROTOCOL_VERSION},
+            )
             queue.delete(message.receipt)
             return False
         with self._lock:
@@ -386,7 +394,7 @@ class Daemon:
     def run(self, install_signals: bool = True) -> None:
         self.recover()
         answer = self.register()
-        queue = self.queue_for(str(answer["queue_url"]))
+        queue = self.queue_for(answer.queue_url)
         if install_signals:
             signal.signal(signal.SIGTERM, self.on_sigterm)
             signal.signal(signal.SIGINT, self.on_sigterm)

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from berth.domain.agent_wire import ClaimAnswer
 from berth.domain.job_spec import JobSpec
 from berth_agent.config import AgentConfig
 from berth_agent.executors.base import Launch, Limits, Mount, Rendezvous
@@ -49,20 +50,20 @@ class Claim:
     @classmethod
     def parse(cls, payload: Mapping[str, Any]) -> Claim:
         try:
-            spec = JobSpec.model_validate(payload["spec"])
-            claim = cls(
-                job_id=str(payload["job_id"]),
-                attempt=int(payload["attempt"]),
-                tenant=str(payload["tenant"]),
-                spec=spec,
-                gpu_ids=tuple(str(g) for g in payload.get("gpu_ids") or ()),
-                rank=int(payload.get("rank") or 0),
-                world_size=int(payload.get("world_size") or 1),
-                master_addr=payload.get("master_addr"),
-                master_port=None if payload.get("master_port") is None else int(payload["master_port"]),
-            )
-        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            answer = ClaimAnswer.model_validate(payload)  # the model the control plane wrote it with
+        except (TypeError, ValueError, ValidationError) as exc:
             raise ClaimError(f"claim is not valid: {exc}") from exc
+        claim = cls(
+            job_id=answer.job_id,
+            attempt=answer.attempt,
+            tenant=answer.tenant,
+            spec=answer.spec,
+            gpu_ids=answer.gpu_ids,
+            rank=answer.rank,
+            world_size=answer.world_size,
+            master_addr=answer.master_addr,
+            master_port=answer.master_port,
+        )
         if claim.spec.image is None and claim.spec.code is None:
             raise ClaimError("the job has neither image nor code")
         if not claim.spec.command:

@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import ValidationError
+
+from berth.domain.agent_wire import LaunchDocument, LaunchTask
 from berth_agent.executors.base import CREDENTIAL_KEYS, FailureKind, JobResult, Launch, Mount, StartError
 from berth_agent.executors.process import ProcessExecutor
 from berth_agent.outputs import DirSync, PeriodicSync, restore
@@ -98,10 +101,12 @@ def task_row(obj: dict[str, Any], array_index: str | None) -> dict[str, Any]:
     row = tasks[int(array_index)]
     if row is None:
         raise NoTaskHere(f"child {array_index} of the group has no task to run (it moved on)")
-    if not isinstance(row, dict) or set(row) - {"job_id", "command", "array_env"}:
-        raise LaunchSpecError(f"tasks[{array_index}] is not a task row")
+    try:
+        task = LaunchTask.model_validate(row)
+    except ValidationError as exc:
+        raise LaunchSpecError(f"tasks[{array_index}] is not a task row: {exc}") from exc
     merged = {k: v for k, v in obj.items() if k != "tasks"}
-    merged.update(row)
+    merged.update(task.model_dump(mode="json"))
     return merged
 
 
@@ -145,64 +150,41 @@ class LaunchSpec:
             raise LaunchSpecError(f"{LAUNCH_ENV} is not a JSON object")
         obj = task_row(obj, array_index)
         try:
-            command = obj["command"]
-            if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-                raise LaunchSpecError("command must be a non-empty list of strings")
-            env = obj.get("env") or {}
-            if not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-            ):
-                raise LaunchSpecError("env must map strings to strings")
-            array_env = obj.get("array_env") or {}
-            if not isinstance(array_env, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in array_env.items()
-            ):
-                raise LaunchSpecError("array_env must map strings to strings")
-            code = obj.get("code")
-            code_uri = code_digest = None
-            if code is not None:
-                code_uri = str(code["uri"])
-                code_digest = parse_digest(str(code["digest"]))
-                if code_digest is None:
-                    raise LaunchSpecError(f"code.digest {code['digest']!r} is not sha256:<64 hex>")
-            data = tuple(DataItem(str(d["source"]), str(d["mount"])) for d in obj.get("data") or [])
-            outputs = obj.get("outputs") or {}
-            outputs_prefix = outputs.get("prefix")
-            checkpoint_prefix = obj.get("checkpoint_prefix")
-            for name, prefix in (
-                ("outputs.prefix", outputs_prefix),
-                ("checkpoint_prefix", checkpoint_prefix),
-            ):
-                if prefix is not None and not str(prefix).endswith("/"):
-                    raise LaunchSpecError(f"{name} must end with '/'")
-            timeout = obj.get("timeout_s")
-            secret_env = obj.get("secret_env") or []
-            if not isinstance(secret_env, list) or not all(isinstance(n, str) and n for n in secret_env):
-                raise LaunchSpecError("secret_env must be a list of variable names")
-            spec = cls(
-                job_id=str(obj["job_id"]),
-                attempt=int(obj["attempt"]),
-                tenant=str(obj["tenant"]),
-                command=tuple(command),
-                env=env,
-                array_env=array_env,
-                code_uri=code_uri,
-                code_digest=code_digest,
-                data=data,
-                outputs_bucket=outputs.get("bucket"),
-                outputs_prefix=outputs_prefix,
-                checkpoint_prefix=checkpoint_prefix,
-                timeout_s=None if timeout is None else float(timeout),
-                aws_region=str(obj.get("aws_region") or "us-east-1"),
-                endpoint_url=obj.get("endpoint_url"),
-                sync_interval_s=float(obj.get("sync_interval_s", DEFAULT_SYNC_INTERVAL_S)),
-                grace_s=float(obj.get("grace_s", DEFAULT_GRACE_S)),
-                secret_env=tuple(secret_env),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, LaunchSpecError):
-                raise
-            raise LaunchSpecError(f"{LAUNCH_ENV} is malformed: {exc!r}") from exc
+            doc = LaunchDocument.model_validate(obj)  # the model the control plane wrote it with
+        except ValidationError as exc:
+            raise LaunchSpecError(f"{LAUNCH_ENV} is malformed: {exc}") from exc
+        code_uri = code_digest = None
+        if doc.code is not None:
+            code_uri = doc.code.uri
+            code_digest = parse_digest(doc.code.digest)
+            if code_digest is None:
+                raise LaunchSpecError(f"code.digest {doc.code.digest!r} is not sha256:<64 hex>")
+        for name, prefix in (
+            ("outputs.prefix", doc.outputs.prefix),
+            ("checkpoint_prefix", doc.checkpoint_prefix),
+        ):
+            if prefix is not None and not prefix.endswith("/"):
+                raise LaunchSpecError(f"{name} must end with '/'")
+        spec = cls(
+            job_id=doc.job_id,
+            attempt=doc.attempt,
+            tenant=doc.tenant,
+            command=doc.command,
+            env=doc.env,
+            array_env=doc.array_env,
+            code_uri=code_uri,
+            code_digest=code_digest,
+            data=tuple(DataItem(d.source, d.mount) for d in doc.data),
+            outputs_bucket=doc.outputs.bucket,
+            outputs_prefix=doc.outputs.prefix,
+            checkpoint_prefix=doc.checkpoint_prefix,
+            timeout_s=doc.timeout_s,
+            aws_region=doc.aws_region,
+            endpoint_url=doc.endpoint_url,
+            sync_interval_s=DEFAULT_SYNC_INTERVAL_S if doc.sync_interval_s is None else doc.sync_interval_s,
+            grace_s=DEFAULT_GRACE_S if doc.grace_s is None else doc.grace_s,
+            secret_env=doc.secret_env,
+        )
         if spec.attempt < 1:
             raise LaunchSpecError("attempt must be >= 1")
         if (spec.outputs_prefix or spec.checkpoint_prefix) and not spec.outputs_bucket:

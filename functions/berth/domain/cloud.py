@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.domain.agent_wire import LaunchCode, LaunchData, LaunchDocument, LaunchOutputs
 from berth.domain.errors import DomainError
 from berth.domain.job import Job
 from berth.domain.placement import MAX_BATCH_GROUP, BatchGroup, CloudPlacement
@@ -457,28 +458,27 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         uri = f"s3://{settings.artifacts_bucket}/{bundle_key(job.tenant, digest)}" if digest else spec.code
         # the launcher takes the reference as the job names it (``sha256:<hex>``), as its agent does
         code = {"uri": uri, "digest": f"sha256:{digest}" if digest else ""}
-    launch = {
-        "job_id": job.id,
-        "attempt": attempt,
-        "tenant": job.tenant,
-        "command": list(spec.command),
-        "env": dict(spec.env),
-        "array_env": array_env,
-        "code": code,
-        "data": [{"source": d.source, "mount": d.mount} for d in spec.data],
-        "outputs": {"bucket": settings.data_bucket, "prefix": outputs},
-        "checkpoint_prefix": outputs + "checkpoints/",
-        "timeout_s": timeout_s,
-        "aws_region": placement.region,
-        "endpoint_url": settings.endpoint_url,
-    }
     image = spec.image or settings.base_image
     secrets = batch_secrets(dict(spec.secrets), job.tenant, settings)
-    if secrets and spec.code is not None:
-        # ECS puts them in the container's environment; the launcher passes these names on to the job.
-        launch["secret_env"] = [env_name for env_name, _ in secrets]
+    launch = LaunchDocument(
+        job_id=job.id,
+        attempt=attempt,
+        tenant=job.tenant,
+        command=tuple(spec.command),
+        env=dict(spec.env),
+        array_env=array_env,
+        code=None if code is None else LaunchCode.model_validate(code),
+        data=tuple(LaunchData(source=d.source, mount=d.mount) for d in spec.data),
+        outputs=LaunchOutputs(bucket=settings.data_bucket, prefix=outputs),
+        checkpoint_prefix=outputs + "checkpoints/",
+        timeout_s=timeout_s,
+        aws_region=placement.region,
+        endpoint_url=settings.endpoint_url,
+        # ECS puts secrets in the container's environment; the launcher passes these names on to the job.
+        secret_env=tuple(env_name for env_name, _ in secrets) if spec.code is not None else (),
+    )
     command = tuple(spec.command) if spec.image else LAUNCH_COMMAND
-    env = {**spec.env, **berth_env, "BERTH_LAUNCH": json.dumps(launch, separators=(",", ":"))}
+    env = {**spec.env, **berth_env, "BERTH_LAUNCH": launch.model_dump_json(exclude_none=True)}
     r = spec.resources
     return BatchSubmission(
         region=placement.region,

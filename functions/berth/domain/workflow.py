@@ -17,8 +17,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: The protocol version in every work message and in ``docs/agent-protocol.md``.
-PROTOCOL_VERSION = 1
+# The dispatch protocol's messages to agents live with the wire (both deployables import them).
+from berth.domain.agent_wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from berth.domain.agent_wire import Directive as Directive
+from berth.domain.agent_wire import WorkMessage as WorkMessage
 
 
 class Failure(StrEnum):
@@ -281,20 +283,6 @@ class RunState(_Model):
 # -- the dispatch protocol's messages (docs/agent-protocol.md) -------------------------------------
 
 
-class WorkMessage(_Model):
-    """What the control plane puts on a host's queue: a pointer to an attempt, never a secret."""
-
-    protocol: Literal[1] = 1
-    kind: Literal["run"] = "run"
-    job_id: str
-    attempt: Annotated[int, Field(ge=1)]
-    fencing_token: str
-    rank: Annotated[int, Field(ge=0)]
-    world_size: Annotated[int, Field(ge=1)]
-    gpu_ids: tuple[str, ...]
-    claim_by: datetime
-
-
 class AttemptRef(_Model):
     job_id: Annotated[str, Field(min_length=1, max_length=64)]
     attempt: Annotated[int, Field(ge=1, le=1000)]
@@ -363,10 +351,3 @@ class HeartbeatRequest(_Model):
     healthy: bool = True
     draining: bool = False
     attempts: Annotated[list[AttemptRef], Field(max_length=256)] = Field(default_factory=list)
-
-
-class Directive(_Model):
-    job_id: str | None = None
-    attempt: int | None = None
-    action: Literal["cancel", "stop", "drain"]
-    reason: str

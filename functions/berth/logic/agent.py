@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from berth.domain.agent_wire import ClaimAnswer, HeartbeatAnswer, RegisterAnswer
 from berth.domain.errors import Conflict, NotFound, ValidationFailed
 from berth.domain.fleet import HostInventory
 from berth.domain.job import Job, iso
@@ -96,15 +97,15 @@ class AgentService:
         self.hosts.register(inventory, lease)
         queue_url = self.queues.ensure(host.host_id)
         self.trigger.request(f"host {host.host_id} registered")
-        return {
-            "host_id": host.host_id,
-            "queue_url": queue_url,
-            "lease_expires_at": iso(lease),
-            "lease_s": self.settings.lease_s,
-            "outage_tolerance_s": self.settings.outage_tolerance_s,
-            "heartbeat_s": max(1, self.settings.heartbeat_s // 3),
-            "protocol": PROTOCOL_VERSION,
-        }
+        return RegisterAnswer(
+            host_id=host.host_id,
+            queue_url=queue_url,
+            lease_expires_at=lease,
+            lease_s=self.settings.lease_s,
+            outage_tolerance_s=self.settings.outage_tolerance_s,
+            heartbeat_s=max(1, self.settings.heartbeat_s // 3),
+            protocol=PROTOCOL_VERSION,
+        ).model_dump(mode="json")
 
     def heartbeat(self, host: HostCaller, request: HeartbeatRequest) -> dict[str, Any]:
         """Renew the host's lease and each running attempt's heartbeat; answer with directives."""
@@ -120,11 +121,7 @@ class AgentService:
                 Directive(job_id=a.job_id, attempt=a.attempt, action="stop", reason="host lease expired")
                 for a in request.attempts
             ]
-            return {
-                "lease_expires_at": None,
-                "reregister": True,
-                "directives": [d.model_dump() for d in stops],
-            }
+            return HeartbeatAnswer(reregister=True, directives=tuple(stops)).model_dump(mode="json")
         lease = now + timedelta(seconds=self.settings.lease_s)
         self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy, draining=request.draining)
         directives: list[Directive] = []
@@ -149,7 +146,7 @@ class AgentService:
                 directives.append(
                     Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.stop)
                 )
-        return {"lease_expires_at": iso(lease), "directives": [d.model_dump() for d in directives]}
+        return HeartbeatAnswer(lease_expires_at=lease, directives=tuple(directives)).model_dump(mode="json")
 
     def request_drain(self, host_id: str, drain: bool = True) -> None:
         """The operator's drain of a host (no API route in protocol v1: an admin script or the local
@@ -185,19 +182,19 @@ class AgentService:
             assert isinstance(job.placement, OnPremPlacement)
             hosts = job.placement.hosts
             rank = next(i for i, h in enumerate(hosts) if h.host_id == host.host_id)
-            return {
-                "job_id": job.id,
-                "attempt": job.attempts,
-                "tenant": job.tenant,
-                "spec": job.spec.model_dump(mode="json", exclude_none=True),
-                "gpu_ids": list(hosts[rank].gpu_ids),
-                "rank": rank,
-                "world_size": len(hosts),
-                "hosts": [h.host_id for h in hosts],
-                "master_addr": hosts[0].host_id,
-                "master_port": MASTER_PORT,
-                "heartbeat_s": max(1, self.settings.heartbeat_s // 3),
-            }
+            return ClaimAnswer(
+                job_id=job.id,
+                attempt=job.attempts,
+                tenant=job.tenant,
+                spec=job.spec,
+                gpu_ids=hosts[rank].gpu_ids,
+                rank=rank,
+                world_size=len(hosts),
+                hosts=tuple(h.host_id for h in hosts),
+                master_addr=hosts[0].host_id,
+                master_port=MASTER_PORT,
+                heartbeat_s=max(1, self.settings.heartbeat_s // 3),
+            ).model_dump(mode="json", exclude_none=True)
         raise Conflict(f"job {ref.job_id!r} kept changing while claiming")
 
     def report(self, host: HostCaller, report: AttemptReport) -> dict[str, Any]:

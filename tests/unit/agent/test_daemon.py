@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from berth.domain.agent_wire import Directive, WorkMessage
 from berth_agent.config import AgentConfig
 from berth_agent.daemon import BUSY_RETRY_S, Daemon, Message, SqsQueue
 from berth_agent.gpus import Gpu, Inventory
@@ -20,15 +21,17 @@ INV = Inventory(
 
 
 def _msg(job: str, gpus: list[str], attempt: int = 1) -> Message:
-    body = {
-        "protocol": 1,
-        "kind": "run",
-        "job_id": job,
-        "attempt": attempt,
-        "fencing_token": f"t-{job}",
-        "gpu_ids": gpus,
-    }
-    return Message(json.dumps(body), f"r-{job}")
+    """A work message as the control plane writes it (the wire model both sides import)."""
+    body = WorkMessage(
+        job_id=job,
+        attempt=attempt,
+        fencing_token=f"t-{job}",
+        rank=0,
+        world_size=1,
+        gpu_ids=tuple(gpus),
+        claim_by=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    return Message(body.model_dump_json(), f"r-{job}")
 
 
 class FakeQueue:
@@ -182,9 +185,9 @@ def test_directives(tmp_path: Path) -> None:
     d = _daemon(tmp_path, FakeQueue([]), runner, api)
     d.apply(
         [
-            {"job_id": "j1", "attempt": 2, "action": "cancel", "reason": "user"},
-            {"job_id": None, "attempt": None, "action": "stop", "reason": "malformed"},
-            {"action": "bogus"},
+            Directive(job_id="j1", attempt=2, action="cancel", reason="user"),
+            Directive(job_id=None, attempt=None, action="stop", reason="malformed"),
+            Directive(action="bogus"),  # a newer control plane's: logged and ignored
         ]
     )
     assert runner.canceled == [("j1", 2, None)] and not d.draining.is_set()

@@ -1,0 +1,116 @@
+"""The wire between the control plane and its agents (``berth.domain.agent_wire``): what the control
+plane writes is exactly what the agent parses, and an agent of this protocol reads a newer control
+plane's answers (added fields, a directive it does not know) while a work message of another protocol
+is refused."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from berth.domain.agent_wire import (
+    PROTOCOL_VERSION,
+    ClaimAnswer,
+    Directive,
+    HeartbeatAnswer,
+    RegisterAnswer,
+    WorkMessage,
+)
+from berth.domain.workflow import HeartbeatRequest
+from berth.logic.agent import HostCaller
+from berth_agent.jobs import Claim
+from tests.unit.test_workflow_services import World, _ref
+
+
+def test_what_the_control_plane_writes_the_agent_parses() -> None:
+    w = World(hosts=1)
+    registered = w.agent.register(HostCaller("h0", "arn:host/h0"), w.hosts.get("h0").inventory)  # type: ignore[union-attr]
+    answer = RegisterAnswer.model_validate(json.loads(json.dumps(registered)))
+    assert (answer.host_id, answer.protocol) == ("h0", PROTOCOL_VERSION)
+    assert answer.outage_tolerance_s == w.settings.outage_tolerance_s and answer.lease_s == w.settings.lease_s
+
+    job = w.submit()
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    (host, body), *_ = w.queues.sent
+    work = WorkMessage.model_validate_json(body)
+    assert (work.job_id, work.attempt, work.protocol, work.kind) == (job.id, 1, 1, "run")
+
+    ref = _ref(w.job(job.id))
+    claimed = w.agent.claim(HostCaller(host, ""), ref)
+    claim = Claim.parse(json.loads(json.dumps(claimed)))  # the agent's own parse, through ClaimAnswer
+    assert (claim.job_id, claim.attempt, claim.tenant) == (job.id, 1, job.tenant)
+    assert claim.spec == job.spec and claim.gpu_ids == work.gpu_ids
+
+    beat = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[ref]))
+    parsed = HeartbeatAnswer.model_validate(json.loads(json.dumps(beat)))
+    assert parsed.lease_expires_at is not None and not parsed.reregister
+
+
+def test_an_agent_reads_a_newer_control_planes_answers() -> None:
+    """Fields a later control plane adds are ignored; a directive action it invents is kept as a
+    string (the agent logs and ignores it); nothing of it is an error."""
+    register = {
+        "host_id": "h0",
+        "queue_url": "q",
+        "lease_expires_at": "2030-01-01T00:00:00Z",
+        "lease_s": 90,
+        "outage_tolerance_s": 300,
+        "heartbeat_s": 20,
+        "protocol": 1,
+        "some_future_field": {"x": 1},
+    }
+    assert RegisterAnswer.model_validate(register).outage_tolerance_s == 300
+    beat = HeartbeatAnswer.model_validate(
+        {
+            "lease_expires_at": None,
+            "directives": [{"action": "quarantine", "job_id": "j", "attempt": 1}],
+            "new": 1,
+        }
+    )
+    assert beat.directives == (Directive(action="quarantine", job_id="j", attempt=1),)
+
+
+def test_a_newer_agent_reads_an_older_control_planes_answers() -> None:
+    """A control plane that predates ``outage_tolerance_s`` (and ``reregister`` in plain answers):
+    the defaults are the old behaviour."""
+    old = RegisterAnswer.model_validate({"host_id": "h0", "queue_url": "q", "lease_s": 90, "heartbeat_s": 20})
+    assert old.outage_tolerance_s == 0 and old.protocol == 1
+    assert HeartbeatAnswer.model_validate({"lease_expires_at": "2030-01-01T00:00:00Z"}).directives == ()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"protocol": 2}, {"kind": "drain"}, {"attempt": 0}, {"job_id": ""}],
+)
+def test_a_work_message_of_another_protocol_or_malformed_is_refused(change: dict[str, object]) -> None:
+    good = WorkMessage(
+        job_id="j",
+        attempt=1,
+        fencing_token="t",
+        rank=0,
+        world_size=1,
+        gpu_ids=("GPU-0",),
+        claim_by=datetime(2030, 1, 1, tzinfo=UTC),
+    ).model_dump(mode="json")
+    assert WorkMessage.model_validate(good).job_id == "j"
+    with pytest.raises(ValidationError):
+        WorkMessage.model_validate({**good, **change})
+
+
+def test_a_claim_answer_round_trips() -> None:
+    spec = {
+        "name": "t",
+        "image": "busybox",
+        "command": ["true"],
+        "resources": {"gpu_type": "A100", "gpus": 2},
+    }
+    answer = ClaimAnswer.model_validate(
+        {"job_id": "j", "attempt": 2, "tenant": "vision", "spec": spec, "gpu_ids": ["a", "b"], "rank": 0}
+    )
+    again = ClaimAnswer.model_validate_json(answer.model_dump_json(exclude_none=True))
+    assert again == answer and again.world_size == 1 and again.master_port is None
