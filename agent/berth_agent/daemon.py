@@ -110,6 +110,10 @@ class Api(Protocol):
     ) -> Any: ...
 
 
+#: Waits between registrations while the control plane cannot be reached at start: first, cap.
+REGISTER_RETRY_S = (1.0, 30.0)
+
+
 class Daemon:
     def __init__(
         self,
@@ -391,9 +395,26 @@ class Daemon:
             raise box["error"]
         return list(box["messages"])
 
+    def register_at_start(self) -> RegisterAnswer:
+        """Register, waiting while the control plane cannot be reached (an outage, this host's
+        partition, throttling: 5xx, 429, no answer), as a host restarted during one must rather than
+        exit; a refusal (4xx: another host's identity, an inventory an admin has not admitted) ends
+        the agent."""
+        delay = REGISTER_RETRY_S[0]
+        while True:
+            try:
+                return self.register()
+            except AgentApiError as exc:
+                if exc.status and exc.status < 500 and exc.status != 429:
+                    raise
+                log.warning("cannot register yet; retrying", extra={"error": str(exc), "retry_in_s": delay})
+            if self.draining.wait(delay):
+                raise AgentApiError(0, "Stopped", "stopped before the control plane answered a registration")
+            delay = min(REGISTER_RETRY_S[1], delay * 2)
+
     def run(self, install_signals: bool = True) -> None:
         self.recover()
-        answer = self.register()
+        answer = self.register_at_start()
         queue = self.queue_for(answer.queue_url)
         if install_signals:
             signal.signal(signal.SIGTERM, self.on_sigterm)

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from berth.domain.agent_wire import Directive, WorkMessage
 from berth_agent.config import AgentConfig
 from berth_agent.daemon import BUSY_RETRY_S, Daemon, Message, SqsQueue
@@ -457,3 +459,40 @@ def test_the_host_registers_whether_it_enforces_gpu_isolation(tmp_path: Path) ->
     assert isolation.gpu_isolation(ExecutorKind.KUBERNETES)[0] == "enforced"
     level, why = isolation.gpu_isolation(ExecutorKind.PROCESS)
     assert level == "none" and "CUDA_VISIBLE_DEVICES" in why
+
+
+def test_an_agent_started_during_an_outage_waits_to_register(tmp_path: Path) -> None:
+    """A host restarted while the control plane cannot be reached keeps trying (5xx, 429, no
+    answer) instead of exiting; a refusal is final."""
+    from berth_agent import daemon as daemon_module
+    from berth_agent.client import AgentApiError
+
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    answers: list[Any] = [
+        AgentApiError(503, "ServiceUnavailable", "down"),
+        AgentApiError(0, "ConnectionError", "no route"),
+        AgentApiError(429, "TooManyRequests", "slow down"),
+    ]
+    real_register = api.register
+
+    def flaky(inventory: dict[str, Any], agent_version: str = "x") -> Any:
+        if answers:
+            raise answers.pop(0)
+        return real_register(inventory, agent_version)
+
+    api.register = flaky  # type: ignore[method-assign]
+    before = daemon_module.REGISTER_RETRY_S
+    daemon_module.REGISTER_RETRY_S = (0.01, 0.02)
+    try:
+        assert d.register_at_start().queue_url == "https://sqs/q"
+        assert answers == [] and len(api.registered) == 1
+
+        def refused(inventory: dict[str, Any], agent_version: str = "x") -> Any:
+            raise AgentApiError(403, "InventoryRefused", "not admitted")
+
+        api.register = refused  # type: ignore[method-assign]
+        with pytest.raises(AgentApiError, match="InventoryRefused"):
+            d.register_at_start()
+    finally:
+        daemon_module.REGISTER_RETRY_S = before
