@@ -6,8 +6,10 @@ anything else, logged as JSON.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -110,6 +112,9 @@ def _memory_gib() -> int:
 
 def main() -> int:
     jsonlog.setup()
+    # `kill -USR1 <agent>` writes every thread's stack to stderr (the journal): a stuck agent
+    # can be looked at without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cfg = agent_config.load()
         jsonlog.setup(cfg.log_level)

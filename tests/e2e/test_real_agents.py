@@ -309,7 +309,17 @@ def test_a_detached_sleeper_dies_before_the_job_ends(
     r = alice.post("/v1/jobs", json=spec)
     assert r.status == 201, r.text
     job_id = r.json()["id"]
-    sleeper = _sleeper(marker)
+    try:
+        # Up to a visibility timeout (60 s) more when an agent was SIGKILLed just before (an earlier
+        # test): its long poll, still open on the queue's side, may take the work message, which
+        # comes back only when that timeout runs out (SQS's behaviour for a receiver that died).
+        sleeper = _sleeper(marker, timeout=120)
+    except AssertionError as exc:
+        for agent in _agents(real_cloud):  # every thread's stack into its agent.log, to see why
+            if _alive(agent["pid"]):
+                os.kill(agent["pid"], signal.SIGUSR1)
+        time.sleep(1)
+        raise AssertionError(f"{exc}: {alice.get(f'/v1/jobs/{job_id}').json()}") from None
     try:
         if end == "canceled":
             _wait(alice, job_id, ("RUNNING",))
