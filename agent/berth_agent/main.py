@@ -6,6 +6,7 @@ anything else, logged as JSON.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -114,7 +115,8 @@ def main() -> int:
     jsonlog.setup()
     # `kill -USR1 <agent>` writes every thread's stack to stderr (the journal): a stuck agent
     # can be looked at without stopping it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file: no dumps
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cfg = agent_config.load()
         jsonlog.setup(cfg.log_level)

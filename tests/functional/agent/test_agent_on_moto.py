@@ -54,7 +54,12 @@ class FakeAgentApi:
 
     def register(self, inventory: dict[str, Any], agent_version: str = "x") -> Any:
         self.inventory = inventory
-        return {"queue_url": self.queue_url, "heartbeat_s": 0.2, "lease_s": 60}
+        return {
+            "host_id": inventory["host_id"],
+            "queue_url": self.queue_url,
+            "heartbeat_s": 0.2,
+            "lease_s": 60,
+        }
 
     def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
         return {"directives": []}
