@@ -37,29 +37,18 @@ from berth_agent.jobs import Claim, ClaimError, build_launch, data_mounts
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 from berth_agent.metricship import MetricsShipper
 from berth_agent.outputs import DirSync, OutputKeys, PeriodicSync, restore
-from berth_agent.reports import Answer, StartedReport, report_end
+from berth_agent.reports import Answer, ReportApi, StartedReport, report_end
 from berth_agent.staging import JobDirs, StagingError, parse_digest, stage_bundle
 from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
 
 
-class AgentApi(Protocol):
-    """The part of ``client.AgentClient`` an attempt uses."""
+class AgentApi(ReportApi, Protocol):
+    """The part of ``client.AgentClient`` an attempt uses (its reports: ``reports.ReportApi``)."""
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any: ...
     def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any: ...
-    def report(
-        self,
-        job_id: str,
-        attempt: int,
-        fencing_token: str,
-        event: str,
-        *,
-        exit_code: int | None = None,
-        failure: str | None = None,
-        message: str = "",
-    ) -> Any: ...
 
 
 class AttemptIO(Protocol):

@@ -25,7 +25,6 @@ Everything it talks to is injected (``api``, ``queue``, ``runner``), so the loop
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -43,6 +42,7 @@ from berth_agent.client import AgentApiError
 from berth_agent.config import AgentConfig
 from berth_agent.gpus import Inventory
 from berth_agent.ledger import AttemptLedger
+from berth_agent.reports import ReportApi
 
 log = logging.getLogger(__name__)
 #: A work message whose GPUs this agent still counts busy is visible again after this long.
@@ -94,20 +94,9 @@ class Runner(Protocol):
     def running(self) -> list[dict[str, Any]]: ...
 
 
-class Api(Protocol):
+class Api(ReportApi, Protocol):
     def register(self, inventory: dict[str, Any], agent_version: str = ...) -> Any: ...
     def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any: ...
-    def report(
-        self,
-        job_id: str,
-        attempt: int,
-        fencing_token: str,
-        event: str,
-        *,
-        exit_code: int | None = None,
-        failure: str | None = None,
-        message: str = "",
-    ) -> Any: ...
 
 
 #: Waits between registrations while the control plane cannot be reached at start: first, cap.
@@ -287,11 +276,11 @@ class Daemon:
         """Start the attempt ``message`` names if its GPUs are free; True when it was taken."""
         try:
             parsed = WorkMessage.model_validate_json(message.body)  # protocol 1, kind run: else refused
-            body = json.loads(message.body)
+            body = parsed.model_dump(mode="json")
             key = (parsed.job_id, parsed.attempt)
             gpus = list(parsed.gpu_ids)
             valid = True
-        except (ValueError, ValidationError):
+        except ValidationError:  # not JSON at all is a ValidationError too
             valid = False
         if not valid:
             log.error(

@@ -142,6 +142,20 @@ class LocalCloudProcess:
     def client(self, profile: str) -> ApiClient:
         return ApiClient(self.api_url, self.region, self.credentials(profile))
 
+    def aws(self, service: str, profile: str = "admin") -> Any:
+        """A boto3 client of ``service`` on this local cloud's moto endpoint, as ``profile``."""
+        import boto3
+
+        creds = self.credentials(profile)
+        make: Any = boto3.client  # any service by name (the stubs type each one apart)
+        return make(
+            service,
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            region_name=self.region,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=creds.secret_key,
+        )
+
     def client_with(self, credentials: Credentials | None) -> ApiClient:
         """A client signing with arbitrary (e.g. wrong) credentials; None sends unsigned requests."""
         return ApiClient(self.api_url, self.region, credentials)

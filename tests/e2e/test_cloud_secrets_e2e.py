@@ -40,24 +40,13 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudProces
         tmp_path_factory.mktemp("berth-secrets") / "state", "--agents", "0", "--quiet"
     )
     try:
-        sm = _aws(started, "secretsmanager")
+        sm = started.aws("secretsmanager")
         sm.create_secret(Name="berth/vision/e2e-token", SecretString=VALUE)
         sm.create_secret(Name="berth/nlp/hf", SecretString="nlp-" + secrets.token_hex(8))
         yield started
     finally:
         status = started.stop()
     assert status == 0, started.log_tail()
-
-
-def _aws(cloud: LocalCloudProcess, service: str) -> Any:
-    creds = cloud.credentials("admin")
-    return boto3.client(
-        service,
-        endpoint_url=cloud.env["AWS_ENDPOINT_URL"],
-        region_name=cloud.region,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-    )
 
 
 def _spec(name: str, secret: str, **over: Any) -> dict[str, Any]:
@@ -161,7 +150,7 @@ def test_another_tenants_secret_is_refused_at_submit(cloud: LocalCloudProcess) -
 def test_a_secret_unreadable_at_start_fails_the_job_for_good(cloud: LocalCloudProcess) -> None:
     """Marked for deletion after submit: DescribeSecret (the submit check) still finds it, ECS cannot
     read it. The job fails with ECS's reason after one attempt (the job's mistake, not the cloud's)."""
-    sm = _aws(cloud, "secretsmanager")
+    sm = cloud.aws("secretsmanager")
     sm.create_secret(Name="berth/vision/going-away", SecretString="soon-gone-" + secrets.token_hex(8))
     sm.delete_secret(SecretId="berth/vision/going-away", RecoveryWindowInDays=7)
     alice = cloud.client("alice")

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 from tests.e2e.conftest import LocalCloudProcess, log_lines, start_local_cloud
 
@@ -43,22 +42,11 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloudProces
         "process",
     )
     try:
-        _aws(lc, "secretsmanager").create_secret(Name="berth/vision/api-token", SecretString=VALUE)
+        lc.aws("secretsmanager").create_secret(Name="berth/vision/api-token", SecretString=VALUE)
         yield lc
     finally:
         status = lc.stop()
     assert status == 0, lc.log_tail()
-
-
-def _aws(cloud: LocalCloudProcess, service: str) -> Any:
-    creds = cloud.credentials("admin")
-    return boto3.client(
-        service,
-        endpoint_url=cloud.env["AWS_ENDPOINT_URL"],
-        region_name=cloud.env["AWS_REGION"],
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-    )
 
 
 def _wait(client: Any, job_id: str, timeout: float = 120) -> dict[str, Any]:
@@ -72,7 +60,7 @@ def _wait(client: Any, job_id: str, timeout: float = 120) -> dict[str, Any]:
 
 
 def _tables(cloud: LocalCloudProcess) -> dict[str, list[Any]]:
-    ddb = _aws(cloud, "dynamodb")
+    ddb = cloud.aws("dynamodb")
     out: dict[str, list[Any]] = {}
     for name in ddb.list_tables()["TableNames"]:
         out[name] = [
@@ -83,7 +71,7 @@ def _tables(cloud: LocalCloudProcess) -> dict[str, list[Any]]:
 
 def _bus_events(cloud: LocalCloudProcess, job_id: str) -> list[Any]:
     outputs = json.loads((cloud.state_dir / "outputs.json").read_text())
-    sqs = _aws(cloud, "sqs")
+    sqs = cloud.aws("sqs")
     seen: list[Any] = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not any(e["detail"].get("to") == "FAILED" for e in seen):
@@ -101,7 +89,7 @@ def _bus_events(cloud: LocalCloudProcess, job_id: str) -> list[Any]:
 def _history(cloud: LocalCloudProcess, job_id: str) -> list[Any]:
     outputs = json.loads((cloud.state_dir / "outputs.json").read_text())
     arn = outputs["StateMachineArn"].replace(":stateMachine:", ":execution:") + ":" + job_id
-    sfn = _aws(cloud, "stepfunctions")
+    sfn = cloud.aws("stepfunctions")
     deadline = time.monotonic() + 20
     while sfn.describe_execution(executionArn=arn)["status"] == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -114,7 +102,7 @@ def _history(cloud: LocalCloudProcess, job_id: str) -> list[Any]:
 
 def _function_logs(cloud: LocalCloudProcess) -> list[str]:
     """Every control-plane log event (not the jobs' own groups)."""
-    logs = _aws(cloud, "logs")
+    logs = cloud.aws("logs")
     out: list[str] = []
     for group in logs.describe_log_groups()["logGroups"]:
         name = group["logGroupName"]

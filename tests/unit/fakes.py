@@ -273,22 +273,18 @@ class FakeHosts:
             return True
 
     def admit(self, host_id: str, admission: Admission) -> None:
-        with self.lock:
-            current = self.hosts.get(host_id)
-            if current is None:
-                raise NotFound(f"host {host_id!r} is not registered")
-            self.hosts[host_id] = current.model_copy(
-                update={"admitted": admission, "version": current.version + 1}
-            )
+        self._update_existing(host_id, admitted=admission)
 
     def request_drain(self, host_id: str, drain: bool) -> None:
+        self._update_existing(host_id, drain_requested=drain)
+
+    def _update_existing(self, host_id: str, **update: Any) -> None:
+        """Change a registered host and bump its version (the adapter's ``_update_existing``)."""
         with self.lock:
             current = self.hosts.get(host_id)
             if current is None:
                 raise NotFound(f"host {host_id!r} is not registered")
-            self.hosts[host_id] = current.model_copy(
-                update={"drain_requested": drain, "version": current.version + 1}
-            )
+            self.hosts[host_id] = current.model_copy(update={**update, "version": current.version + 1})
 
 
 class FakePlacements:

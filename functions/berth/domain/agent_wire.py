@@ -26,8 +26,6 @@ from berth.domain.job_spec import JobSpec
 
 #: The protocol version in every work message and register answer.
 PROTOCOL_VERSION = 1
-#: The directive actions this protocol defines.
-DIRECTIVE_ACTIONS = ("cancel", "stop", "drain")
 
 
 class _FromControlPlane(BaseModel):
@@ -55,10 +53,6 @@ class Directive(_FromControlPlane):
     attempt: int | None = None
     action: str
     reason: str = ""
-
-    @property
-    def names_an_attempt(self) -> bool:
-        return self.job_id is not None and self.attempt is not None
 
 
 class RegisterAnswer(_FromControlPlane):

@@ -103,7 +103,7 @@ class AgentService:
             lease_expires_at=lease,
             lease_s=self.settings.lease_s,
             outage_tolerance_s=self.settings.outage_tolerance_s,
-            heartbeat_s=max(1, self.settings.heartbeat_s // 3),
+            heartbeat_s=self.settings.agent_heartbeat_s,
             protocol=PROTOCOL_VERSION,
         ).model_dump(mode="json")
 
@@ -193,7 +193,7 @@ class AgentService:
                 hosts=tuple(h.host_id for h in hosts),
                 master_addr=hosts[0].host_id,
                 master_port=MASTER_PORT,
-                heartbeat_s=max(1, self.settings.heartbeat_s // 3),
+                heartbeat_s=self.settings.agent_heartbeat_s,
             ).model_dump(mode="json", exclude_none=True)
         raise Conflict(f"job {ref.job_id!r} kept changing while claiming")
 

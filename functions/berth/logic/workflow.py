@@ -74,6 +74,11 @@ class WorkflowSettings:
     job) is released."""
 
     @property
+    def agent_heartbeat_s(self) -> int:
+        """How often agents heartbeat (the register and claim answers' ``heartbeat_s``)."""
+        return max(1, self.heartbeat_s // 3)
+
+    @property
     def host_silence_s(self) -> int:
         """How long after its lease expires a silent host is declared lost (its attempts fail as
         ``HostLost`` and are placed again)."""

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from berth_agent.isolation import LABEL as GPU_ISOLATION_LABEL
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, _read_spec, _status, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
 from berth_tools.cli.safe_text import literal
@@ -56,11 +57,6 @@ def explain(
     with api_errors(output):
         data = client_for(api_url, profile).explain(job_id)
     render(output, data, _explain_table)
-
-
-#: The label agents register with (``berth_agent.isolation.LABEL``): whether the host confines a job
-#: to its GPUs (``enforced``) or not (``none``).
-GPU_ISOLATION_LABEL = "berth/gpu-isolation"
 
 
 def _capacity_table(d: dict[str, Any]) -> None:
