@@ -288,7 +288,11 @@ time.sleep(float(os.environ.get("RUN_S", "1")))
 """
 
 
-def _sleeper(marker: Path, timeout: float = 30) -> int:
+def _sleeper(marker: Path, timeout: float = 120) -> int:
+    """The pid the job's sleeper wrote. The wait allows a visibility timeout (60 s) more than a job
+    takes to start: when an earlier test SIGKILLed an agent, its long poll, still open on the
+    queue's side, may take the work message, which comes back only when that timeout runs out (SQS's
+    behaviour for a receiver that died)."""
     deadline = time.monotonic() + timeout
     while not marker.exists():
         assert time.monotonic() < deadline, "the job never detached its sleeper"
@@ -310,10 +314,7 @@ def test_a_detached_sleeper_dies_before_the_job_ends(
     assert r.status == 201, r.text
     job_id = r.json()["id"]
     try:
-        # Up to a visibility timeout (60 s) more when an agent was SIGKILLed just before (an earlier
-        # test): its long poll, still open on the queue's side, may take the work message, which
-        # comes back only when that timeout runs out (SQS's behaviour for a receiver that died).
-        sleeper = _sleeper(marker, timeout=120)
+        sleeper = _sleeper(marker)
     except AssertionError as exc:
         for agent in _agents(real_cloud):  # every thread's stack into its agent.log, to see why
             if _alive(agent["pid"]):
