@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,7 +156,7 @@ def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, job_dir
     assert "end" not in marker.read_text()
 
 
-def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
+def test_agent_killed_mid_job_completes_and_never_runs_twice_at_once(
     real_cloud: LocalCloudProcess, job_dir: Path
 ) -> None:
     alice = real_cloud.client("alice")
@@ -180,8 +178,7 @@ def test_agent_killed_mid_job_job_completes_elsewhere_never_twice_at_once(
 
     done = _wait(alice, job_id, ("COMPLETED", "FAILED", "CANCELED"), timeout=120)
     assert done["status"] == "COMPLETED", done
-    assert done["attempts"] == 2, done
-    assert done["placement"]["hosts"][0]["host_id"] != host, done
+    assert done["attempts"] == 2, done  # (the restarted agent's host may take the retry)
     lines = _marks(marker, kind="end")
     starts = [line for line in lines if line[0] == "start"]
     ends = [line for line in lines if line[0] == "end"]
@@ -238,7 +235,7 @@ def test_agent_kill_restarts_the_agent_and_a_partition_cuts_only_its_api(
     from berth_tools.cli.fault_cmd import fault_url, send
 
     url = fault_url(real_cloud.state_dir)
-    # an agent still running (an earlier test SIGKILLs one outside the fault endpoint: not restarted)
+    # an agent running now (one an earlier test SIGKILLed may be between its death and its restart)
     agent = next(a for a in _agents(real_cloud) if _alive(a["pid"]))
     host, old_pid = agent["host_id"], agent["pid"]
     registered = _registrations(real_cloud, host)
@@ -333,13 +330,6 @@ def test_a_detached_sleeper_dies_before_the_job_ends(
             os.kill(sleeper, signal.SIGKILL)
 
 
-def _agent_launch(pid: int) -> tuple[dict[str, str], str]:
-    """How a running agent was started (its environment and working directory), to start it again."""
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-    return env, os.readlink(f"/proc/{pid}/cwd")
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -356,8 +346,9 @@ def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
     real_cloud: LocalCloudProcess, job_dir: Path
 ) -> None:
     """(a) with real agents: SIGKILL takes the job's leader (``PR_SET_PDEATHSIG``), not its
-    double-forked sleeper; the agent started again on the same work dir kills the sleeper before it
-    registers, so the job's code never runs on beside its retry or another tenant's job."""
+    double-forked sleeper; the agent the local cloud starts again on the same work dir (as systemd's
+    ``Restart=on-failure`` would) kills the sleeper before it registers, so the job's code never runs
+    on beside its retry or another tenant's job."""
     alice = real_cloud.client("alice")
     marker = job_dir / "sleeper"
     spec = _spec(marker, 300)
@@ -366,12 +357,10 @@ def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
     assert r.status == 201, r.text
     job_id = r.json()["id"]
     sleeper = _sleeper(marker)
-    replacement = None
     try:
         running = _wait(alice, job_id, ("RUNNING",))
         host = running["placement"]["hosts"][0]["host_id"]
         (agent,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
-        env, cwd = _agent_launch(agent["pid"])
         # the agent's children: the job's leader and the sleeper it adopted as their subreaper
         deadline = time.monotonic() + 10
         while sleeper not in _children(agent["pid"]):  # its parent exits at once: then it is adopted
@@ -385,28 +374,13 @@ def test_a_restarted_agent_kills_what_its_sigkilled_predecessor_left(
             assert time.monotonic() < deadline, "the job's leader outlived its agent"
             time.sleep(0.05)
         assert _alive(sleeper)  # what nothing else kills: the old agent is gone
-        replacement = subprocess.Popen(
-            [sys.executable, "-m", "berth_agent.main"],
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
         deadline = time.monotonic() + 60
         while _alive(sleeper):
             assert time.monotonic() < deadline, f"the restarted agent left the sleeper {sleeper} running"
-            assert replacement.poll() is None, "the restarted agent exited"
             time.sleep(0.1)
+        (restarted,) = [a for a in _agents(real_cloud) if a["host_id"] == host]
+        assert restarted["pid"] != agent["pid"] and _alive(restarted["pid"]), restarted
     finally:
         alice.post(f"/v1/jobs/{job_id}/cancel")
-        if replacement is not None and replacement.poll() is None:
-            replacement.send_signal(signal.SIGTERM)
-            replacement.send_signal(signal.SIGTERM)  # the second: stop its jobs now
-            try:
-                replacement.wait(30)
-            except subprocess.TimeoutExpired:
-                replacement.kill()
         if _alive(sleeper):
             os.kill(sleeper, signal.SIGKILL)

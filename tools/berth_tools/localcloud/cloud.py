@@ -29,6 +29,7 @@ from berth_tools.localcloud import (
     seed,
     session_tokens,
 )
+from berth_tools.localcloud.agent_supervisor import AgentSupervisor
 from berth_tools.localcloud.cloudformation_deploy import DeployedStack
 from berth_tools.localcloud.front_door import FrontDoor
 from berth_tools.localcloud.moto_server import MotoServer
@@ -82,8 +83,9 @@ LOCAL_EVENTS_RETENTION_S = 300
 #: (they report their canceled attempts through the API, which stays up meanwhile).
 SHUTDOWN_S = 10.0
 AGENT_STOP_S = 7.0
-#: `berth local fault agent-kill`: a killed agent is started again this long after it died, as
-#: systemd's ``Restart=always`` with ``RestartSec=1`` would.
+#: An agent that failed (a crash, `berth local fault agent-kill`, any SIGKILL) is started again this
+#: long after it died: agent/packaging/berth-agent.service's ``Restart=on-failure``, with a local
+#: ``RestartSec`` (agent_supervisor.py).
 AGENT_RESTART_S = 1.0
 
 
@@ -240,6 +242,15 @@ class LocalCloud:
         t = self._step("probe", t)
         self._start_agents(hosts)
         faults.FAULTS.agent_kill_handler = self.kill_process_agent  # `berth local fault agent-kill`
+        if self.process_agents:
+            AgentSupervisor(
+                agents=lambda: list(self.process_agents),
+                lock=self._agents_lock,
+                stopping=self._stopping,
+                restart_s=AGENT_RESTART_S,
+                say=self._say,
+                on_restart=lambda agent: self._write_agents_json(),
+            ).start()
         self._step("agents", t)
         if self._state is not None:
             self._state.write_json("outputs.json", self.stack.outputs)
@@ -268,42 +279,23 @@ class LocalCloud:
 
     # -- `berth local fault agent-kill` -------------------------------------------------------------
     def kill_process_agent(self, host_id: str) -> int | None:
-        """SIGKILL the running agent process of `host_id` (its jobs die with it: PR_SET_PDEATHSIG) and
-        start it again `AGENT_RESTART_S` after it died, in the background (systemd's ``Restart=always``);
-        agents.json names the new pid. The killed pid, or None when no agent process of that host runs."""
+        """SIGKILL the running agent process of `host_id` (its jobs die with it: PR_SET_PDEATHSIG); the
+        supervisor starts it again `AGENT_RESTART_S` after it died, as systemd would, and agents.json
+        names the new pid. The killed pid, or None when no agent process of that host runs."""
         with self._agents_lock:
             if self._stopping.is_set():
                 return None
             agent = next((a for a in self.process_agents if a.host_id == host_id and a.alive()), None)
             if agent is None or agent.process is None:
                 return None
-            killed = agent.process
-            killed.kill()
-        threading.Thread(
-            target=self._restart_agent, args=(agent, killed), name=f"restart-agent-{host_id}", daemon=True
-        ).start()
-        return killed.pid
-
-    def _restart_agent(self, agent: AgentProcess, killed: Any) -> None:
-        killed.wait()
-        if self._stopping.wait(AGENT_RESTART_S):
-            return  # the local cloud is stopping: nothing is restarted
-        with self._agents_lock:
-            if (
-                self._stopping.is_set()
-                or agent.process is not killed
-                or all(a is not agent for a in self.process_agents)
-            ):
-                return
-            agent.start()
-            self._write_agents_json()
-        self._say(f"agent {agent.host_id} restarted after agent-kill (pid {agent.pid})")
+            agent.process.kill()
+            return agent.process.pid
 
     def stop(self, *, exiting: bool = False) -> None:
         """Stop everything this local cloud started. `exiting` (Ctrl-C of `berth local up`): stop now,
         jobs included, within SHUTDOWN_S, without freeing moto's memory first (the process ends)."""
         started = time.monotonic()
-        with self._agents_lock:  # no agent is restarted from here on (`agent-kill`)
+        with self._agents_lock:  # no agent is restarted from here on (AgentSupervisor)
             self._stopping.set()
         if faults.FAULTS.agent_kill_handler == self.kill_process_agent:
             faults.FAULTS.agent_kill_handler = None

@@ -24,7 +24,8 @@ through `POST /_berth/fault` on the front door (127.0.0.1 only, like `/_berth/me
   ReceiveMessage returns (standard queues) are made visible again at once, so a later receive
   delivers them again with a new receipt handle (SQS's at-least-once delivery; see `moto_sqs`);
 - `{"kind": "agent-kill", "host_id": H}`: the real agent process of host H (`--agent-kind process`)
-  gets SIGKILL and is started again `AGENT_RESTART_S` later, as systemd's `Restart=always` would
+  gets SIGKILL and is started again `AGENT_RESTART_S` later by the
+  local cloud's agent supervisor, as systemd's `Restart=on-failure` would
   (answers the killed pid);
 - `{"kind": "lambda-kill", "function": NAME}`: one sandbox worker process of a deployed Lambda function
   whose name contains NAME (`lambda_runtime.functions_named`: `Workflow` is the WorkflowFunction) gets

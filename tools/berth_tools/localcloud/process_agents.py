@@ -201,6 +201,10 @@ class AgentProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def exit_code(self) -> int | None:
+        """None while it runs or before it was started; else its exit code (-N: killed by signal N)."""
+        return None if self.process is None else self.process.poll()
+
     def terminate(self) -> None:
         """SIGTERM: the agent drains (takes no more work, lets running jobs end within its timeout)."""
         if self.process is not None and self.process.poll() is None:
