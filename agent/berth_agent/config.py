@@ -101,6 +101,10 @@ class JobLimits(_Section):
     #: agent's own, from /proc/self/cgroup).
     cgroups: bool = True
     cgroup_root: Path | None = None
+    #: A devices cgroup per process job that denies the device nodes of the host's other GPUs, where
+    #: the host has a writable cgroup v1 devices hierarchy and NVML gives the minors
+    #: (berth_agent.gpu_devices); otherwise the host reports ``berth/gpu-isolation: none``.
+    gpu_device_rules: bool = True
 
 
 class ContainerConfig(_Section):

@@ -114,12 +114,15 @@ class Daemon:
         queue_for: Callable[[str], WorkQueue],
         ledger: AttemptLedger,
         host_facts: Mapping[str, Any] | None = None,
+        gpu_isolation: str | None = None,
         poll_wait_s: int = 20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config, self.inventory, self.api, self.runner = config, inventory, api, runner
         self.queue_for, self.ledger = queue_for, ledger
         self.host_facts = dict(host_facts or {})
+        #: ``berth/gpu-isolation`` (berth_agent.isolation): what the executor enforces on this host.
+        self.gpu_isolation = gpu_isolation or isolation.gpu_isolation(config.executor)[0]
         self.poll_wait_s = poll_wait_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -171,7 +174,7 @@ class Daemon:
             "pool": self.config.pool,
             "gpu_type": inv.gpu_type,
             "gpu_ids": inv.healthy_uuids,
-            "labels": {isolation.LABEL: isolation.gpu_isolation(self.config.executor)[0]},
+            "labels": {isolation.LABEL: self.gpu_isolation},
             **self.host_facts,
         }
         raw = self.api.register(inventory, agent_version=__version__)

@@ -38,6 +38,8 @@ class Gpu:
     mig_enabled: bool = False
     ecc_uncorrected: int | None = None
     reason: str = ""
+    #: The minor of its device node ``/dev/nvidia<minor>`` (NVML); None for simulated GPUs.
+    minor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,11 @@ class Inventory:
     @property
     def healthy_uuids(self) -> list[str]:
         return [g.uuid for g in self.gpus if g.healthy]
+
+    @property
+    def minors(self) -> dict[str, int | None]:
+        """GPU UUID -> device minor (None where unknown), every GPU of the host (device rules)."""
+        return {g.uuid: g.minor for g in self.gpus}
 
     @property
     def memory_gib(self) -> int:
@@ -108,6 +115,7 @@ def _device(nvml: Any, index: int) -> Gpu:
         nvml.NVML_VOLATILE_ECC,
     )
     pending = _optional(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    minor = _optional(nvml, nvml.nvmlDeviceGetMinorNumber, handle)
     reasons = []
     if ecc:
         reasons.append(f"{ecc} uncorrected ECC errors since boot")
@@ -122,6 +130,7 @@ def _device(nvml: Any, index: int) -> Gpu:
         mig_enabled=mig_enabled,
         ecc_uncorrected=None if ecc is None else int(ecc),
         reason="; ".join(reasons),
+        minor=None if minor is None else int(minor),
     )
 
 

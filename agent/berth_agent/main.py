@@ -43,15 +43,17 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         "GPUs discovered",
         extra={"source": inventory.source, "gpu_type": inventory.gpu_type, "gpus": inventory.healthy_uuids},
     )
-    level, why = isolation.gpu_isolation(cfg.executor)
-    (log.info if level == isolation.ENFORCED else log.warning)(
-        f"GPU isolation: {level}", extra={"executor": cfg.executor.value, "why": why}
-    )
     api = AgentClient.from_config(cfg, profile=cfg.aws_profile)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     cache = ObjectCache(cfg.cache_dir, cfg.cache_max_bytes)
     ledger = AttemptLedger(cfg.work_dir)
-    executor = executors.for_config(cfg)
+    executor = executors.for_config(cfg, gpu_minors=inventory.minors)
+    level, why = isolation.gpu_isolation(
+        cfg.executor, device_rules=getattr(executor, "device_rules", None) is not None
+    )
+    (log.info if level == isolation.ENFORCED else log.warning)(
+        f"GPU isolation: {level}", extra={"executor": cfg.executor.value, "why": why}
+    )
 
     def io_for(creds: Mapping[str, Any]) -> BotocoreIO:
         return BotocoreIO.for_credentials(
@@ -97,6 +99,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         queue_for=queue_for,
         ledger=ledger,
         host_facts={**facts, "containment": executor.containment},
+        gpu_isolation=level,
     )
 
 

@@ -89,7 +89,9 @@ def _wait(client: Any, job_id: str, statuses: tuple[str, ...], timeout: float = 
         time.sleep(0.25)
 
 
-def _marks(marker: Path, timeout: float = 30, kind: str = "start", count: int = 1) -> list[list[str]]:
+def _marks(marker: Path, timeout: float = 120, kind: str = "start", count: int = 1) -> list[list[str]]:
+    """The job's marks once `count` of `kind` are there. The wait allows a visibility timeout (60 s)
+    more than a job takes to start, as `_sleeper` explains."""
     deadline = time.monotonic() + timeout
     while True:
         lines = [line.split() for line in marker.read_text().splitlines()] if marker.exists() else []

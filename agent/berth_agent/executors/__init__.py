@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from berth_agent import cgroups, containment
+from berth_agent import cgroups, containment, gpu_devices
 from berth_agent.config import AgentConfig, ExecutorKind
 from berth_agent.executors.base import (
     Executor,
@@ -61,9 +61,21 @@ def _process_group_containment(why: str) -> None:
     )
 
 
-def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None) -> Executor:
+def for_config(
+    config: AgentConfig,
+    kube: tuple[BatchApi, CoreApi] | None = None,
+    gpu_minors: dict[str, int | None] | None = None,
+) -> Executor:
+    """The configured executor; ``gpu_minors`` (GPU UUID -> device minor, the host's inventory) lets
+    the process executor write each job's GPU device rules (berth_agent.gpu_devices)."""
     grace = float(config.cancel_grace_s)
     if config.executor == ExecutorKind.PROCESS:
+        device_rules, device_why = gpu_devices.detect(
+            gpu_minors or {}, enabled=config.limits.gpu_device_rules
+        )
+        (log.info if device_rules is not None else log.warning)(
+            "GPU device rules: " + ("on" if device_rules is not None else "off"), extra={"why": device_why}
+        )
         job_cgroups, why = (
             cgroups.detect(config.limits.cgroup_root)
             if config.limits.cgroups
@@ -74,7 +86,10 @@ def for_config(config: AgentConfig, kube: tuple[BatchApi, CoreApi] | None = None
         else:
             _process_group_containment(why)
         return ProcessExecutor(
-            uids=UidPool.parse(config.limits.uid_range), timeout_grace_s=grace, cgroups=job_cgroups
+            uids=UidPool.parse(config.limits.uid_range),
+            timeout_grace_s=grace,
+            cgroups=job_cgroups,
+            device_rules=device_rules,
         )
     if config.executor in (ExecutorKind.DOCKER, ExecutorKind.PODMAN):
         if config.executor == ExecutorKind.DOCKER:

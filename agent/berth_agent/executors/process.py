@@ -62,6 +62,7 @@ from berth_agent.executors.base import (
     classify,
     job_environment,
 )
+from berth_agent.gpu_devices import DeviceCgroup, DeviceRules
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +72,25 @@ _POLL_S = 0.1
 
 
 def _rlimit_setter(
-    limits: dict[int, int], cgroup_procs: str | None = None, switch_to: int | None = None
+    limits: dict[int, int],
+    cgroup_procs: str | None = None,
+    switch_to: int | None = None,
+    also_join: Sequence[str] = (),
 ) -> Callable[[], None] | None:
     """A preexec function that only calls setrlimit (async-signal-safe enough: no locks, no allocs
     beyond the call) so that limits apply before the job's first instruction, and asks the kernel
     to SIGKILL the job when the agent thread that started it dies (an agent killed with SIGKILL
     must not leave its job running on while the attempt is retried elsewhere). With a job cgroup it
     first moves itself into it (``cgroup_procs``) and only then drops to uid/gid ``switch_to`` (a
-    job uid could not make that move)."""
+    job uid could not make that move). ``also_join``: more ``cgroup.procs`` files to join first (its
+    GPU devices cgroup, berth_agent.gpu_devices)."""
     items = list(limits.items())
     prctl = _prctl()
+    joins = [*also_join, *([] if cgroup_procs is None else [cgroup_procs])]
 
     def apply() -> None:
-        if cgroup_procs is not None:
-            fd = os.open(cgroup_procs, os.O_WRONLY)
+        for procs in joins:
+            fd = os.open(procs, os.O_WRONLY)
             try:
                 os.write(fd, b"0")
             finally:
@@ -137,6 +143,7 @@ class ProcessRun(RunHandle):
         clock: Callable[[], float] = time.monotonic,
         cgroup: JobCgroup | None = None,
         attempt_key: str | None = None,
+        devices: DeviceCgroup | None = None,
     ) -> None:
         self._on_line = on_line
         self._cgroup = cgroup
@@ -174,7 +181,10 @@ class ProcessRun(RunHandle):
                 close_fds=True,
                 umask=0o077,
                 preexec_fn=_rlimit_setter(
-                    rlimits or {}, None if cgroup is None else str(cgroup.procs), switch_to
+                    rlimits or {},
+                    None if cgroup is None else str(cgroup.procs),
+                    switch_to,
+                    () if devices is None else (str(devices.procs),),
                 ),
                 **extra,  # type: ignore[call-overload]
             )
@@ -358,10 +368,13 @@ class ProcessExecutor(Executor):
         uids: UidPool | None = None,
         timeout_grace_s: float = 30.0,
         cgroups: JobCgroups | None = None,
+        device_rules: DeviceRules | None = None,
     ) -> None:
         self.uids = uids
         self.timeout_grace_s = timeout_grace_s
         self.cgroups = cgroups
+        #: Each job's GPU device rules (berth_agent.gpu_devices), where the host allows them.
+        self.device_rules = device_rules
         self.containment = Mode.CGROUP_V2 if cgroups is not None else Mode.PROCESS_GROUP
 
     def _cgroup(self, launch: Launch) -> JobCgroup | None:
@@ -379,6 +392,19 @@ class ProcessExecutor(Executor):
                 extra={"job_id": launch.job_id, "attempt": launch.attempt, "error": str(exc)},
             )
             return None
+
+    def _devices(self, launch: Launch) -> DeviceCgroup | None:
+        """The job's devices cgroup that closes every other GPU of the host, or None (no rules on this
+        host). A host that has rules and cannot write them does not start the job: it would run
+        with every GPU open."""
+        if self.device_rules is None:
+            return None
+        try:
+            return self.device_rules.create(launch.name, launch.gpu_uuids)
+        except OSError as exc:
+            raise StartError(
+                FailureKind.AGENT_ERROR, f"the job's GPU device rules could not be written: {exc}"
+            ) from exc
 
     def rlimits(self, launch: Launch) -> dict[int, int]:
         """The limits to set, each capped at the agent's own hard limit (a child cannot raise it)."""
@@ -457,6 +483,13 @@ class ProcessExecutor(Executor):
             except BaseException:
                 on_exit()
                 raise
+        try:
+            devices = self._devices(launch)
+        except StartError:
+            on_exit()
+            raise
+        if devices is not None:
+            cleanups.insert(0, devices.remove)
         cgroup = self._cgroup(launch)
         if cgroup is not None:
             cleanups.insert(0, cgroup.remove)
@@ -473,4 +506,5 @@ class ProcessExecutor(Executor):
             on_exit=on_exit,
             cgroup=cgroup,
             attempt_key=launch.attempt_key,
+            devices=devices,
         )

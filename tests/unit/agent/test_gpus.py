@@ -22,6 +22,7 @@ class FakeDevice:
     mig: tuple[int, int] | None = (0, 0)
     ecc: int | None = 0
     pending: int = 0
+    minor: int | None = None
 
 
 def fake_nvml(devices: list[FakeDevice], *, init_fails: bool = False) -> Any:
@@ -54,6 +55,7 @@ def fake_nvml(devices: list[FakeDevice], *, init_fails: bool = False) -> Any:
     m.nvmlDeviceGetMigMode = lambda d: unsupported(d.mig)
     m.nvmlDeviceGetTotalEccErrors = lambda d, kind, counter: unsupported(d.ecc)
     m.nvmlDeviceGetRetiredPagesPendingStatus = lambda d: d.pending
+    m.nvmlDeviceGetMinorNumber = lambda d: unsupported(d.minor)
     return m
 
 
@@ -64,8 +66,8 @@ NVML = GpuConfig(discovery=DiscoveryMode.NVML, simulated=SimulatedInventory(gpu_
 def test_nvml_inventory_with_health_and_mig() -> None:
     nvml = fake_nvml(
         [
-            FakeDevice("NVIDIA H100 80GB HBM3", "GPU-aaa", 80 * GIB),
-            FakeDevice("NVIDIA H100 80GB HBM3", "GPU-bbb", 80 * GIB, mig=(1, 1), ecc=None),
+            FakeDevice("NVIDIA H100 80GB HBM3", "GPU-aaa", 80 * GIB, minor=0),
+            FakeDevice("NVIDIA H100 80GB HBM3", "GPU-bbb", 80 * GIB, mig=(1, 1), ecc=None, minor=3),
             FakeDevice("NVIDIA H100 80GB HBM3", "GPU-ccc", 80 * GIB, ecc=3),
             FakeDevice("NVIDIA H100 80GB HBM3", "GPU-ddd", 80 * GIB, pending=1),
         ]
@@ -78,6 +80,8 @@ def test_nvml_inventory_with_health_and_mig() -> None:
     assert not inv.gpus[2].healthy and "3 uncorrected ECC" in inv.gpus[2].reason
     assert not inv.gpus[3].healthy and "retired pages" in inv.gpus[3].reason
     assert inv.healthy_uuids == ["GPU-aaa", "GPU-bbb"]
+    # the device minors (/dev/nvidia<minor>) for device rules; None where NVML does not say
+    assert inv.minors == {"GPU-aaa": 0, "GPU-bbb": 3, "GPU-ccc": None, "GPU-ddd": None}
     assert nvml.calls == ["init", "shutdown"]
 
 
