@@ -136,15 +136,15 @@ class AgentService:
                     Directive(job_id=ref.job_id, attempt=ref.attempt, action="stop", reason="fenced")
                 )
                 continue
-            if job.run.dispatch_token:
-                self.tokens.heartbeat(job.run.dispatch_token)
+            if job.run.attempt.dispatch_token:
+                self.tokens.heartbeat(job.run.attempt.dispatch_token)
             if job.status is S.CANCELING:
                 directives.append(
                     Directive(job_id=job.id, attempt=ref.attempt, action="cancel", reason=job.reason)
                 )
-            elif job.run.stop:
+            elif job.run.attempt.stop:
                 directives.append(
-                    Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.stop)
+                    Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.attempt.stop)
                 )
         return HeartbeatAnswer(lease_expires_at=lease, directives=tuple(directives)).model_dump(mode="json")
 
@@ -164,7 +164,7 @@ class AgentService:
         def claim(job: Job) -> Decision:
             """Keep: the job is being canceled (no claim)."""
             job = _current_attempt(job, host.host_id, ref)
-            if host.host_id in job.run.claimed:
+            if host.host_id in job.run.attempt.claimed:
                 raise AlreadyClaimed(
                     f"host {host.host_id} already claimed attempt {ref.attempt} of {ref.job_id}"
                 )
@@ -172,14 +172,16 @@ class AgentService:
                 return Keep()
             if job.status is not S.STARTING and job.status is not S.RUNNING:
                 raise Fenced(f"job {job.id} is {job.status}; nothing to claim")
-            run = job.run.model_copy(update={"claimed": (*job.run.claimed, host.host_id)})
+            run = job.run.with_attempt(claimed=(*job.run.attempt.claimed, host.host_id))
             return Update(job.updated(job.updated_at, run=run))
 
         done = self._update_attempt(host, ref, claim, "claiming")
         job = done.before
         if not done.written:
-            if job.run.dispatch_token and not job.run.claimed:
-                self.tokens.fail(job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before start")
+            if job.run.attempt.dispatch_token and not job.run.attempt.claimed:
+                self.tokens.fail(
+                    job.run.attempt.dispatch_token, Failure.CANCELED.error_name, "canceled before start"
+                )
             raise AttemptCanceled(f"job {job.id} is being canceled")
         assert isinstance(job.placement, OnPremPlacement)
         hosts = job.placement.hosts
@@ -202,34 +204,32 @@ class AgentService:
         def record(job: Job) -> Decision:
             """Note this rank's start or success on the attempt (once); Keep: nothing new to note."""
             job = _current_attempt(job, host.host_id, report)
-            if host.host_id not in job.run.claimed:
+            if host.host_id not in job.run.attempt.claimed:
                 raise Fenced(f"host {host.host_id} has not claimed attempt {report.attempt} of {job.id}")
             now = self.clock()
-            if report.event is ReportEvent.STARTED and host.host_id not in job.run.started:
-                run = job.run.model_copy(
-                    update={
-                        "started": (*job.run.started, host.host_id),
-                        "started_at": job.run.started_at or now,
-                    }
+            if report.event is ReportEvent.STARTED and host.host_id not in job.run.attempt.started:
+                run = job.run.with_attempt(
+                    started=(*job.run.attempt.started, host.host_id),
+                    started_at=job.run.attempt.started_at or now,
                 )
                 if job.status is S.STARTING:
                     nxt, event = job.transition(S.RUNNING, f"running on {host.host_id}", now, run=run)
                     return Save(nxt, event)
                 return Update(job.updated(job.updated_at, run=run))
-            if report.event is ReportEvent.SUCCEEDED and host.host_id not in job.run.succeeded:
-                run = job.run.model_copy(update={"succeeded": (*job.run.succeeded, host.host_id)})
+            if report.event is ReportEvent.SUCCEEDED and host.host_id not in job.run.attempt.succeeded:
+                run = job.run.with_attempt(succeeded=(*job.run.attempt.succeeded, host.host_id))
                 return Update(job.updated(job.updated_at, run=run))
             return Keep()
 
         done = self._update_attempt(host, report, record, "reporting")
-        token = done.before.run.dispatch_token
+        token = done.before.run.attempt.dispatch_token
         if report.event is ReportEvent.STARTED:
             if done.written and token:
                 self.tokens.heartbeat(token)
         elif report.event is ReportEvent.SUCCEEDED:
             placement = done.before.placement
             assert isinstance(placement, OnPremPlacement)
-            if done.written and token and len(done.after.run.succeeded) >= len(placement.hosts):
+            if done.written and token and len(done.after.run.attempt.succeeded) >= len(placement.hosts):
                 self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
         elif token:
             # FAILED or CANCELED: one rank failing fails the attempt on every host (the workflow
@@ -254,13 +254,13 @@ class AgentService:
         job id, no longer than what is left of the attempt's time limit): only to the host that
         claimed this rank of the current attempt, with its fencing token."""
         job = self._current(host, ref)
-        if host.host_id not in job.run.claimed:
+        if host.host_id not in job.run.attempt.claimed:
             raise Fenced(f"host {host.host_id} has not claimed attempt {ref.attempt} of {job.id}")
         if self.vendor is None:
             raise NotFound("this deployment vends no job credentials")
         remaining = float(MAX_CREDENTIAL_S)
         if job.spec.timeout_minutes:
-            started = job.run.started_at or self.clock()
+            started = job.run.attempt.started_at or self.clock()
             elapsed = (self.clock() - started).total_seconds()
             remaining = min(remaining, job.spec.timeout_minutes * 60 - elapsed)
         creds = self.vendor.for_attempt(job, ref.attempt, remaining)
@@ -276,7 +276,7 @@ class AgentService:
         A sample dated before the job existed or ahead of the clock by more than the allowed skew
         refuses the whole batch (422): nothing of it is stored."""
         job = self._current(host, batch)
-        if host.host_id not in job.run.claimed:
+        if host.host_id not in job.run.attempt.claimed:
             raise Fenced(f"host {host.host_id} has not claimed attempt {batch.attempt} of {job.id}")
         if self.metric_store is None:
             raise NotFound("this deployment stores no job metrics")
@@ -300,7 +300,7 @@ class AgentService:
 
     @staticmethod
     def _answer(job: Job) -> dict[str, Any]:
-        directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.stop else None)
+        directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.attempt.stop else None)
         return {"directive": directive, "status": str(job.status)}
 
 
@@ -331,7 +331,7 @@ def _is_current(job: Job, host_id: str, ref: AttemptRef) -> bool:
     return (
         job.status in (S.STARTING, S.RUNNING, S.CANCELING)
         and job.attempts == ref.attempt
-        and job.run.fencing_token is not None
-        and job.run.fencing_token == ref.fencing_token
+        and job.run.attempt.fencing_token is not None
+        and job.run.attempt.fencing_token == ref.fencing_token
         and _placed_on(job, host_id)
     )

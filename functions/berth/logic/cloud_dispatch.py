@@ -94,11 +94,11 @@ class CloudDispatchService:
             """Keep: the (error, cause) the dispatch token fails with instead."""
             if job.attempts != attempt or job.status.is_terminal:
                 return Keep(stale)
-            if job.status is S.CANCELING and job.run.batch_job_id is None:
+            if job.status is S.CANCELING and job.run.attempt.batch_job_id is None:
                 return Keep((Failure.CANCELED.error_name, "canceled before it was submitted"))
             if cloud_attempt(job) is None:
                 return Keep((Failure.INVALID_SPEC.error_name, "the job has no cloud placement"))
-            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
+            run = job.run.with_attempt(dispatch_token=token).model_copy(update={"placement_token": None})
             return Update(job.updated(job.updated_at, run=run))
 
         try:
@@ -124,7 +124,7 @@ class CloudDispatchService:
             placement = cloud_attempt(job)
             if placement is None or job.attempts != request.attempt:
                 return Keep("stale")
-            if job.run.batch_job_id:
+            if job.run.attempt.batch_job_id:
                 return Keep("exists")
             if job.status is S.CANCELING:
                 return Keep("canceled")
@@ -132,7 +132,7 @@ class CloudDispatchService:
             submitted = self._submit_batch(job, placement)
             if isinstance(submitted, Keep):
                 return submitted
-            run = job.run.model_copy(update={"batch_job_id": submitted, "submitted_at": self.clock()})
+            run = job.run.with_attempt(batch_job_id=submitted, submitted_at=self.clock())
             return Update(job.updated(job.updated_at, run=run), "submitted")
 
         try:
@@ -147,7 +147,7 @@ class CloudDispatchService:
         """The attempt's Batch job id: found by name (an earlier try or delivery submitted it), else
         submitted now. ``Keep("refused")`` or ``Keep("failed")`` when it cannot be (the attempt's
         token failed). Raises ``CloudThrottled`` or ``CloudOutcomeUnknown``."""
-        token = job.run.dispatch_token
+        token = job.run.attempt.dispatch_token
         try:
             batch_request = submission(job, placement, self.settings)
         except SecretScopeError as exc:
@@ -223,9 +223,11 @@ class CloudDispatchService:
             raise
         except CloudError:
             return  # the next pass's sweep tries again
-        if job.run.dispatch_token:
+        if job.run.attempt.dispatch_token:
             self.tokens.fail(
-                job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before it was submitted"
+                job.run.attempt.dispatch_token,
+                Failure.CANCELED.error_name,
+                "canceled before it was submitted",
             )
 
     # -- Batch Job State Change events -----------------------------------------------------------
@@ -254,7 +256,7 @@ class CloudDispatchService:
             placement is None
             or job.attempts != parsed[1]
             or expected_batch_name(job) != name
-            or job.run.batch_job_id not in (None, batch_job_id)
+            or job.run.attempt.batch_job_id not in (None, batch_job_id)
         )
         if stale or placement is None:
             self._terminate_orphan(job, batch_job_id, reads)
@@ -262,7 +264,7 @@ class CloudDispatchService:
         bj = self._state(placement.region, batch_job_id, reads)
         if bj is None:
             return "unknown"
-        if job.run.batch_job_id is None:
+        if job.run.attempt.batch_job_id is None:
             job = self._adopt(job, batch_job_id)
             if job is None:
                 return "stale"
@@ -284,9 +286,9 @@ class CloudDispatchService:
         def adopt(current: Job) -> Decision[Job | None]:
             if cloud_attempt(current) is None or current.attempts != job.attempts:
                 return Keep(None)
-            if current.run.batch_job_id is not None:
-                return Keep(current if current.run.batch_job_id == batch_job_id else None)
-            run = current.run.model_copy(update={"batch_job_id": batch_job_id, "submitted_at": self.clock()})
+            if current.run.attempt.batch_job_id is not None:
+                return Keep(current if current.run.attempt.batch_job_id == batch_job_id else None)
+            run = current.run.with_attempt(batch_job_id=batch_job_id, submitted_at=self.clock())
             nxt = current.updated(current.updated_at, run=run)
             return Update(nxt, nxt)
 
@@ -321,7 +323,7 @@ class CloudDispatchService:
             self.circuits.record_success(placement.region, placement.instance_type, self._now())
             return self._started(job, bj)  # the stream goes in with the move to RUNNING
         job = self.record_log_stream(job, bj)
-        token = job.run.dispatch_token
+        token = job.run.attempt.dispatch_token
         if bj.status is BatchStatus.SUCCEEDED:
             if token and self.tokens.succeed(token, {"result": "succeeded", "exit_code": 0}):
                 self.circuits.record_success(placement.region, placement.instance_type, self._now())
@@ -330,7 +332,7 @@ class CloudDispatchService:
         if bj.status is BatchStatus.FAILED:
             outcome = failed_outcome(bj, placement, launcher=not job.spec.image)
             if token and self.tokens.fail(token, outcome.failure.error_name, outcome.detail):
-                if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.stop:
+                if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.attempt.stop:
                     self.circuits.record_failure(*outcome.circuit, self._now())
                 return "failed"
             return "answered"
@@ -359,10 +361,10 @@ class CloudDispatchService:
             ).after
         except (JobMissing, JobKeptChanging):
             return job  # the next event or sweep of this Batch job records it
-        same = (current.attempts, current.status, current.run.batch_job_id) == (
+        same = (current.attempts, current.status, current.run.attempt.batch_job_id) == (
             job.attempts,
             job.status,
-            job.run.batch_job_id,
+            job.run.attempt.batch_job_id,
         )
         return current if same else job
 
@@ -376,9 +378,7 @@ class CloudDispatchService:
             if current.status is not S.STARTING:
                 return Keep("running")
             now = self.clock()
-            run = current.run.model_copy(
-                update={"started_at": current.run.started_at or bj.started_at or now}
-            )
+            run = current.run.with_attempt(started_at=current.run.attempt.started_at or bj.started_at or now)
             named = _stream_to_record(current, bj)
             if named is not None and run.log_stream_of(named[0]) is None:
                 run = run.with_log_stream(*named)
@@ -402,7 +402,7 @@ def _stream_to_record(job: Job, bj: BatchJob) -> tuple[int, str] | None:
     parsed = batch_job_task(bj.batch_job_id, bj.name)
     if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
         return None
-    if parsed[1] == job.attempts and job.run.batch_job_id not in (None, bj.batch_job_id):
+    if parsed[1] == job.attempts and job.run.attempt.batch_job_id not in (None, bj.batch_job_id):
         return None  # not the current attempt's Batch job (an orphan of the same name)
     return parsed[1], str(bj.log_stream)
 
@@ -418,9 +418,9 @@ def submit_request(job: Job) -> SubmitRequest:
 def _on_group(job: Job | None, name: str) -> Job | None:
     """The task, if its current attempt is still waiting for this group's array job, else None (its
     child runs nothing: it was canceled, moved on, or never placed here)."""
-    if job is None or job.status is not S.STARTING or job.run.stop or cloud_attempt(job) is None:
+    if job is None or job.status is not S.STARTING or job.run.attempt.stop or cloud_attempt(job) is None:
         return None
-    if job.run.batch_job_id is not None or expected_batch_name(job) != name:
+    if job.run.attempt.batch_job_id is not None or expected_batch_name(job) != name:
         return None
     return job
 

@@ -191,11 +191,11 @@ class WorkflowService:
             """Keep: the (error, cause) the dispatch token fails with instead."""
             if job.attempts != attempt or job.status.is_terminal:
                 return Keep((Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current"))
-            if job.status is S.CANCELING and not job.run.claimed:
+            if job.status is S.CANCELING and not job.run.attempt.claimed:
                 return Keep((Failure.CANCELED.error_name, "canceled before any host claimed it"))
-            if not isinstance(job.placement, OnPremPlacement) or job.run.fencing_token is None:
+            if not isinstance(job.placement, OnPremPlacement) or job.run.attempt.fencing_token is None:
                 return Keep((Failure.INVALID_SPEC.error_name, "the job has no on-prem placement"))
-            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
+            run = job.run.with_attempt(dispatch_token=token).model_copy(update={"placement_token": None})
             return Update(job.updated(job.updated_at, run=run))
 
         done = update_job(self.jobs, job_id, park, doing="dispatching")
@@ -203,13 +203,13 @@ class WorkflowService:
             self.tokens.fail(token, *done.outcome)
             return
         job, placement = done.before, done.before.placement
-        assert isinstance(placement, OnPremPlacement) and job.run.fencing_token is not None
+        assert isinstance(placement, OnPremPlacement) and job.run.attempt.fencing_token is not None
         claim_by = self.clock() + timedelta(seconds=self.settings.claim_s)
         for rank, h in enumerate(placement.hosts):
             message = WorkMessage(
                 job_id=job.id,
                 attempt=attempt,
-                fencing_token=job.run.fencing_token,
+                fencing_token=job.run.attempt.fencing_token,
                 rank=rank,
                 world_size=len(placement.hosts),
                 gpu_ids=h.gpu_ids,
@@ -231,16 +231,20 @@ class WorkflowService:
             if job.status.is_terminal:
                 return Keep({"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0})
             now = self.clock()
-            ran = None if job.run.started_at is None else (now - job.run.started_at).total_seconds()
+            ran = (
+                None
+                if job.run.attempt.started_at is None
+                else (now - job.run.attempt.started_at).total_seconds()
+            )
             failure = failure_from_error(error, ran, job.spec.timeout_minutes * 60)
             canceling = job.status is S.CANCELING
-            if job.run.stop and failure in _STOPPED:
+            if job.run.attempt.stop and failure in _STOPPED:
                 # The scheduler stopped it: what the stop stands for (a preemption unless it says).
-                failure = job.run.stop_failure or Failure.PREEMPTED
+                failure = job.run.attempt.stop_failure or Failure.PREEMPTED
             elif failure is Failure.CANCELED and not canceling:
                 failure = Failure.AGENT_ERROR
             stopped = failure in (Failure.PREEMPTED, Failure.COST_LIMIT)
-            detail = (job.run.stop or _short(cause)) if stopped else _short(cause)
+            detail = (job.run.attempt.stop or _short(cause)) if stopped else _short(cause)
             decision = retry_decision(
                 failure,
                 detail,
@@ -254,14 +258,12 @@ class WorkflowService:
             )
             free_api = failure is Failure.CLOUD_API and not decision.counted
             cost = self._end_attempt(job, now)  # its usage record first, on every try
-            run = job.run.model_copy(
+            # The attempt's record stays (its hosts, its Batch job) until the next placement replaces it.
+            ended = job.run.with_attempt(dispatch_token=None, stop=None, stop_failure=None, cost_at=None)
+            run = ended.model_copy(
                 update={
-                    "dispatch_token": None,
                     "placement_token": None,
-                    "stop": None,
-                    "stop_failure": None,
                     "cost_done_usd": cost,
-                    "cost_at": None,
                     "last_failure": decision.reason,
                     "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
                     "free_api_failures": job.run.free_api_failures + (1 if free_api else 0),
@@ -315,7 +317,9 @@ class WorkflowService:
                 return Keep()
             now = self.clock()
             cost = self._end_attempt(job, now)  # its usage record first, on every try
-            run = job.run.model_copy(update={"dispatch_token": None, "cost_done_usd": cost, "cost_at": None})
+            run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(
+                update={"cost_done_usd": cost}
+            )
             nxt, event = job.transition(
                 S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost
             )
