@@ -68,7 +68,7 @@ class Job(BaseModel):
     version: int = 1
     #: Who submitted it (role session name or IAM user name), for audit; ``owner`` is the principal.
     actor: str | None = None
-    #: The workflow's state of the current attempt (tokens, lease, ranks); internal, never public.
+    #: The workflow's run state: the job's own part and its current attempt's; internal, never public.
     run: RunState = RunState()
 
     @model_validator(mode="after")

@@ -228,7 +228,7 @@ class SchedulerService:
             for job in self.jobs.list_placed(status):
                 p = job.placement
                 if isinstance(p, OnPremPlacement) and any(h.host_id in lost for h in p.hosts):
-                    token = job.run.dispatch_token
+                    token = job.run.attempt.dispatch_token
                     gone = ", ".join(h.host_id for h in p.hosts if h.host_id in lost)
                     if token:
                         self.tokens.fail(token, Failure.HOST_LOST.error_name, f"host {gone} lost its lease")
@@ -278,7 +278,7 @@ class SchedulerService:
         for job in running:
             token = job.run.placement_token
             stale = (now - job.updated_at).total_seconds() >= self.settings.orphan_grace_s
-            if job.status is S.STARTING and token and job.run.dispatch_token is None and stale:
+            if job.status is S.STARTING and token and job.run.attempt.dispatch_token is None and stale:
                 answered += int(self.tokens.succeed(token, placement_output(job)))
         return answered
 
@@ -393,9 +393,9 @@ class SchedulerService:
     def stop_attempt(self, job: Job, reason: str, failure: Failure | None = None) -> bool:
         """Ask the running attempt's hosts to stop (a ``stop`` directive); the workflow requeues it,
         or, when ``failure`` says what the stop stands for, classifies it as that."""
-        if job.status is not S.RUNNING or job.run.stop:
+        if job.status is not S.RUNNING or job.run.attempt.stop:
             return False
-        run = job.run.model_copy(update={"stop": reason, "stop_failure": failure})
+        run = job.run.with_attempt(stop=reason, stop_failure=failure)
         try:
             self.jobs.update(job.updated(job.updated_at, run=run))
         except Conflict:
@@ -418,7 +418,7 @@ class SchedulerService:
                 continue
             limit = cost_limit(job, now, margin)
             if limit is not None and limit.stop_in_s <= 0:
-                if not job.run.stop:
+                if not job.run.attempt.stop:
                     stopped += int(self.stop_attempt(job, limit.reason, Failure.COST_LIMIT))
                 continue  # its final cost is written when the attempt ends
             if limit is not None and limit.stop_in_s < COST_WAKE_WITHIN_S:
@@ -426,7 +426,7 @@ class SchedulerService:
             cost = accrual_due(job, now, rates)
             if cost is None:
                 continue
-            run = job.run.model_copy(update={"cost_at": now})
+            run = job.run.with_attempt(cost_at=now)
             try:
                 self.jobs.update(job.updated(job.updated_at, cost_usd=cost, run=run))
             except Conflict:
