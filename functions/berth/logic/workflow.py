@@ -230,7 +230,8 @@ class WorkflowService:
         self, job_id: str, attempt: int, error: str | None, cause: str | None
     ) -> dict[str, Any]:
         """Name the failure, free the attempt's GPUs and move the job: RETRYING (with the backoff to
-        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``."""
+        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``, and ``failure`` (the cause's
+        name) when this call classified it."""
         for _ in range(RETRIES):
             job = self._job(job_id)
             if job.status in (S.QUEUED, S.RETRYING):
@@ -287,7 +288,11 @@ class WorkflowService:
                 continue
             release_holds(self.hosts, job, attempt)
             self.trigger.request(f"job {job_id} attempt {attempt} ended")
-            return {"action": decision.action.value, "backoff_s": decision.backoff_s}
+            return {
+                "action": decision.action.value,
+                "backoff_s": decision.backoff_s,
+                "failure": failure.value,
+            }
         raise Conflict(f"job {job_id!r} kept changing while classifying its failure")
 
     # -- Requeue ---------------------------------------------------------------------------------
