@@ -52,6 +52,8 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "CloudRegions",
         "BatchSubmitQueueUrl",
         "BatchEventsQueueUrl",
+        "AlarmTopicArn",
+        "DashboardName",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]

@@ -49,7 +49,7 @@ from berth.domain.observability import parse_since
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
-from berth.handlers import runtime, schemas
+from berth.handlers import runtime, schemas, telemetry
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
@@ -839,8 +839,15 @@ def _plain(resp: Response[Any]) -> dict[str, Any]:
 @tracer.capture_lambda_handler(capture_response=False)  # responses carry job specs, env included
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    problem = body_problem(event, settings().max_body_bytes)
-    if problem is not None:
-        return _plain(from_domain(problem))
-    _idempotent_submit()[1].register_lambda_context(context)
-    return app.resolve(with_canonical_content_type(event), context)
+    try:
+        problem = body_problem(event, settings().max_body_bytes)
+        if problem is not None:
+            response = _plain(from_domain(problem))
+        else:
+            _idempotent_submit()[1].register_lambda_context(context)
+            response = app.resolve(with_canonical_content_type(event), context)
+    except Exception:
+        telemetry.api_request(event, 500)  # unhandled: API Gateway answers 502
+        raise
+    telemetry.api_request(event, int(response.get("statusCode") or 500))
+    return response

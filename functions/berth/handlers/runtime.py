@@ -34,6 +34,7 @@ from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
 from berth.handlers.settings import settings
+from berth.handlers.telemetry import CountedCircuits
 from berth.logic.agent import AgentService
 from berth.logic.arrays import ArrayExpander
 from berth.logic.cloud_dispatch import CloudDispatchService
@@ -255,7 +256,7 @@ def cloud_dispatch_service() -> CloudDispatchService | None:
         tokens=task_tokens(),
         batch=BotoBatchGateway(cfg.batch_submit_role_arn, RateLimiter(share)),
         submits=SqsSubmitQueue(cfg.batch_submit_queue_url),
-        circuits=DynamoCircuitRepository(cfg.tenants_table),
+        circuits=CountedCircuits(DynamoCircuitRepository(cfg.tenants_table)),
         clock=now,
         settings=CloudSettings(
             base_image=cfg.batch_base_image,

@@ -24,7 +24,7 @@ from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit
 from berth.domain.errors import Conflict, StoreUnavailable
 from berth.domain.fleet import HoldRequest, attempt_key
 from berth.domain.job import Job
-from berth.domain.placement import BatchGroup, HostGpus, OnPremPlacement
+from berth.domain.placement import BatchGroup, HostGpus, OnPremPlacement, Site
 from berth.domain.ports import (
     Executions,
     HostRepository,
@@ -51,6 +51,7 @@ from berth.logic.pass_apply import (
     placed_job,
     run_bounded,
 )
+from berth.logic.pass_figures import PassFigures, pass_figures
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowSettings, placement_output
 from berth.scheduler.circuit import CircuitBoard, CircuitState
@@ -77,6 +78,8 @@ class PassReport:
     running: int = 0
     hosts: int = 0
     placed: int = 0
+    placed_by_site: dict[str, int] = field(default_factory=dict)
+    """``placed`` per site (``onprem``, ``cloud``)."""
     skipped: int = 0
     """Placements lost to a race (GPUs or job taken meanwhile): decided again next pass."""
     deferred: int = 0
@@ -99,10 +102,13 @@ class PassReport:
     load_s: float = 0.0
     decide_s: float = 0.0
     apply_s: float = 0.0
+    figures: PassFigures = field(default_factory=PassFigures)
+    """The queue per team and GPU type, and budget burn (published as metrics, not logged)."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
         out["cloud"] = None if self.cloud is None else dict(self.cloud.__dict__)
+        del out["figures"]
         return out
 
 
@@ -150,6 +156,7 @@ class SchedulerService:
         report.pending, report.running = len(inputs.pending), len(inputs.running_jobs)
         report.not_considered = sum(inputs.snapshot.unread.values())
         report.hosts = len(inputs.fleet.records)
+        report.figures = pass_figures(inputs.pending, inputs.snapshot.tenants, now)
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
         report.executions_restarted = self.repair_executions(inputs.pending, now)
         report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
@@ -177,6 +184,10 @@ class SchedulerService:
             placeable.append((job, assignment))
         outcomes = self.apply_placements(placeable, inputs.fleet.records, now, rates, deadline)
         report.placed = outcomes.count(Outcome.PLACED)
+        for (_, assignment), outcome in zip(placeable, outcomes, strict=True):
+            if outcome is Outcome.PLACED:
+                site = Site.ONPREM if isinstance(assignment, OnPremAssignment) else Site.CLOUD
+                report.placed_by_site[site.value] = report.placed_by_site.get(site.value, 0) + 1
         report.skipped += outcomes.count(Outcome.SKIPPED)
         report.deferred = outcomes.count(Outcome.DEFERRED)
         running = {j.id: j for j in inputs.running_jobs}

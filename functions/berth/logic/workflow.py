@@ -222,7 +222,8 @@ class WorkflowService:
         self, job_id: str, attempt: int, error: str | None, cause: str | None
     ) -> dict[str, Any]:
         """Name the failure, free the attempt's GPUs and move the job: RETRYING (with the backoff to
-        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``."""
+        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``, and ``failure`` (the cause's
+        name) when this call classified it."""
 
         def classify(job: Job) -> Decision[dict[str, Any]]:
             if job.status in (S.QUEUED, S.RETRYING):
@@ -275,7 +276,11 @@ class WorkflowService:
                 decision.action
             ]
             nxt, event = job.transition(target, decision.reason, now, run=run, cost_usd=cost)
-            return Save(nxt, event, {"action": decision.action.value, "backoff_s": decision.backoff_s})
+            return Save(
+                nxt,
+                event,
+                {"action": decision.action.value, "backoff_s": decision.backoff_s, "failure": failure.value},
+            )
 
         done = update_job(self.jobs, job_id, classify, doing="classifying its failure")
         if done.written:
