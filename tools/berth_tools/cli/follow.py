@@ -66,14 +66,16 @@ def follow(
     job_id = job["id"]
     events = _Events(client, job_id, output)
     while True:
-        events.poll()
         job = client.get(job_id)
+        events.poll()  # after the read: every change up to the status just read is shown
         if job["status"] == "RUNNING" or job["status"] in TERMINAL:
             break
         sleep(poll_s)
     for page in log_pages(client, job_id, follow=True, poll_s=poll_s, sleep=sleep):
         for e in page.get("events", []):
             _emit(output, "log", {"log": e}, visible(e["message"].rstrip("\n")))
+        if not page.get("events"):
+            events.poll()  # between polls of a quiet log: a retry, a cancel
     while True:  # the stream is drained once the job ended; its last events may lag a moment
         job = client.get(job_id)
         if job["status"] in TERMINAL:

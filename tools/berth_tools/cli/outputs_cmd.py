@@ -3,7 +3,7 @@ copy of it fetched through the presigned GETs the API hands out (the caller need
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -32,8 +32,8 @@ def all_outputs(client: BerthClient, job_id: str) -> dict[str, Any]:
 def local_path(root: Path, relative: str) -> Path:
     """Where object ``relative`` (a path under the job's prefix) goes under ``root``; ValueError for a
     path that would leave it (``..``, absolute, empty parts)."""
-    parts = PurePosixPath(relative).parts
-    if not parts or relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    parts = relative.split("/")
+    if any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts):
         raise ValueError(f"refusing to write object {relative!r} outside {root}")
     return root.joinpath(*parts)
 
