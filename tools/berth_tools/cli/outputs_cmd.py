@@ -113,7 +113,7 @@ def location_line(client: BerthClient, job: dict[str, Any], output: OutputFormat
         where = client.outputs(job["id"], limit=1)["location"]
     except ClientError:
         return  # the job is shown; its outputs' location is a courtesy
-    console.print(literal(f"outputs   {where}  (berth outputs {job['id']})"))
+    console.print(literal(f"{'outputs':<11}{where}  (berth outputs {job['id']})"))
 
 
 def register(app: typer.Typer) -> None:
