@@ -6,6 +6,12 @@ directory, no flag: what failed on a fresh clone) and once with an absolute one.
 Then what a job may see of the local cloud (a job cannot read the state dir when jobs run under uids
 of their own) and what a restart on the same state dir does (the earlier run's keys and attempt
 files are gone and it says so).
+
+And, on the default state dir only: every command block of the README and of docs/api.md that talks
+to the local cloud, extracted from the markdown and run as written (``test_docs_command_blocks_run``),
+and every example job in examples/jobs submitted and followed until it COMPLETES
+(``test_every_example_runs``). These need real agent processes (the session-scoped ``local_cloud``
+fixture's scripted agents do not run a job's command), so they reuse this module's cloud.
 """
 
 from __future__ import annotations
@@ -300,13 +306,16 @@ def _user_checkout(cloud: LocalCloudProcess, cwd: Path) -> dict[str, str]:
     return env
 
 
-def run_doc_block(cloud: LocalCloudProcess, cwd: Path, block: str, host: str) -> dict[str, str]:
+def run_doc_block(
+    cloud: LocalCloudProcess, cwd: Path, block: str, host: str, prelude: list[str] | None = None
+) -> dict[str, str]:
     """Run a block's commands one by one in bash, each after the block's ``source``/``export``/
     ``VAR=$(...)`` lines, each exiting 0. ``JOB_ID`` is the id the last `berth submit` printed (a
     dry run prints none), ``HOST`` an on-prem host; ``make`` lines are skipped (the cloud is up).
-    Returns each command's output, by command."""
+    ``prelude``: the reader's shell so far (a block of the same page after the first runs in it; its
+    ``source``/``export`` lines are added to it). Returns each command's output, by command."""
     env = _user_checkout(cloud, cwd)
-    prelude: list[str] = []
+    prelude = [] if prelude is None else prelude
     job_id: str | None = None
     outputs: dict[str, str] = {}
     for command in shell_commands(block):
@@ -345,6 +354,7 @@ def test_docs_command_blocks_run(first_hour: Any) -> None:
     assert relative  # once, on the default state dir (`source .berth/local/env`)
     host = json.loads((cloud.state_dir / "agents.json").read_text())[0]["host_id"]
     ran: dict[str, str] = {}
+    shells: dict[Path, list[str]] = {}  # one reader's shell per page
     for path, heading in DOC_SECTIONS:
         blocks = doc_blocks(path, heading)
         assert blocks, f"no command block under {heading!r} in {path.name}"
@@ -361,7 +371,7 @@ def test_docs_command_blocks_run(first_hour: Any) -> None:
                 )
                 assert result.returncode == 0 and '"id"' in result.stdout, result.stdout + result.stderr
             elif language in ("", "bash", "sh", "console") and not OFFLINE.search(block):
-                ran.update(run_doc_block(cloud, cwd, block, host))
+                ran.update(run_doc_block(cloud, cwd, block, host, shells.setdefault(path, [])))
     # what the new commands said, as the docs say they do
     dry = next(v for k, v in ran.items() if "--dry-run" in k and "submit" in k)
     assert "nothing was submitted or stored" in dry, dry
@@ -384,7 +394,7 @@ def test_every_example_runs(first_hour: Any) -> None:
     cloud, cwd, relative = first_hour
     assert relative
     burst = doc_blocks(README, "## Bursting to the cloud")[0][1]
-    run_doc_block(cloud, cwd, burst, host="")
+    run_doc_block(cloud, cwd, burst, host="", prelude=["source .berth/local/env"])
     examples = sorted(p for p in (REPO / "examples" / "jobs").glob("*.yaml") if not p.name.startswith("bad-"))
     assert len(examples) >= 6
     submitted = {}
@@ -394,16 +404,16 @@ def test_every_example_runs(first_hour: Any) -> None:
             ok(berth(cloud, "submit", "-f", str(path), "--output", "json", profile=profile, cwd=cwd))
         )
         submitted[path.name] = (job["id"], profile)
+    clients = {p: cloud.client(p) for p in {p for _, p in submitted.values()}}
     deadline = time.monotonic() + 300
     ended: dict[str, dict[str, Any]] = {}
     while len(ended) < len(submitted) and time.monotonic() < deadline:
         for name, (job_id, profile) in submitted.items():
             if name not in ended:
-                job = json.loads(
-                    ok(berth(cloud, "status", job_id, "--output", "json", profile=profile, cwd=cwd))
-                )
-                if job["status"] in ENDED:
-                    ended[name] = job
+                r = clients[profile].get(f"/v1/jobs/{job_id}")
+                assert r.status == 200, r.text
+                if r.json()["status"] in ENDED:
+                    ended[name] = r.json()
         time.sleep(1)
     summary = {n: (j["status"], j["reason"], j.get("array", {}).get("counts")) for n, j in ended.items()}
     assert set(ended) == set(submitted), (
