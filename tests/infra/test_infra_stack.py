@@ -288,6 +288,9 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
             "dynamodb:UpdateItem",
         },
         ("ArtifactsBucketName/bundles/*", None): {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"},
+        # GET /v1/jobs/{id}/outputs: list job output prefixes only, presign GETs of their objects
+        ("DataBucketName", "s3:prefix=*/jobs/*"): {"s3:ListBucket"},
+        ("DataBucketName/*/jobs/*", None): {"s3:GetObject"},
         ("secret:berth/*", None): {"secretsmanager:DescribeSecret"},
         ("IdempotencyTableName", None): {
             "dynamodb:GetItem",
@@ -468,6 +471,7 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     ("secretsmanager:DescribeSecret", "secret:berth/*"): "existence of a secret under the caller's prefix",
     ("s3:GetObject", "DataBucketName/*"): "job role's outer bound; each session policy narrows it",
     ("s3:PutObject", "DataBucketName/*/jobs/*"): "job role's outer bound of output prefixes",
+    ("s3:GetObject", "DataBucketName/*/jobs/*"): "the API presigns GETs of a tenant-checked job's outputs",
     (
         "secretsmanager:GetSecretValue",
         "secret:berth/*",
@@ -599,7 +603,10 @@ def test_each_function_has_exactly_the_actions_its_code_uses(synthesized: Synthe
             assert statement["Effect"] == "Allow"
             condition = statement.get("Condition")
             leading = None
-            if condition is not None:
+            if condition is not None and "s3:prefix" in condition.get("StringLike", {}):
+                assert set(condition) == {"StringLike"}, statement
+                leading = "s3:prefix=" + ",".join(condition["StringLike"]["s3:prefix"])
+            elif condition is not None:
                 assert set(condition) == {"ForAllValues:StringLike"}, statement
                 leading = ",".join(condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
             for resource in _as_list(statement["Resource"]):
@@ -720,7 +727,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     assert set(_method_paths(synthesized)) == public | agent
     assert not public & agent
     assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
-    assert len(public) == 26
+    assert len(public) == 28
     assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
     assert agent == {
         ("/v1/agent/register", "POST"),

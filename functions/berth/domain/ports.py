@@ -401,3 +401,33 @@ class SubmitQueue(Protocol):
     """The queue of Batch submit requests (throttled by its consumer, never dropped)."""
 
     def send(self, request: SubmitRequest) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One object under a job's output prefix, with a presigned GET for it."""
+
+    key: str
+    size: int
+    last_modified: datetime
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPage:
+    objects: list[StoredObject]
+    last_key: str | None
+    """The last key of this page when more follow (None: this is the last page)."""
+
+
+class OutputStore(Protocol):
+    """A job's outputs and checkpoints in the data bucket (``<tenant>/jobs/<job>/``)."""
+
+    bucket: str
+
+    def list_presigned(
+        self, prefix: str, start_after: str | None, limit: int, expires_in_s: int
+    ) -> ObjectPage:
+        """Up to ``limit`` objects under ``prefix`` after the key ``start_after``, key order, each
+        with a GET URL valid for ``expires_in_s``."""
+        ...

@@ -30,11 +30,12 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.observability import CloudWatchLogReader
+from berth.dal.outputs import S3OutputStore
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
-from berth.domain.arrays import ARRAY_ID_RE
+from berth.domain.arrays import ARRAY_ID_RE, JobArray
 from berth.domain.errors import (
     DomainError,
     IdempotencyMismatch,
@@ -58,6 +59,8 @@ from berth.logic.circuits import INSTANCE_TYPE_RE, REGION_RE, CircuitService
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
+from berth.logic.outputs import OutputService
+from berth.logic.plan import PlanService
 from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
@@ -378,6 +381,64 @@ def job_events(job_id: JobId) -> Response[Any]:
 def explain(job_id: JobId) -> Response[Any]:
     caller = _caller()
     return _json(200, _fleet().explain(_services()[0], caller, job_id))
+
+
+@cache
+def _plans() -> PlanService:
+    return PlanService(
+        source=runtime.snapshot_source(),
+        clock=_now,
+        feasibility=_fleet().check,
+        access=_storage().check_spec,
+    )
+
+
+@app.post(
+    "/v1/jobs/plan",
+    summary="Dry run: validate a job spec and show where the scheduler would run it now",
+    description="The same checks and 4xx answers as `POST /v1/jobs`; then the scheduler core's "
+    "outcome for the spec in a pass over the store now (as one more queued job of the caller's "
+    "tenant): where it would run, or why it would wait, the hourly price and the cost limits. "
+    "Nothing is stored: no job, no event, no quota use.",
+    responses={
+        200: {"description": "The plan", "content": {"application/json": {"model": schemas.PlanOut}}},
+        **schemas.error_responses(400, 403, 415, 422, 429),
+    },
+    tags=["jobs"],
+)
+def plan_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
+    return _json(200, _plans().plan(_caller(), spec))
+
+
+@cache
+def _outputs() -> OutputService:
+    return OutputService(S3OutputStore(settings().data_bucket))
+
+
+@app.get(
+    "/v1/jobs/<job_id>/outputs",
+    summary="Where a job's outputs and checkpoints are, with a presigned GET for each object",
+    description="Lists `<tenant>/jobs/<job>/` in the data bucket (`outputs/` and `checkpoints/`, "
+    "written by the job's executor), key order, each object with a GET URL valid for "
+    "`url_expires_in_s`. An array's id lists every task's. The same tenant check as "
+    "`GET /v1/jobs/{id}`.",
+    responses={
+        200: {
+            "description": "A page of objects",
+            "content": {"application/json": {"model": schemas.OutputsOut}},
+        },
+        **schemas.error_responses(400, 403, 404, 422, 429),
+    },
+    tags=["jobs"],
+)
+def job_outputs(
+    job_id: JobId,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size")] = 1000,
+    next_token: Annotated[str | None, Query(max_length=1024, description="From the previous page")] = None,
+) -> Response[Any]:
+    found = _job_or_array(_caller(), job_id)
+    is_array = isinstance(found, JobArray)
+    return _json(200, _outputs().list(found.tenant, found.id, is_array, limit, next_token))
 
 
 @cache

@@ -105,6 +105,53 @@ class ExplainOut(BaseModel):
     offers_version: int | None = None
 
 
+class PlanLimits(BaseModel):
+    max_cost_usd: float | None = Field(default=None, description="The spec's cost cap (a job's total)")
+    max_hourly_usd: float | None = None
+    timeout_minutes: int
+    monthly_cloud_budget_usd: float | None = Field(default=None, description="The tenant's (None: none)")
+    cloud_budget_left_usd: float | None = None
+
+
+class PlanOut(BaseModel):
+    tenant: str
+    name: str
+    resources: dict[str, Any] = Field(description="What one job (an array: each task) asks for")
+    tasks: int = Field(description="1, or an array's size (every task is planned alike)")
+    outcome: str = Field(description="`onprem`, `cloud` (where a pass now would place it) or `pending`")
+    summary: str = Field(description="Where it would run, or why it would wait (one clause per site)")
+    hourly_usd: float | None = Field(
+        default=None,
+        description="Its price per hour where it would run (on-prem: the internal rate); pending: the "
+        "cheapest eligible cloud price, if any",
+    )
+    limits: PlanLimits
+    explanation: dict[str, Any] = Field(
+        description="The scheduler core's explanation, as `GET /v1/jobs/{id}/explain` gives it"
+    )
+    policy_version: int
+    offers_version: int
+    stored: bool = Field(description="Always false: a dry run stores nothing")
+
+
+class OutputObject(BaseModel):
+    key: str
+    path: str = Field(description="The key under the job's prefix, e.g. `outputs/model.pt`")
+    size: int
+    last_modified: str
+    url: str = Field(description="A presigned GET for this one object")
+
+
+class OutputsOut(BaseModel):
+    job_id: str
+    location: str = Field(description="`s3://<data bucket>/<tenant>/jobs/<job>/`")
+    outputs: str | None = Field(default=None, description="Where `$BERTH_OUTPUT_DIR` is uploaded")
+    checkpoints: str | None = Field(default=None, description="Where `$BERTH_CHECKPOINT_DIR` is uploaded")
+    objects: list[OutputObject]
+    url_expires_in_s: int
+    next_token: str | None = None
+
+
 class CapacityOut(BaseModel):
     as_of: str
     totals: dict[str, int]

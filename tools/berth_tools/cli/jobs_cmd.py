@@ -113,6 +113,16 @@ def submit(
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait until it ends (an array: a progress bar of its tasks)")
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Validate, show where it would run now and its price; store no job"),
+    ] = False,
+    follow_job: Annotated[
+        bool,
+        typer.Option(
+            "--follow", help="Then print its status changes and output until it ends (exit 0: COMPLETED)"
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -136,6 +146,10 @@ def submit(
                 f"packed in {result.pack_s:.2f}s, upload {result.upload_s:.2f}s)",
                 err=True,
             )
+        if dry_run or follow_job:
+            from berth_tools.cli import follow
+
+            raise typer.Exit(follow.submit_and_follow(client, spec, idempotency_key, dry_run, output))
         job = client.submit(spec, idempotency_key)
         if output is not OutputFormat.JSON:
             console.print(f"submitted [bold]{job['id']}[/] ({_status(job['status'])})")
@@ -186,8 +200,12 @@ def status(
 ) -> None:
     """Show a job."""
     with api_errors(output):
-        job = client_for(api_url, profile).get(job_id)
+        client = client_for(api_url, profile)
+        job = client.get(job_id)
     render(output, job, _job_table)
+    from berth_tools.cli.outputs_cmd import location_line
+
+    location_line(client, job, output)
 
 
 def ls(
