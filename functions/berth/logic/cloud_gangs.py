@@ -1,0 +1,70 @@
+"""A gang in the cloud (an AWS Batch multi-node parallel job) fails fast when one node fails.
+
+Batch ends a multi-node parallel job when its main node exits (its status is the main node's), and
+stops the other nodes then. A child node that fails leaves the job RUNNING: its peers usually block
+in a collective until their timeout, on instances that are all billed. So a Batch state change of a
+gang's node (``<batch job id>#<index>``, same queue and job name as the job) that says the node
+FAILED with a non-zero exit makes Berth terminate the whole Batch job, with the reason
+``GANG_NODE_FAILED`` naming the node and its exit: the attempt then fails as that node's
+``NonZeroExit`` (``berth.domain.cloud.failed_outcome``), with the job's retry rules. As for every
+event, nothing is trusted from it: the node and the job are described first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from berth.domain.cloud import (
+    GANG_NODE_FAILED,
+    TERMINATED_BY_BERTH,
+    BatchJob,
+    BatchStatus,
+    parse_node_job_id,
+)
+from berth.domain.job import Job
+from berth.domain.placement import CloudPlacement
+from berth.domain.ports import BatchGateway
+from berth.domain.reasons import exit_words
+
+#: The main node of the gangs Berth submits (their definitions' ``mainNode``).
+MAIN_NODE = 0
+
+
+def node_failure_reason(index: int, node: BatchJob) -> str | None:
+    """The reason to end a gang for its node ``index`` as ``node`` is now, or None when that node's
+    state ends nothing: still running, succeeded, the main node (Batch ends the job itself), or
+    stopped because Berth ended the job already."""
+    if index == MAIN_NODE or node.status is not BatchStatus.FAILED:
+        return None
+    if node.status_reason.startswith((TERMINATED_BY_BERTH, GANG_NODE_FAILED)) or node.exit_code == 0:
+        return None
+    return f"{GANG_NODE_FAILED}{index} {exit_words(node.exit_code)}"[:256]
+
+
+def on_node_event(
+    batch: BatchGateway,
+    job: Job,
+    placement: CloudPlacement,
+    node_id: str,
+    states: Mapping[str, BatchJob | None],
+) -> str:
+    """Reconcile one node's state change of the job's current gang: ``gang-failed`` when it ended the
+    gang, ``node`` when the node's state changes nothing, ``stale`` for a node of another Batch job.
+    ``states``: what the event's batch already described (others are described here)."""
+    parsed = parse_node_job_id(node_id)
+    if parsed is None or job.run.batch_job_id != parsed[0]:
+        return "stale"
+    parent_id, index = parsed
+    wanted = [i for i in (node_id, parent_id) if i not in states]
+    described = {b.batch_job_id: b for b in batch.describe(placement.region, wanted)} if wanted else {}
+    node = states[node_id] if node_id in states else described.get(node_id)
+    parent = states[parent_id] if parent_id in states else described.get(parent_id)
+    reason = None if node is None else node_failure_reason(index, node)
+    if reason is None or parent is None or parent.status.is_terminal:
+        return "node"
+    # A CloudError goes up: the event is redelivered and tries again (terminating twice is harmless).
+    batch.terminate(placement.region, parent_id, reason, job.tenant)
+    return "gang-failed"
+
+
+__all__ = ["MAIN_NODE", "node_failure_reason", "on_node_event"]
