@@ -288,7 +288,9 @@ def test_instances_accept_inbound_traffic_from_their_own_group_only(synthesized:
         # the nodes of a gang (a multi-node parallel job, awsvpc) reach each other; nothing else gets in
         (ingress,) = _resources(template, "AWS::EC2::SecurityGroupIngress").values()
         own = {"Fn::GetAtt": [logical, "GroupId"]}
-        assert ingress["Properties"]["GroupId"] == own and ingress["Properties"]["SourceSecurityGroupId"] == own
+        assert (
+            ingress["Properties"]["GroupId"] == own and ingress["Properties"]["SourceSecurityGroupId"] == own
+        )
         assert "CidrIp" not in ingress["Properties"]
         envs = _resources(template, "AWS::Batch::ComputeEnvironment").values()
         subnets = {json.dumps(s) for e in envs for s in e["Properties"]["ComputeResources"]["Subnets"]}

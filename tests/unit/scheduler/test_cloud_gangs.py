@@ -3,9 +3,10 @@ only, and on one instance per node, so their price is every node's."""
 
 from __future__ import annotations
 
-from berth.domain.job_spec import SpotPolicy
+from berth.domain.job_spec import PlacementConstraint, SpotPolicy
 from berth.scheduler import schedule
 from berth.scheduler.decisions import CloudAssignment
+from berth.scheduler.feasibility import check_feasible
 from berth.scheduler.outcomes import Rule
 
 from .helpers import NOW, job, offer, policy, snap
@@ -38,3 +39,13 @@ def test_a_gang_that_requires_spot_gets_no_cloud_offer_and_says_why() -> None:
     assert d.placements == []
     assert Rule.SPOT in d.outcomes["g"].rules
     assert "multi-node" in d.reasons["g"]
+
+
+def test_a_cloud_only_gang_that_requires_spot_is_refused_at_submit() -> None:
+    gang = job("g", gpus=16, nodes=2, gpu_type="A100", placement=PlacementConstraint.CLOUD)
+    assert check_feasible(gang, "a", policy(), [], [P4D]) is None
+    spot_only = job(
+        "g", gpus=16, nodes=2, gpu_type="A100", placement=PlacementConstraint.CLOUD, spot=SpotPolicy.REQUIRED
+    )
+    found = check_feasible(spot_only, "a", policy(), [], [P4D])
+    assert found is not None and found.rule is Rule.SPOT and "multi-node" in found.message
