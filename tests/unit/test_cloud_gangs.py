@@ -116,3 +116,17 @@ def test_node_states_that_end_nothing() -> None:
     assert w.cloud.on_event(node_job_id(bid, 1), f"{job_id}-a9") == "stale"
     assert w.batch.terminated == []
     assert parse_node_job_id("abc#2") == ("abc", 2) and parse_node_job_id("abc:2") is None
+
+
+def test_a_child_nodes_instance_going_away_is_the_clouds_failure_not_the_jobs() -> None:
+    w = CloudWorld()
+    _, token, bid = _submitted(w, **GANG)
+    name = w.batch.jobs[bid].name
+    w.batch.set(bid, BatchStatus.RUNNING)
+    node = node_job_id(bid, 1)
+    w.batch.jobs[node] = BatchJob(node, name, BatchStatus.FAILED, "Host EC2 (instance i-0abc) terminated.")
+    assert w.cloud.on_event(node, name) == "gang-failed"
+    ((_, reason),) = w.batch.terminated
+    assert reason == f"{GANG_NODE_FAILED}1 ended without an exit code: Host EC2 (instance i-0abc) terminated."
+    assert w.cloud.on_event(bid, name) == "failed"
+    assert w.failures_of(token) == [Failure.SPOT_INTERRUPTION.error_name]  # re-placed, not counted

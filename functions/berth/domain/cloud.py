@@ -39,6 +39,8 @@ _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "
 TIMEOUT_EXIT_CODE = 124
 #: The launcher's exit code when the code bundle is a broken archive (``berth_agent.launch``).
 LAUNCHER_INVALID_BUNDLE_EXIT = 66
+#: Batch's reason for a container that exited by itself (its exit code says how).
+_CONTAINER_EXITED = "Essential container in task exited"
 #: Batch's own reason when ``attemptDurationSeconds`` ran out.
 _BATCH_TIMEOUT_REASON = "Job attempt duration exceeded timeout"
 REGION_WIDE = "*"
@@ -333,6 +335,28 @@ def container_start_error(text: str) -> tuple[str, bool] | None:
     return name, any(m in lower for m in _JOB_START_MARKERS)
 
 
+def gang_node_reason(index: int, node: BatchJob) -> str:
+    """The reason Berth ends a gang with when its node ``index`` failed as ``node`` says: the node
+    and its exit, and Batch's reason for it unless that is only "the container exited"."""
+    why = node.status_reason.strip()
+    tail = f": {why}" if why and not why.startswith(_CONTAINER_EXITED) else ""
+    return f"{GANG_NODE_FAILED}{index} {exit_words(node.exit_code)}{tail}"[:256]
+
+
+def _gang_outcome(job: BatchJob, placement: CloudPlacement, node_part: str, launcher: bool) -> CloudOutcome:
+    """A gang Berth ended for one node: that node's instance going away, or no capacity for it, is
+    the cloud's (as for a single job); anything else is the node's exit (``NonZeroExit``)."""
+    detail = f"{placement.region} {placement.instance_type}: gang {node_part}"
+    _, sep, why = node_part.partition(": ")
+    if sep:
+        inner = failed_outcome(
+            replace(job, status_reason=why, container_reason="", exit_code=None), placement
+        )
+        if inner.failure in (Failure.SPOT_INTERRUPTION, Failure.CAPACITY):
+            return CloudOutcome(inner.failure, detail, inner.circuit)
+    return CloudOutcome(Failure.NONZERO_EXIT, detail)
+
+
 def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = False) -> CloudOutcome:
     """What a FAILED Batch job means (docs/cloud.md, failure mapping).
 
@@ -352,7 +376,7 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = Fa
     where = f"{placement.region} {placement.instance_type}"
     own_circuit = (placement.region, placement.instance_type)
     if reason.startswith(GANG_NODE_FAILED):
-        return CloudOutcome(Failure.NONZERO_EXIT, f"{where}: gang {reason[len('Berth gang: ') :]}")
+        return _gang_outcome(job, placement, reason[len("Berth gang: ") :], launcher)
     if reason.startswith(TERMINATED_BY_BERTH):
         return CloudOutcome(Failure.CANCELED, f"{where}: {reason}")
     if _HOST_TERMINATED_RE.match(reason) or ("spot" in reason.lower() and "interrupt" in reason.lower()):
@@ -667,6 +691,7 @@ __all__ = [
     "expected_batch_name",
     "failed_outcome",
     "form_batch_groups",
+    "gang_node_reason",
     "group_child_id",
     "group_entry",
     "group_entry_bytes",

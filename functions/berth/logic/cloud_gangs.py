@@ -4,10 +4,11 @@ Batch ends a multi-node parallel job when its main node exits (its status is the
 stops the other nodes then. A child node that fails leaves the job RUNNING: its peers usually block
 in a collective until their timeout, on instances that are all billed. So a Batch state change of a
 gang's node (``<batch job id>#<index>``, same queue and job name as the job) that says the node
-FAILED with a non-zero exit makes Berth terminate the whole Batch job, with the reason
-``GANG_NODE_FAILED`` naming the node and its exit: the attempt then fails as that node's
-``NonZeroExit`` (``berth.domain.cloud.failed_outcome``), with the job's retry rules. As for every
-event, nothing is trusted from it: the node and the job are described first.
+FAILED (not with exit 0) makes Berth terminate the whole Batch job, with the reason
+``GANG_NODE_FAILED`` naming the node, its exit and Batch's reason for it: the attempt then fails as
+that node's ``NonZeroExit`` (the job's retry rules), or, when the node's instance went away or found
+no capacity, as the cloud's ``SpotInterruption`` / ``Capacity`` (``berth.domain.cloud.failed_outcome``).
+As for every event, nothing is trusted from it: the node and the job are described first.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from berth.domain.cloud import (
     TERMINATED_BY_BERTH,
     BatchJob,
     BatchStatus,
+    gang_node_reason,
     parse_node_job_id,
 )
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement
 from berth.domain.ports import BatchGateway
-from berth.domain.reasons import exit_words
 
 #: The main node of the gangs Berth submits (their definitions' ``mainNode``).
 MAIN_NODE = 0
@@ -38,7 +39,7 @@ def node_failure_reason(index: int, node: BatchJob) -> str | None:
         return None
     if node.status_reason.startswith((TERMINATED_BY_BERTH, GANG_NODE_FAILED)) or node.exit_code == 0:
         return None
-    return f"{GANG_NODE_FAILED}{index} {exit_words(node.exit_code)}"[:256]
+    return gang_node_reason(index, node)
 
 
 def on_node_event(
