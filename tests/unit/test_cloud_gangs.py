@@ -130,3 +130,16 @@ def test_a_child_nodes_instance_going_away_is_the_clouds_failure_not_the_jobs() 
     assert reason == f"{GANG_NODE_FAILED}1 ended without an exit code: Host EC2 (instance i-0abc) terminated."
     assert w.cloud.on_event(bid, name) == "failed"
     assert w.failures_of(token) == [Failure.SPOT_INTERRUPTION.error_name]  # re-placed, not counted
+
+
+def test_the_main_nodes_stream_is_the_gangs_when_the_gang_names_none() -> None:
+    w = CloudWorld()
+    job_id, _, bid = _submitted(w, **GANG)
+    name = w.batch.jobs[bid].name
+    w.batch.set(bid, BatchStatus.RUNNING)  # the gang itself names no stream
+    w.cloud.on_event(bid, name)
+    stream = "batch/default/" + "a" * 32
+    main = node_job_id(bid, 0)
+    w.batch.jobs[main] = BatchJob(main, name, BatchStatus.RUNNING, log_stream=stream)
+    assert w.cloud.on_event(main, name) == "node"
+    assert w.job(job_id).run.log_stream_of(1) == stream

@@ -243,7 +243,9 @@ class CloudDispatchService:
         if parse_node_job_id(batch_job_id) is not None:  # a node of a gang (multi-node parallel job)
             if placement is None or job.attempts != parsed[1]:
                 return "stale"
-            return on_node_event(self.batch, job, placement, batch_job_id, reads.states)
+            return on_node_event(
+                self.batch, job, placement, batch_job_id, reads.states, self.record_log_stream
+            )
         stale = (
             placement is None
             or job.attempts != parsed[1]
