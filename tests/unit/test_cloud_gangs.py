@@ -3,12 +3,21 @@ with one SubmitJob (a ``multinode`` definition, ``nodeOverrides``), ended as soo
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from berth.dal.batch import BotoBatchGateway, RateLimiter
-from berth.domain.cloud import GANG_NODE_FAILED, BatchJob, BatchStatus, node_job_id, parse_node_job_id
+from berth.domain.cloud import (
+    GANG_NODE_FAILED,
+    BatchJob,
+    BatchStatus,
+    batch_job_task,
+    node_job_id,
+    parse_node_job_id,
+)
 from berth.domain.placement import CloudPlacement
 from berth.domain.workflow import Failure
+from berth.logic.batch_events import parse_event
 from tests.unit.test_cloud_dispatch import CloudWorld
 
 GANG = {"resources": {"gpu_type": "A100", "gpus": 16, "nodes": 2}}
@@ -143,3 +152,11 @@ def test_the_main_nodes_stream_is_the_gangs_when_the_gang_names_none() -> None:
     w.batch.jobs[main] = BatchJob(main, name, BatchStatus.RUNNING, log_stream=stream)
     assert w.cloud.on_event(main, name) == "node"
     assert w.job(job_id).run.log_stream_of(1) == stream
+
+
+def test_a_node_event_as_aws_sends_it_names_the_node_and_the_attempt() -> None:
+    sample = (Path(__file__).parents[2] / "events" / "eventbridge_batch_node_state_change.json").read_text()
+    event = parse_event(sample)
+    assert event is not None and event.reported is BatchStatus.FAILED
+    assert parse_node_job_id(event.batch_job_id) == ("7d3b8f0e-51c4-4b0a-8f6e-2c9d1a4e6b73", 1)
+    assert batch_job_task(event.batch_job_id, event.name) == ("j-01m8rqkqg02mkvssy862k6h083", 1)
