@@ -35,6 +35,7 @@ from berth.domain.cloud import (
     failed_outcome,
     group_child_id,
     group_submission,
+    parse_node_job_id,
     submission,
 )
 from berth.domain.job import Job
@@ -43,6 +44,7 @@ from berth.domain.placement import CloudPlacement
 from berth.domain.ports import BatchGateway, CircuitRepository, JobRepository, SubmitQueue, TaskTokens
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
+from berth.logic.cloud_gangs import on_node_event
 from berth.logic.job_update import Decision, JobKeptChanging, JobMissing, Keep, Save, Update, update_job
 
 Clock = Callable[[], datetime]
@@ -252,6 +254,12 @@ class CloudDispatchService:
         if job is None:
             return "unknown"
         placement = cloud_attempt(job)
+        if parse_node_job_id(batch_job_id) is not None:  # a node of a gang (multi-node parallel job)
+            if placement is None or job.attempts != parsed[1]:
+                return "stale"
+            return on_node_event(
+                self.batch, job, placement, batch_job_id, reads.states, self.record_log_stream
+            )
         stale = (
             placement is None
             or job.attempts != parsed[1]
