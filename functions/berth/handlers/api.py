@@ -58,6 +58,7 @@ from berth.logic.circuits import INSTANCE_TYPE_RE, REGION_RE, CircuitService
 from berth.logic.fleet import FleetService, document_out
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
+from berth.logic.queue_view import with_queue
 from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
@@ -278,7 +279,8 @@ def list_jobs(
         tasks, token = _arrays().tasks(_caller(), array, limit, next_token)
         return _json(200, {"jobs": [j.public() for j in tasks], "next_token": token})
     page = _services()[0].list_jobs(_caller(), status, limit, next_token, tenant=tenant)
-    return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
+    jobs = with_queue((j.public() for j in page.jobs), runtime.queue_summaries())
+    return _json(200, {"jobs": jobs, "next_token": page.next_token})
 
 
 JobId = Annotated[
@@ -320,7 +322,8 @@ def _job_or_array(caller: Caller, job_id: str) -> Any:
     tags=["jobs"],
 )
 def get_job(job_id: JobId) -> Response[Any]:
-    return _json(200, _job_or_array(_caller(), job_id).public())
+    found = _job_or_array(_caller(), job_id).public()
+    return _json(200, with_queue([found], runtime.queue_summaries())[0])
 
 
 @app.post(
