@@ -37,6 +37,9 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+    started_at: str | None = Field(
+        default=None, description="When the current (or last) attempt started running (null before)"
+    )
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
     queue_position: int | None = Field(
         default=None,
