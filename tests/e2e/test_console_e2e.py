@@ -177,6 +177,7 @@ def test_the_console_in_a_browser(
             "image": "busybox",
             "command": ["sleep", "600"],
             "resources": {"gpu_type": gpu_type, "gpus": gpus},
+            "expected_duration_minutes": 30,
             "constraints": {"placement": "onprem"},
             "env": {"SCRIPTED_RUN_S": "600"},
         }
@@ -204,6 +205,11 @@ def test_the_console_in_a_browser(
             lambda: (j := alice.get(f"/v1/jobs/{waiting['id']}").json())["queue_position"] and j,
         )
         assert ranked["status"] == "QUEUED" and ranked["queue_length"] >= 1
+        # the fillers are expected to run 30 minutes (the predictor calibrates that with the team's
+        # history): the core's estimate is when one of them is predicted to end, labelled on-prem
+        assert ranked["estimated_start_basis"] == "onprem", ranked
+        start = datetime.fromisoformat(ranked["estimated_start"].replace("Z", "+00:00"))
+        assert timedelta(minutes=-2) < start - datetime.now(UTC) < timedelta(minutes=40), ranked
         runner = _wait(
             "a running filler",
             lambda: next(
@@ -235,7 +241,7 @@ def test_the_console_in_a_browser(
         assert job.locator("[data-testid=logs] b").count() == 0
         job.wait_for_selector("svg.chart polyline", timeout=30_000)
         assert job.locator("svg.chart polyline").count() == 2
-        assert "GPU util" in job.locator("svg.chart").inner_text()
+        assert "GPU util" in (job.locator("svg.chart").text_content() or "")
         job.screenshot(path=str(SHOTS / "console-job.png"), full_page=True)
 
         wait_page = _open(

@@ -94,12 +94,18 @@ Berth.pages.job = async (main, jobId) => {
       } }, j.array ? "Cancel all tasks" : "Cancel"));
     }
   };
+  // The explanation runs a scheduling pass in the API: asked for at most every 30 s.
+  let explained = null; let explainedAt = 0;
   const drawWhy = async (j) => {
     if (j.status !== "QUEUED") { why.hidden = true; return; }
     why.hidden = false;
     const parts = [el("h2", {}, "Why is it waiting"), el("p", {}, j.reason), el("p", {}, queueLine(j))];
     try {
-      const ex = await api("GET", "/v1/jobs/" + encodeURIComponent(j.id) + "/explain");
+      if (!explained || Date.now() - explainedAt > 30000) {
+        explained = await api("GET", "/v1/jobs/" + encodeURIComponent(j.id) + "/explain");
+        explainedAt = Date.now();
+      }
+      const ex = explained;
       const e = ex.explanation;
       if (e) {
         parts.push(el("p", { "data-testid": "explain" }, "Scheduler now: " + (e.summary || ex.outcome)));
@@ -156,7 +162,9 @@ Berth.pages.job = async (main, jobId) => {
       el("p", { class: "muted" }, `${m.samples.length} samples` + note));
   };
   drawHead(job);
-  await Promise.all([drawWhy(job), drawEvents(job), tail().catch(() => {}), usage().catch(() => {})]);
+  tail().catch(() => {});
+  usage().catch(() => {});
+  await Promise.all([drawWhy(job), drawEvents(job)]);
   every(1000, () => { if (!ENDED.includes(current.status) || token) tail().catch(() => {}); });
   every(3000, () => refresh().catch(() => {}));
   every(5000, () => usage().catch(() => {}));
