@@ -140,7 +140,9 @@ class SchedulerService:
     #: Where each tenant's queue as this pass saw it is kept (None: positions are not recorded).
     queue_summaries: QueueSummaries | None = None
     #: The summaries this warm process last wrote, per tenant (one is rewritten only when it changed).
-    _summaries_written: dict[str, QueueSummary] = field(default_factory=dict, compare=False, repr=False)
+    _summaries_written: dict[str, QueueSummary] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.placements is None:

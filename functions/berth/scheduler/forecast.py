@@ -7,7 +7,8 @@ it starts. Pure; read from the pass's own ledger after it ran, never re-decided.
   share will go to).
 - **Estimated start** (an estimate, never a promise), the earlier of:
   - ``onprem``: for a job that waits for on-prem capacity (its on-prem step is ``capacity``), the time
-    at which the on-prem jobs of its GPU model, by predicted end (the run-time predictor at
+    at which the on-prem jobs of its GPU model, by predicted end (the run-time predictor's median,
+    ``ESTIMATE_Q``: an estimate for people, where the burst decision reads the more careful
     ``runtime.wait_q``; the jobs this pass placed included), have freed enough GPUs for the jobs
     waiting ahead of it in the pass's order plus itself, minus the GPUs free after the pass
     (fragmentation ignored; the rule ``burst.estimate_wait`` uses, ``cloud_step``);
@@ -30,6 +31,8 @@ from berth.scheduler.outcomes import Rule
 
 ONPREM = "onprem"
 BURST = "burst"
+#: The quantile of running jobs' predicted ends an estimated start reads: the median.
+ESTIMATE_Q = 0.5
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,7 +88,7 @@ def forecast_queue(ctx: PassContext) -> dict[str, QueueForecast]:
 def _onprem_ends(ctx: PassContext) -> dict[str, tuple[list[float], list[int]]]:
     """Per GPU model: predicted end times of the on-prem jobs (running, and placed by this pass),
     sorted, with the GPUs freed by then (cumulative)."""
-    q = ctx.policy.runtime.wait_q
+    q = ESTIMATE_Q
     by_model: dict[str, list[tuple[float, int]]] = {}
     stopped = {p.job_id for p in ctx.decisions.preemptions}
     for r in ctx.snapshot.running:
