@@ -251,12 +251,15 @@ def test_the_console_in_a_browser(
         assert "Why is it waiting" in why and f"position {ranked['queue_position']} of" in why
         assert "capacity" in why
         wait_page.screenshot(path=str(SHOTS / "console-waiting.png"), full_page=True)
+        queue = _open(browser_context, ui + "#/queue", "queue", "[data-testid=fair-share]")
+        row = queue.locator("[data-testid=queue] tbody tr", has_text=waiting["id"])
+        assert row.inner_text().startswith(f"{ranked['queue_position']} of")
+        assert "rank" in queue.locator("[data-testid=fair-share]").inner_text()
+        queue.screenshot(path=str(SHOTS / "console-queue.png"))
         wait_page.click("[data-testid=cancel]")  # the confirmation is accepted (page.on("dialog"))
         _wait("the cancel", lambda: alice.get(f"/v1/jobs/{waiting['id']}").json()["status"] == "CANCELED")
         wait_page.wait_for_selector("[data-testid=job-head] .s-CANCELED", timeout=15_000)
 
-        queue = _open(browser_context, ui + "#/queue", "queue", "[data-testid=queue]")
-        queue.screenshot(path=str(SHOTS / "console-queue.png"))
         fleet = _open(browser_context, ui + "#/fleet", "fleet", "[data-testid=hosts] tr[data-host]")
         assert fleet.locator("[data-testid=hosts] tr[data-host]").count() >= 1
         fleet.screenshot(path=str(SHOTS / "console-fleet.png"))

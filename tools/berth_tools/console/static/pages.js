@@ -185,6 +185,16 @@ Berth.pages.queue = async (main) => {
           (j.estimated_start_basis === "burst" ? " (burst wait ends)" : " (on-prem predicted free)") : "no estimate"),
         el("td", { class: "muted" }, j.reason)))
         : el("tr", {}, el("td", { colspan: 5, class: "muted" }, "Nothing waiting."))))];
+  if (jobs.length) {
+    // Fair share: the scheduler core's explanation of the team's next job (a pass over the store now).
+    try {
+      const e = (await api("GET", "/v1/jobs/" + encodeURIComponent(jobs[0].id) + "/explain")).explanation;
+      if (e && e.tenants) {
+        parts.push(el("p", { "data-testid": "fair-share" }, `Fair share now: ${Number(e.fair_share).toFixed(3)} ` +
+          `(rank ${e.fair_share_rank} of ${e.tenants} teams; the lowest share is served first)`));
+      }
+    } catch (err) { parts.push(errorBox(err)); }
+  }
   try {
     const usage = await api("GET", "/v1/usage");
     const quota = await api("GET", "/v1/tenants/" + encodeURIComponent(usage.tenant) + "/quota");
