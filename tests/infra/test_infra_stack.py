@@ -373,6 +373,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
         ("*", None): {"batch:DescribeJobs"},
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        # each tenant's queue as the pass saw it (positions, estimated starts; berth.domain.queue_summary)
+        ("TenantsTableName", "QUEUE#*"): {"dynamodb:PutItem"},
         # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
         ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
     },

@@ -92,6 +92,7 @@ class Job(BaseModel):
             "placement": None if self.placement is None else self.placement.model_dump(mode="json"),
             "attempts": self.attempts,
             "cost_usd": round(self.cost_usd, 4),
+            "started_at": None if self.run.attempt.started_at is None else iso(self.run.attempt.started_at),
         }
 
     def transition(self, to: JobStatus, reason: str, now: datetime, **changes: Any) -> tuple[Job, JobEvent]:

@@ -15,6 +15,7 @@ from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES
 from berth.domain.observability import LogPage, MetricSample, StoredSample
 from berth.domain.queue import QueueEntry
+from berth.domain.queue_summary import QueueSummary
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
@@ -374,6 +375,16 @@ class RuntimeHistory(Protocol):
     def read(self, tenants: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The stored documents of these tenants (tenants without one are left out)."""
         ...
+
+
+class QueueSummaries(Protocol):
+    """Per tenant, its queue as the last scheduling pass saw it (``berth.domain.queue_summary``):
+    advisory, rewritten by the pass when it changed, read by the job API."""
+
+    def put(self, summary: QueueSummary) -> None:
+        """Store the tenant's summary (replacing the last). Raises ``StoreUnavailable``."""
+
+    def get(self, tenant: str) -> QueueSummary | None: ...
 
 
 class BatchGateway(Protocol):

@@ -18,6 +18,7 @@ from berth.dal.jobs import DynamoJobRepository
 from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.placements import DynamoPlacementWriter
+from berth.dal.queue_summaries import DynamoQueueSummaries
 from berth.dal.runtimes import DynamoRuntimeHistory
 from berth.dal.tenants import DynamoTenantRepository
 from berth.dal.usage import DynamoUsageLedger
@@ -204,7 +205,13 @@ def scheduler_service() -> SchedulerService:
         execution_repair_s=settings().execution_repair_s,
         usage=usage_ledger(),
         cloud=None if cloud is None else CloudSweep(cloud),
+        queue_summaries=queue_summaries(),
     )
+
+
+@cache
+def queue_summaries() -> DynamoQueueSummaries:
+    return DynamoQueueSummaries(settings().tenants_table)
 
 
 @cache

@@ -37,7 +37,29 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+    started_at: str | None = Field(
+        default=None, description="When the current (or last) attempt started running (null before)"
+    )
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
+    queue_position: int | None = Field(
+        default=None,
+        description="A QUEUED job's 1-based place in its team's queue, in the order the last scheduling "
+        "pass served the team's jobs (null: not queued, or not ranked yet: submitted since the last pass, "
+        "or deeper than the 200 the summary keeps)",
+    )
+    queue_length: int | None = Field(default=None, description="The team's queued jobs at that pass")
+    estimated_start: str | None = Field(
+        default=None,
+        description="An ESTIMATE (ISO 8601, to the minute) of when the job starts, from the scheduler "
+        "core's run-time predictor; null when none can be made (a quota, budget or constraint keeps it "
+        "waiting)",
+    )
+    estimated_start_basis: str | None = Field(
+        default=None,
+        description="`onprem`: on-prem GPUs of its model are predicted free then; `burst`: its burst "
+        "wait ends then",
+    )
+    queue_as_of: str | None = Field(default=None, description="The pass that last changed these fields")
 
 
 class BundleIn(BaseModel):

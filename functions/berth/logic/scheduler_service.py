@@ -13,7 +13,7 @@ answered; a pass that dies in between leaves a STARTING job whose token the next
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -31,10 +31,12 @@ from berth.domain.ports import (
     JobRepository,
     PassTrigger,
     PlacementWriter,
+    QueueSummaries,
     TaskTokens,
     UsageLedger,
 )
 from berth.domain.queue import QueueEntry
+from berth.domain.queue_summary import QueueSummary, summarize
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.cloud_sweep import CloudSweep, SweepReport
@@ -89,6 +91,8 @@ class PassReport:
     """Changed reasons left for the next pass by the deadline."""
     preempted: int = 0
     reasons_written: int = 0
+    queue_summaries_written: int = 0
+    """Tenants whose queue summary (positions, estimated starts) changed and was rewritten."""
     lost_hosts: list[str] = field(default_factory=list)
     orphans_released: int = 0
     executions_restarted: int = 0
@@ -139,6 +143,12 @@ class SchedulerService:
     min_placements: int = MIN_PLACEMENTS
     #: Changed reasons a pass writes at most, heads of the tenants' queues first.
     max_reason_writes: int = MAX_REASON_WRITES
+    #: Where each tenant's queue as this pass saw it is kept (None: positions are not recorded).
+    queue_summaries: QueueSummaries | None = None
+    #: The summaries this warm process last wrote, per tenant (one is rewritten only when it changed).
+    _summaries_written: dict[str, QueueSummary] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.placements is None:
@@ -166,7 +176,9 @@ class SchedulerService:
                 inputs.running_jobs, now, lambda r: board.state(r, "*") is CircuitState.OPEN
             )
         t1 = time.perf_counter()
-        decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
+        decisions = schedule(
+            inputs.snapshot, inputs.fleet.policy, now.timestamp(), forecast=self.queue_summaries is not None
+        )
         t2 = time.perf_counter()
         by_id = {e.job_id: e for e in inputs.pending}
         rates = inputs.fleet.policy.accounting
@@ -205,6 +217,7 @@ class SchedulerService:
             inputs.running_jobs, rates, now
         )
         report.reasons_written, report.reasons_deferred = self.write_reasons(by_id, decisions, deadline)
+        report.queue_summaries_written = self.write_queue_summaries(decisions, inputs.snapshot.unread, now)
         if report.deferred:
             self.trigger.request("deferred placements")
         elif Outcome.SKIPPED in outcomes:
@@ -480,6 +493,33 @@ class SchedulerService:
         tasks = [lambda e=e, reason=reason: self._set_reason(e, reason) for e, reason in now]
         results = run_bounded(tasks, self.apply_workers, deadline or Deadline(), None)
         return results.count(True), results.count(None) + max(0, later)
+
+    def write_queue_summaries(self, decisions: Any, unread: Mapping[str, int], now: datetime) -> int:
+        """Each tenant's queue as this pass saw it (positions and estimated starts from the core's
+        ``Decisions.queue``), one item per tenant, written only when it says something else than
+        what this process last wrote (a tenant whose queue emptied gets an empty one). Advisory: a
+        store that is down leaves it for the next pass. Returns how many were written."""
+        if self.queue_summaries is None:
+            return 0
+        rows: dict[str, list[tuple[str, int, float | None, str | None]]] = {}
+        for job_id, f in decisions.queue.items():
+            rows.setdefault(f.tenant, []).append((job_id, f.position, f.estimated_start, f.basis))
+        tenants = set(rows) | {t for t, n in unread.items() if n > 0} | set(self._summaries_written)
+        written = 0
+        for tenant in sorted(tenants):
+            summary = summarize(tenant, rows.get(tenant, []), unread.get(tenant, 0), now)
+            if summary.same_as(self._summaries_written.get(tenant)):
+                continue
+            try:
+                self.queue_summaries.put(summary)
+            except StoreUnavailable:
+                continue
+            written += 1
+            if summary.waiting:
+                self._summaries_written[tenant] = summary
+            else:
+                self._summaries_written.pop(tenant, None)
+        return written
 
     def _set_reason(self, entry: QueueEntry, reason: str) -> bool:
         """The reason alone (no new version, no event): the queue entry's copy is the only index

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.cli.queue_info import queue_rows
 from berth_tools.cli.safe_text import literal
 from berth_tools.client import BerthClient, ClientError, load_config
 
@@ -74,6 +75,7 @@ def _job_table(job: dict[str, Any]) -> None:
         ("name", job["spec"]["name"]),
         ("status", _status(job["status"])),
         ("reason", literal(job["reason"])),
+        *queue_rows(job),
         ("tenant", job["tenant"]),
         ("owner", job["owner"]),
         ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),

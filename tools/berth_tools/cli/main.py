@@ -22,6 +22,7 @@ def _register() -> None:
         outputs_cmd,
         prices_cmd,
         sim_cmd,
+        ui_cmd,
     )
     from berth_tools.localcloud import cli as local_cli
 
@@ -38,6 +39,7 @@ def _register() -> None:
     observe_cmd.register(app)
     outputs_cmd.register(app)
     prices_cmd.register(app)
+    ui_cmd.register(app)
 
 
 _register()
