@@ -92,19 +92,24 @@ def wants_spot(job: PendingJob, policy: SchedulingPolicy, likely_run_s: float | 
     return None if (job.checkpointing or short) else False
 
 
+def nodes_per_instance(job: PendingJob, gpus: int, vcpus: float, memory_gib: float) -> int:
+    """How many of the job's nodes one instance of this shape holds whole (0: not even one).
+    A node's share (GPUs, CPU, memory) is never split across instances."""
+    k = gpus // job.gpus_per_node if job.gpus_per_node > 0 else job.nodes
+    if job.cpu > 0:
+        k = min(k, int(vcpus / job.cpu + 1e-9))
+    if job.memory_gib > 0:
+        k = min(k, int(memory_gib / job.memory_gib + 1e-9))
+    return max(0, min(k, job.nodes))
+
+
 def instances_for(job: PendingJob, offer: CloudOffer) -> int | None:
-    """Instances of ``offer`` that hold the whole gang, or None when it cannot be shaped."""
-    if offer.gpus >= job.gpus:
-        n = 1
-    elif job.gpus % offer.gpus == 0:
-        n = job.gpus // offer.gpus
-    elif offer.gpus >= job.gpus_per_node:
-        n = job.nodes
-    else:
+    """Instances of ``offer`` that hold the whole gang, whole nodes each, or None when one node's
+    share (GPUs, CPU, memory per node) does not fit one instance."""
+    k = nodes_per_instance(job, offer.gpus, offer.vcpus, offer.memory_gib)
+    if k == 0:
         return None
-    if n * offer.vcpus < job.cpu * job.nodes or n * offer.memory_gib < job.memory_gib * job.nodes:
-        return None
-    return n
+    return -(-job.nodes // k)
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,7 +190,9 @@ def price_offer(
     n = instances_for(job, offer)
     if n is None:
         return Exclusion(
-            Rule.SHAPE, f"{where} ({offer.gpus} GPUs) cannot hold {job.gpus} GPUs x {job.nodes} nodes"
+            Rule.SHAPE,
+            f"{where} ({offer.gpus} GPUs, {offer.vcpus:g} vCPUs, {offer.memory_gib:g} GiB) cannot hold "
+            f"one node's share ({job.gpus_per_node} GPUs, {job.cpu:g} CPUs, {job.memory_gib:g} GiB)",
         )
     if mode is True and offer.spot_usd_h is None:
         return Exclusion(Rule.SPOT, f"{where} sells no spot and the job requires spot")
