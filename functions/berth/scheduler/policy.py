@@ -188,6 +188,10 @@ class SchedulingPolicy(_Rule):
     runtime: RuntimeRule = Field(default_factory=RuntimeRule)
     accounting: CostRates = Field(default_factory=CostRates)
     """The on-prem internal rate and how often running jobs' cost is written (``berth.domain.cost``)."""
+    data_locality: bool = True
+    """Among the on-prem hosts that can take a job now, prefer those whose object cache holds its
+    data (``Host.cached_datasets``): a soft preference, after fairness, quotas and placement rules,
+    never a reason to wait (docs/scheduling.md, "Data locality")."""
 
     def accepted_gpus(self, gpu_type: str) -> tuple[str, ...]:
         """The job's own model first, then its equivalents in order of preference."""
