@@ -114,3 +114,32 @@ def test_a_claim_answer_round_trips() -> None:
     )
     again = ClaimAnswer.model_validate_json(answer.model_dump_json(exclude_none=True))
     assert again == answer and again.world_size == 1 and again.master_port is None
+
+
+def test_a_heartbeat_tells_the_host_record_what_its_cache_holds() -> None:
+    from berth.domain.agent_wire import MAX_CACHED_DATASETS, CachedDataset
+    from berth.logic.snapshot import scheduler_host
+
+    w = World(hosts=1)
+    caller = HostCaller("h0", "arn:host/h0")
+    entry = {"source": "s3://data/vision/imagenet/", "version": "ab12", "size_bytes": 10**9}
+    # what the agent sends (its client's JSON) is what the API's model takes
+    w.agent.heartbeat(caller, HeartbeatRequest.model_validate({"cached_datasets": [entry]}))
+    rec = w.hosts.get("h0")
+    assert rec is not None and rec.cached_datasets == (CachedDataset.model_validate(entry),)
+    assert scheduler_host(rec, w.clock()).cached_datasets == frozenset({entry["source"]})
+    # a beat without the field leaves it as stored; an empty list clears it
+    w.agent.heartbeat(caller, HeartbeatRequest())
+    assert w.hosts.get("h0").cached_datasets != ()  # type: ignore[union-attr]
+    w.agent.heartbeat(caller, HeartbeatRequest(cached_datasets=[]))
+    assert w.hosts.get("h0").cached_datasets == ()  # type: ignore[union-attr]
+    # bounded and strict: too many entries, a non-S3 source, an unknown field are refused (422)
+    for bad in (
+        [entry] * (MAX_CACHED_DATASETS + 1),
+        [{**entry, "source": "dataset://glue"}],
+        [{**entry, "source": "s3://" + "x" * 2000}],
+        [{**entry, "size_bytes": -1}],
+        [{**entry, "extra": 1}],
+    ):
+        with pytest.raises(ValidationError):
+            HeartbeatRequest.model_validate({"cached_datasets": bad})

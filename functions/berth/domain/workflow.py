@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.domain.agent_wire import MAX_CACHED_DATASETS, CachedDataset
+
 # The dispatch protocol's messages to agents live with the wire (both deployables import them).
 from berth.domain.agent_wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from berth.domain.agent_wire import Directive as Directive
@@ -351,3 +353,6 @@ class HeartbeatRequest(_Model):
     healthy: bool = True
     draining: bool = False
     attempts: Annotated[list[AttemptRef], Field(max_length=256)] = Field(default_factory=list)
+    cached_datasets: Annotated[list[CachedDataset], Field(max_length=MAX_CACHED_DATASETS)] | None = None
+    """What the host's object cache holds (data locality); None: unchanged since the last beat (an
+    agent sends it when it changed, and on its first beat), so a beat costs no more write."""

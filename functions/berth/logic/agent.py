@@ -123,7 +123,13 @@ class AgentService:
             ]
             return HeartbeatAnswer(reregister=True, directives=tuple(stops)).model_dump(mode="json")
         lease = now + timedelta(seconds=self.settings.lease_s)
-        self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy, draining=request.draining)
+        self.hosts.heartbeat(
+            host.host_id,
+            lease,
+            healthy=request.healthy,
+            draining=request.draining,
+            cached_datasets=request.cached_datasets,
+        )
         directives: list[Directive] = []
         if rec.drain_requested:
             # Level-triggered: every answer carries it while the drain is requested; the agent takes
