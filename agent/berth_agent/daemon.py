@@ -92,6 +92,7 @@ class Runner(Protocol):
     def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Any: ...
     def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None: ...
     def running(self) -> list[dict[str, Any]]: ...
+    def checkpoints(self) -> list[dict[str, Any]]: ...
 
 
 class Api(ReportApi, Protocol):
@@ -103,6 +104,7 @@ class Api(ReportApi, Protocol):
         draining: bool,
         attempts: list[dict[str, Any]],
         cached_datasets: list[dict[str, Any]] | None = None,
+        checkpoints: list[dict[str, Any]] | None = None,
     ) -> Any: ...
 
 
@@ -243,6 +245,9 @@ class Daemon:
         cached = self._cache_changes()
         if cached is not None:
             extra["cached_datasets"] = cached
+        checkpoints = self.runner.checkpoints()
+        if checkpoints:  # each running attempt's last synced checkpoint (time and size)
+            extra["checkpoints"] = checkpoints
         answer = self.api.heartbeat(
             healthy=True,
             draining=self.draining.is_set() or self.directed_drain.is_set(),

@@ -90,6 +90,9 @@ class FakeRunner:
             if job_id in self._events:
                 self._events[job_id].set()
 
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return []
+
     def running(self) -> list[dict[str, Any]]:
         with self.lock:
             return list(self._running.values())
