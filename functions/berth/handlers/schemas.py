@@ -21,6 +21,12 @@ class ArrayOut(BaseModel):
     created: int = Field(description="How many tasks exist as jobs so far")
 
 
+class CheckpointOut(BaseModel):
+    at: str = Field(description="When the agent last synced the job's checkpoint directory (ISO time)")
+    size_bytes: int | None = Field(default=None, description="The checkpoint directory's size then")
+    attempt: int | None = Field(default=None, description="The attempt that wrote it")
+
+
 class JobOut(BaseModel):
     id: str
     tenant: str
@@ -37,6 +43,9 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+    checkpoint: CheckpointOut | None = Field(
+        default=None, description="The last synced checkpoint (on-prem attempts); null before the first"
+    )
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
 
 

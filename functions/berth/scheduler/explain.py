@@ -80,7 +80,7 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
     else:
         kind, summary = "pending", outcome.reason()
     holders = list(p.ctx.index.holding(job.datasets)) if job.datasets else []
-    summary += _locality_note(placed, holders, p.ctx.policy.data_locality)
+    summary += _locality_note(placed, holders, p.ctx.policy.data_locality != "off")
     return JobExplanation(
         job_id=job_id,
         tenant=job.tenant,

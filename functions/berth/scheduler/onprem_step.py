@@ -52,8 +52,11 @@ def try_onprem(
     fit = None
     known = ctx.no_fit.get(key)
     if job.avoid_hosts or known is None:
-        prefer = ctx.index.holding(job.datasets) if ctx.policy.data_locality and job.datasets else ()
-        fit = ctx.index.find(models, gpn, job.nodes, job.cpu, job.memory_gib, pools, job.avoid_hosts, prefer)
+        mode = ctx.policy.data_locality
+        prefer = ctx.index.holding(job.datasets) if mode != "off" and job.datasets else ()
+        fit = ctx.index.find(
+            models, gpn, job.nodes, job.cpu, job.memory_gib, pools, job.avoid_hosts, prefer, mode == "ties"
+        )
     if fit is None:
         if known is None and not job.avoid_hosts:
             known = ctx.no_fit[key] = shortage(ctx, key)

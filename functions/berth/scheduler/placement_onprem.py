@@ -5,9 +5,9 @@ found by looking at the smallest bucket that can hold the job (best fit) instead
 the fleet. Best fit keeps whole free hosts intact for 8-GPU and multi-node jobs. A multi-node
 job takes ``nodes`` hosts of one pool, each with ``gpus_per_node`` free GPUs, or nothing.
 
-Data locality: ``find(..., prefer=hosts)`` takes, among the hosts that have room now, those that
-hold the job's data first (best fit among them), then fills the gang by best fit; between pools,
-more such hosts win before less slack. It never makes a job wait for a busy caching host.
+Data locality: ``find(..., prefer=hosts)`` takes the hosts that hold the job's data first among
+those with room now (``ties_only``: only among hosts of the same fit). It never makes a job wait for
+a busy caching host.
 """
 
 from __future__ import annotations
@@ -129,12 +129,15 @@ class OnPremIndex:
         pools: Collection[str] | None = None,
         avoid: Collection[str] = (),
         prefer: Collection[str] = (),
+        ties_only: bool = False,
     ) -> tuple[str, str, tuple[str, ...]] | None:
         """Best fit: (pool, model, host ids) for ``nodes`` hosts with room, or None.
 
         Models are tried in the given order of preference; within a model the pool whose
         chosen hosts have the least free GPUs wins (tightest fit). ``prefer``: hosts that hold the
-        job's data, taken first where they have room now (then the pool with more of them wins)."""
+        job's data, taken first among those with room (tightest first), the rest of a gang by best
+        fit, and the pool with more of them wins; with ``ties_only`` they only break best fit's
+        ties (same free GPUs; between pools of equal fit, more of them wins)."""
         need_total = gpus_per_node * nodes
         for model in gpu_types:
             if self.free_total.get(model, 0) < need_total:
@@ -146,15 +149,32 @@ class OnPremIndex:
                 group = self._groups[(pool, model)]
                 if group.size < gpus_per_node:
                     continue
-                chosen = self._local(group, prefer, gpus_per_node, nodes, cpu, memory_gib, avoid)
-                local = len(chosen)
-                slack = sum(self.free_gpus[h] - gpus_per_node for h in chosen)
+                first = self._local(group, prefer, gpus_per_node, cpu, memory_gib, avoid)
+                chosen: list[str] = []
+                slack = local = 0
+                if not ties_only:  # the caching hosts with room first, whatever their fit
+                    for b in sorted(first):
+                        for hid in first[b][: nodes - len(chosen)]:
+                            chosen.append(hid)
+                            slack += b - gpus_per_node
+                            local += 1
+                taken = set(chosen)
                 for b in range(gpus_per_node, group.size + 1):
                     if len(chosen) == nodes:
                         break
                     bucket = group.buckets[b]
                     if not bucket:
                         continue
+                    mine = first.get(b, ()) if ties_only else ()
+                    for hid in mine:
+                        chosen.append(hid)
+                        taken.add(hid)
+                        slack += b - gpus_per_node
+                        local += 1
+                        if len(chosen) == nodes:
+                            break
+                    if len(chosen) == nodes:
+                        break
                     tried = 0
                     for hid in bucket:
                         tried += 1
@@ -162,7 +182,7 @@ class OnPremIndex:
                             break
                         if self.free_cpu[hid] < cpu or self.free_mem[hid] < memory_gib or hid in avoid:
                             continue
-                        if local and hid in chosen:
+                        if hid in taken:
                             continue
                         chosen.append(hid)
                         slack += b - gpus_per_node
@@ -170,8 +190,9 @@ class OnPremIndex:
                             break
                     if len(chosen) == nodes:
                         break
-                if len(chosen) == nodes and (best is None or (-local, slack) < (best[0], best[1])):
-                    best = (-local, slack, pool, tuple(chosen))
+                rank = (slack, -local) if ties_only else (-local, slack)
+                if len(chosen) == nodes and (best is None or rank < (best[0], best[1])):
+                    best = (*rank, pool, tuple(chosen))
                     if slack == 0 and (not prefer or local == nodes):
                         break
             if best is not None:
@@ -183,23 +204,20 @@ class OnPremIndex:
         group: _Group,
         prefer: Collection[str],
         gpus_per_node: int,
-        nodes: int,
         cpu: float,
         memory_gib: float,
         avoid: Collection[str],
-    ) -> list[str]:
-        """Up to ``nodes`` of the preferred hosts of ``group`` with room now, tightest fit first."""
-        if not prefer:
-            return []
-        room = [
-            hid
-            for hid in prefer
-            if self.group_of.get(hid) is group
-            and hid not in avoid
-            and self._room(hid, gpus_per_node, cpu, memory_gib)
-        ]
-        room.sort(key=lambda h: (self.free_gpus[h], h))
-        return room[:nodes]
+    ) -> dict[int, list[str]]:
+        """The preferred hosts of ``group`` with room now, by free GPUs."""
+        out: dict[int, list[str]] = {}
+        for hid in sorted(prefer):
+            if (
+                self.group_of.get(hid) is group
+                and hid not in avoid
+                and self._room(hid, gpus_per_node, cpu, memory_gib)
+            ):
+                out.setdefault(self.free_gpus[hid], []).append(hid)
+        return out
 
     def _move(self, hid: str, new_free: int) -> None:
         group = self.group_of[hid]

@@ -33,7 +33,7 @@ def test_prefers_the_host_that_holds_the_data_all_else_equal() -> None:
     assert d.outcomes["j"].placed.data_cached_on == ("h2",)  # type: ignore[union-attr]
     # the same job without data, or with locality off, goes where best fit alone puts it
     assert where(schedule(snap([job("j", gpus=4)], hosts=hosts), policy(), NOW), "j") == ("h1",)
-    off = policy(data_locality=False)
+    off = policy(data_locality="off")
     d = schedule(snap([j], hosts=hosts), off, NOW)
     assert where(d, "j") == ("h1",) and d.outcomes["j"].placed.data_cached_on == ()  # type: ignore[union-attr]
 
@@ -87,3 +87,15 @@ def test_explain_names_the_caching_host_when_placed_there() -> None:
     sick = [host("h1"), cached(host("h2", healthy=False), DATA)]
     ex = explain_job(snap([job("j", gpus=4, datasets=(DATA,))], hosts=sick), policy(), NOW, "j")
     assert ex.data_cached_on == [] and "cached" not in ex.summary
+
+
+def test_prefer_goes_to_the_caching_host_over_best_fit_and_ties_only_breaks_ties() -> None:
+    # the caching host has 8 free GPUs, another exactly the 4 the job needs
+    hosts = [cached(host("h1"), DATA), host("h2", free=4)]
+    j = job("j", gpus=4, datasets=(DATA,))
+    assert where(schedule(snap([j], hosts=hosts), policy(), NOW), "j") == ("h1",)  # prefer (default)
+    ties = policy(data_locality="ties")
+    assert where(schedule(snap([j], hosts=hosts), ties, NOW), "j") == ("h2",)  # best fit kept
+    hosts = [host("h1", free=4), cached(host("h2", free=4), DATA), host("h3")]
+    assert where(schedule(snap([j], hosts=hosts), ties, NOW), "j") == ("h2",)  # equal fit: the cache
+    assert where(schedule(snap([job("j", gpus=4)], hosts=hosts), ties, NOW), "j") == ("h1",)

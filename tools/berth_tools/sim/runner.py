@@ -31,15 +31,16 @@ def simulate(
     and off, adding ``data_locality: {with, without, bytes_saved, ...}`` to the result."""
     started = time.perf_counter()
     data = DataModel(cluster.data, trace) if data_locality else None
-    on = policy.model_copy(update={"data_locality": True}) if data_locality else policy
+    mode = "prefer" if policy.data_locality == "off" else policy.data_locality
+    on = policy.model_copy(update={"data_locality": mode}) if data_locality else policy
     state = Simulator(trace, cluster, on, estimates, estimate_noise, data).run()
     result = summarise(trace, cluster, policy, state, str(estimates), estimate_noise)
     if data is not None:
         off_data = DataModel(cluster.data, trace)
-        off = policy.model_copy(update={"data_locality": False})
+        off = policy.model_copy(update={"data_locality": "off"})
         off_state = Simulator(trace, cluster, off, estimates, estimate_noise, off_data).run()
         without = {**off_data.summary(), **_waits(summarise(trace, cluster, off, off_state, str(estimates)))}
-        with_ = {**data.summary(), **_waits(result)}
+        with_ = {"mode": mode, **data.summary(), **_waits(result)}
         saved = without["bytes_staged"] - with_["bytes_staged"]
         result["data_locality"] = {
             "with": with_,
