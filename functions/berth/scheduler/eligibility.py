@@ -95,12 +95,15 @@ def wants_spot(job: PendingJob, policy: SchedulingPolicy, likely_run_s: float | 
 def nodes_per_instance(job: PendingJob, gpus: int, vcpus: float, memory_gib: float) -> int:
     """How many of the job's nodes one instance of this shape holds whole (0: not even one).
     A node's share (GPUs, CPU, memory) is never split across instances."""
-    k = gpus // job.gpus_per_node if job.gpus_per_node > 0 else job.nodes
-    if job.cpu > 0:
-        k = min(k, int(vcpus / job.cpu + 1e-9))
-    if job.memory_gib > 0:
-        k = min(k, int(memory_gib / job.memory_gib + 1e-9))
-    return max(0, min(k, job.nodes))
+    k = min(job.nodes, gpus // job.gpus_per_node if job.gpus_per_node > 0 else job.nodes)
+    return max(0, min(_whole(vcpus, job.cpu, k), _whole(memory_gib, job.memory_gib, k)))
+
+
+def _whole(room: float, need: float, cap: int) -> int:
+    """How many times ``need`` fits in ``room``, at most ``cap`` (a tiny ``need`` may overflow)."""
+    if need <= 0:
+        return cap
+    return int(min(float(cap), room / need + 1e-9))
 
 
 def instances_for(job: PendingJob, offer: CloudOffer) -> int | None:

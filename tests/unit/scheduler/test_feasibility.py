@@ -139,3 +139,10 @@ def test_the_pass_never_spreads_a_node_across_instances() -> None:
     assert "big" not in placed_ids and d.outcomes["big"].steps[-1].rule is Rule.SHAPE
     placed = d.outcomes["gang"].placed
     assert isinstance(placed, CloudAssignment) and placed.instances == 2
+
+
+def test_a_tiny_cpu_or_memory_request_does_not_overflow() -> None:
+    tiny = job("x", gpu_type="A100", gpus=8, cpu=5e-324, memory_gib=5e-324)
+    assert instances_for(tiny, P4D) == 1
+    s = spec(resources={"gpu_type": "A100", "gpus": 8, "cpu": 5e-324, "memory_gib": 5e-324})
+    assert check_feasible(s, "a", policy(), [A100_HOST], [P4D]) is None
