@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 #: While an attempt stops (SIGTERM sent), its checkpoints are synced this often until the kill.
 STOP_SYNC_S = 1.0
-#: The executor's own SIGKILL comes this long after the runner's (which first syncs checkpoints).
-KILL_BACKSTOP_S = 15.0
+#: ... and once more this long before the executor's SIGKILL at the end of the grace.
+PRE_KILL_SYNC_S = 0.5
 
 
 def checkpoint_info(sync: DirSync) -> dict[str, Any]:
@@ -224,7 +224,7 @@ class AttemptRunner:
         self._fenced: set[tuple[str, int]] = set()
         #: The spec's ``checkpoint.grace_seconds`` per attempt (None: the agent's ``cancel_grace_s``).
         self._grace: dict[tuple[str, int], float | None] = {}
-        #: When the runner kills a stopping attempt (monotonic), after a last checkpoint sync.
+        #: When the executor kills a stopping attempt (monotonic): its last checkpoint sync is just before.
         self._kill_at: dict[tuple[str, int], float] = {}
         #: Each running attempt's checkpoint sync (its last upload: time and size).
         self._ckpt: dict[tuple[str, int], DirSync] = {}
@@ -270,15 +270,13 @@ class AttemptRunner:
             self._stop(entry[1], key, grace)
 
     def _stop(self, handle: RunHandle, key: tuple[str, int], grace: float) -> None:
-        """SIGTERM now; the runner kills after ``grace`` (after a last checkpoint sync), the executor
-        ``KILL_BACKSTOP_S`` later should the runner be stuck (a slow upload)."""
-        if grace <= 0:
-            handle.cancel(0)
-            return
-        with self._lock:
-            due = time.monotonic() + grace
-            self._kill_at[key] = min(self._kill_at.get(key, due), due)
-        handle.cancel(grace + KILL_BACKSTOP_S)
+        """SIGTERM now, SIGKILL after ``grace`` (the executor's); the supervision loop syncs the
+        checkpoints while it stops and once more just before the kill."""
+        if grace > 0:
+            with self._lock:
+                due = time.monotonic() + grace
+                self._kill_at[key] = min(self._kill_at.get(key, due), due)
+        handle.cancel(grace)
 
     # -- one attempt --------------------------------------------------------------------------
     def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Outcome:
@@ -503,15 +501,16 @@ class AttemptRunner:
                 now = time.monotonic()
                 with self._lock:
                     kill_at = self._kill_at.get(key)
-                if kill_at is not None and (now >= kill_at or now >= next_stop_sync):
-                    # Stopping: what the job checkpoints in its grace is uploaded as it lands, and
-                    # once more right before the kill.
-                    syncs.now()
-                    next_stop_sync = now + STOP_SYNC_S
-                    if now >= kill_at:
+                if kill_at is not None:
+                    last = now >= kill_at - PRE_KILL_SYNC_S
+                    if last or now >= next_stop_sync:
+                        # Stopping: what the job checkpoints in its grace is uploaded as it lands,
+                        # and once more just before the kill.
+                        syncs.now()
+                        next_stop_sync = now + STOP_SYNC_S
+                    if last:
                         with self._lock:
                             self._kill_at.pop(key, None)
-                        handle.cancel(0)
                 if started is not None and started.retry_due():
                     self._act_on(started.send(), handle, key)
                 if refresher is not None:
