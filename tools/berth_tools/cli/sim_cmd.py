@@ -81,6 +81,10 @@ def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
             _render_locality(r, console)
 
 
+def _tib(n: Any) -> str:
+    return f"{n / 1024**4:,.2f} TiB"
+
+
 def _render_locality(r: dict[str, Any], console: Console) -> None:
     loc = r["data_locality"]
     t = Table(title=f"data locality ({r['policy']}; datasets: {loc['with']['datasets']})")
@@ -100,8 +104,9 @@ def _render_locality(r: dict[str, Any], console: Console) -> None:
         "avg_wait_s",
         "total_cost_usd",
     ):
-        t.add_row(key, str(loc["with"][key]), str(loc["without"][key]))
-    t.add_row("bytes_saved", f"{loc['bytes_saved']} ({loc['bytes_saved_fraction']:.1%})", "")
+        fmt = _tib if key.startswith("bytes") else str
+        t.add_row(key, fmt(loc["with"][key]), fmt(loc["without"][key]))
+    t.add_row("bytes_saved", f"{_tib(loc['bytes_saved'])} ({loc['bytes_saved_fraction']:.1%})", "")
     console.print(t)
 
 
