@@ -159,8 +159,21 @@ class AgentClient:
     def register(self, inventory: dict[str, Any], agent_version: str = __version__) -> Any:
         return self.post("register", {"inventory": inventory, "agent_version": agent_version})
 
-    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
-        return self.post("heartbeat", {"healthy": healthy, "draining": draining, "attempts": attempts})
+    def heartbeat(
+        self,
+        *,
+        healthy: bool,
+        draining: bool,
+        attempts: list[dict[str, Any]],
+        cached_datasets: list[dict[str, Any]] | None = None,
+        checkpoints: list[dict[str, Any]] | None = None,
+    ) -> Any:
+        body: dict[str, Any] = {"healthy": healthy, "draining": draining, "attempts": attempts}
+        if cached_datasets is not None:  # None: unchanged since the last beat that carried it
+            body["cached_datasets"] = cached_datasets
+        if checkpoints:
+            body["checkpoints"] = checkpoints
+        return self.post("heartbeat", body)
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:
         return self.post("claim", _attempt(job_id, attempt, fencing_token))
@@ -175,6 +188,7 @@ class AgentClient:
         exit_code: int | None = None,
         failure: str | None = None,
         message: str = "",
+        checkpoint: dict[str, Any] | None = None,
     ) -> Any:
         body = {
             **_attempt(job_id, attempt, fencing_token),
@@ -183,6 +197,8 @@ class AgentClient:
             "failure": failure,
             "message": message[:MAX_MESSAGE],
         }
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint
         return self.post("report", body)
 
     def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any:

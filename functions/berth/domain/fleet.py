@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Forbidden
 
 #: Host ids name the host's work queue (``berth-host-<host id>``) and its IAM tag, so they use only
@@ -155,6 +156,9 @@ class HostRecord(_Frozen):
     """An operator asked it to drain: heartbeats answer a ``drain`` directive; survives registration."""
     admitted: Admission | None = None
     """What it may register at most (``admission_for``); None: a host stored before admissions were."""
+    cached_datasets: tuple[CachedDataset, ...] = ()
+    """What its agent last said its object cache holds (data locality; at most
+    ``MAX_CACHED_DATASETS``)."""
 
     @property
     def host_id(self) -> str:
