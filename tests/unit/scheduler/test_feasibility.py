@@ -124,10 +124,10 @@ def test_shape_refusal_names_the_largest_shape() -> None:
 def test_instances_hold_whole_nodes() -> None:
     assert instances_for(job("x", gpu_type="A100", gpus=64), P4D) is None
     assert instances_for(job("x", gpu_type="A100", gpus=64, nodes=8, cpu=64, memory_gib=512), P4D) == 8
-    # two nodes of 4 share one 8-GPU instance when CPU and memory hold both
-    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=48, memory_gib=512), P4D) == 1
-    # ... but not when CPU holds one node only
-    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=64, memory_gib=512), P4D) == 2
+    # a gang is an AWS Batch multi-node parallel job: one instance per node, even where one would
+    # hold two nodes
+    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=48, memory_gib=512), P4D) == 2
+    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=97, memory_gib=512), P4D) is None
     assert instances_for(job("x", gpu_type="A100", gpus=8, cpu=97, memory_gib=10), P4D) is None
 
 
