@@ -80,9 +80,8 @@ def shortage(ctx: PassContext, key: ShapeKey) -> Step:
             default=0,
         )
         gpn, nodes = key.gpus_per_node, key.nodes
-        parts.append(
-            f"{_no_room(nodes, gpn, m)} ({ctx.index.free_total.get(m, 0)} of {cap:.0f} free, largest free block {block})"
-        )
+        free = ctx.index.free_total.get(m, 0)
+        parts.append(f"{_no_room(nodes, gpn, m)} ({free} of {cap:.0f} free, largest free block {block})")
     return Step(Site.ONPREM, Rule.CAPACITY, "; ".join(parts))
 
 
