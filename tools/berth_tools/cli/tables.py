@@ -9,8 +9,7 @@ first) and what may happen to it when the terminal is narrow:
 * every other column keeps its full width or is dropped whole.
 
 ``fit`` chooses: it drops the lowest-priority columns until the table fits ``width`` with its
-flexible columns at their minimum, then gives the room left to the flexible columns, in priority
-order. ``wide`` (``--wide``) keeps every column at its full width; ``show`` then prints it wider than
+flexible columns at their minimum, then shares the room left evenly among the flexible columns. ``wide`` (``--wide``) keeps every column at its full width; ``show`` then prints it wider than
 the terminal rather than cut anything. Widths are fixed here rather than left to rich, so what is
 cut is decided by these rules and not by rich's proportional shrinking.
 """
@@ -88,12 +87,16 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int, w
         shown.remove(i)
     widths = {i: floor[i] for i in shown}
     spare = width - needed(shown)
-    for i in sorted((i for i in shown if columns[i].flexible), key=lambda i: (columns[i].priority, i)):
-        if spare <= 0:
-            break
-        grow = min(natural[i] - widths[i], spare)
-        widths[i] += grow
-        spare -= grow
+    # Water-filling: the room left is shared evenly by the flexible columns still cut, so a long
+    # name does not take it all from the reason beside it.
+    wanting = [i for i in shown if columns[i].flexible and widths[i] < natural[i]]
+    while spare > 0 and wanting:
+        share = max(1, spare // len(wanting))
+        for i in wanting:
+            grow = min(share, natural[i] - widths[i], spare)
+            widths[i] += grow
+            spare -= grow
+        wanting = [i for i in wanting if widths[i] < natural[i]]
     return Layout(tuple(shown), tuple(widths[i] for i in shown))
 
 
