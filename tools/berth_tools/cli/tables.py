@@ -9,9 +9,11 @@ first) and what may happen to it when the terminal is narrow:
 * every other column keeps its full width or is dropped whole.
 
 ``fit`` chooses: it drops the lowest-priority columns until the table fits ``width`` with its
-flexible columns at their minimum, then shares the room left evenly among the flexible columns. ``wide`` (``--wide``) keeps every column at its full width; ``show`` then prints it wider than
-the terminal rather than cut anything. Widths are fixed here rather than left to rich, so what is
-cut is decided by these rules and not by rich's proportional shrinking.
+flexible columns at their minimum, then shares the room left evenly among the flexible columns.
+``wide`` (``--wide``) keeps every column at its full width; ``show`` then prints it wider than the
+terminal rather than cut anything (also when the key columns alone are wider than the terminal).
+Widths are fixed here rather than left to rich, so what is cut is decided by these rules and not by
+rich's proportional shrinking.
 """
 
 from __future__ import annotations
