@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from berth_tools.bench.scheduler_bench import bench_scheduler
+from berth_tools.cli.tables import metric_table
 from berth_tools.sim.cluster import load_cluster
 from berth_tools.sim.estimates import EstimateMode
 from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
@@ -136,9 +137,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if output == "json":
             typer.echo(json.dumps(result))
             return
-        table = Table(title="berth bench scheduler")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for k, v in result.items():
-            table.add_row(k, str(v))
-        Console().print(table)
+        metric_table(Console(), result)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -132,6 +132,37 @@ def table(
     for r in rows:
         t.add_row(*(_text(r[i]) for i in layout.shown))
     return t, layout
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """A report's fields as ``(name, value)`` rows: nested objects as ``a.b`` names, lists of
+    scalars joined, lists of objects one row per item (``a[0].b``), so no JSON shows in a table."""
+    rows: list[tuple[str, str]] = []
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows.extend(flatten(value, name + ".") if value else [(name, "-")])
+        elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
+            for i, item in enumerate(value):
+                rows.extend(
+                    flatten(item, f"{name}[{i}].")
+                    if isinstance(item, dict)
+                    else [(f"{name}[{i}]", str(item))]
+                )
+        elif isinstance(value, list):
+            rows.append((name, ", ".join(str(v) for v in value) or "-"))
+        else:
+            rows.append((name, "-" if value is None else str(value)))
+    return rows
+
+
+def metric_table(console: Console, data: dict[str, Any]) -> None:
+    """A report (a benchmark's figures) as METRIC / VALUE rows, nested fields flattened."""
+    show(
+        console,
+        [Column("METRIC", key=True), Column("VALUE", justify="right", flexible=True, min_width=12)],
+        [list(r) for r in flatten(data)],
+    )
 
 
 def show(
