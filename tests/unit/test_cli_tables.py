@@ -234,3 +234,14 @@ def test_events_fit_and_keep_the_time_whole(monkeypatch: pytest.MonkeyPatch, wid
     result = _run(monkeypatch, FakeClient([]), "events", JOB_ID)
     assert "2026-12-03T16:58:01.123Z" in result.output and "…" in result.output
     assert all(len(line) <= 80 for line in _lines(result.output))
+
+
+def test_the_submit_output_says_which_resources_were_defaulted(capsys: pytest.CaptureFixture[str]) -> None:
+    resources = {"gpu_type": "A100", "gpus": 1, "cpu": 4.0, "memory_gib": 16.0, "nodes": 1}
+    jobs_cmd.defaults_note({"spec": {"resources": resources}, "defaults_applied": ["resources"]})
+    assert "resources not given: using 1 x A100, 4 CPU, 16 GiB" in capsys.readouterr().err
+    jobs_cmd.defaults_note({"spec": {"resources": resources}, "defaults_applied": ["resources.gpu_type"]})
+    assert "gpu_type not given: using 1 x A100" in capsys.readouterr().err
+    jobs_cmd.defaults_note({"spec": {"resources": resources}, "defaults_applied": []})
+    jobs_cmd.defaults_note({"spec": {"resources": resources}})  # an older API: nothing to say
+    assert capsys.readouterr().err == ""

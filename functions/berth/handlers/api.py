@@ -5,6 +5,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 """
 
 import json
+import re
 import warnings
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
@@ -45,14 +46,14 @@ from berth.domain.errors import (
 from berth.domain.fleet import HOST_ID_RE
 from berth.domain.identity import Identity
 from berth.domain.job_filter import NAME_FILTER_RE, JobFilter
-from berth.domain.job_spec import JobSpec
+from berth.domain.job_spec import FIELD_CHOICES, FIELD_FORMS, JobSpec, defaults_applied
 from berth.domain.observability import parse_since
 from berth.domain.placement import Site
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import runtime, schemas
-from berth.handlers.errors import error_response, from_domain, from_validation
+from berth.handlers.errors import BodyModel, error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.arrays import ArrayService
@@ -199,7 +200,10 @@ def _json(status: int, body: Any) -> Response[Any]:
     "whole) and answered at once with the array; its tasks `<array id>:<i>` are created in the "
     "background.",
     responses={
-        201: {"description": "Job accepted", "content": {"application/json": {"model": schemas.JobOut}}},
+        201: {
+            "description": "Job accepted",
+            "content": {"application/json": {"model": schemas.SubmittedJobOut}},
+        },
         **schemas.error_responses(400, 403, 409, 415, 422, 429),
     },
     tags=["jobs"],
@@ -243,7 +247,7 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     if spec.array is not None:
         metrics.add_metric(name="ArrayTasksSubmitted", unit=MetricUnit.Count, value=spec.array.count)
     logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
-    return _json(201, job.public())
+    return _json(201, {**job.public(), "defaults_applied": defaults_applied(spec)})
 
 
 @app.get(
@@ -844,9 +848,20 @@ def _domain_error(exc: DomainError) -> Response[Any]:
     return from_domain(exc)
 
 
+#: Bodies whose validation errors are told in their model's words, by method and path.
+_BODIES: list[tuple[str, re.Pattern[str], BodyModel]] = [
+    ("POST", re.compile(r"^/v1/jobs/?$"), (JobSpec, FIELD_FORMS, FIELD_CHOICES)),
+    ("PUT", re.compile(r"^/v1/tenants/[^/]+/quota/?$"), (Quota, {}, {})),
+    ("PUT", re.compile(r"^/v1/datasets/[^/]+/?$"), (Dataset, {}, {})),
+    ("PUT", re.compile(r"^/v1/tenants/[^/]+/grants/?$"), (DataGrants, {}, {})),
+]
+
+
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[Any]:
-    return from_validation(exc)
+    event = app.current_event
+    body = next((b for m, path, b in _BODIES if m == event.http_method and path.match(event.path)), None)
+    return from_validation(exc, body)
 
 
 @app.not_found

@@ -40,6 +40,15 @@ class JobOut(BaseModel):
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
 
 
+class SubmittedJobOut(JobOut):
+    defaults_applied: list[str] = Field(
+        default_factory=list,
+        description="Resource fields the spec left out and Berth filled with its defaults: `resources` "
+        "(the whole section: 1 x A100, 4 CPUs, 16 GiB) or `resources.<field>`; only in the answer to "
+        "`POST /v1/jobs`",
+    )
+
+
 class BundleIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

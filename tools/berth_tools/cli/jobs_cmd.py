@@ -15,7 +15,16 @@ from rich.text import Text
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
 from berth_tools.cli.listing import job_columns, job_rows, read_jobs, since_param
-from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.cli.output import (
+    OutputFormat,
+    OutputOpt,
+    api_errors,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    render,
+)
 from berth_tools.cli.safe_text import literal
 from berth_tools.cli.tables import Cell, Column, WideOpt, show
 from berth_tools.client import BerthClient, ClientError, load_config
@@ -147,12 +156,29 @@ def submit(
         job = client.submit(spec, idempotency_key)
         if output is not OutputFormat.JSON:
             console.print(f"submitted [bold]{job['id']}[/] ({_status(job['status'])})")
+            defaults_note(job)
         if wait:
             job = wait_for(client, job, progress=output is not OutputFormat.JSON)
     if output is OutputFormat.JSON:
         emit_json(job)
     elif wait:
         _job_table(job)
+
+
+def defaults_note(job: dict[str, Any]) -> None:
+    """Say which resources Berth chose for the job because its spec did not (``defaults_applied``
+    in the submit answer): a silent default GPU is a surprise on the bill."""
+    applied = job.get("defaults_applied") or []
+    if not applied:
+        return
+    res = job["spec"].get("resources", {})
+    gpus, cpu, memory = res.get("gpus"), res.get("cpu", 0), res.get("memory_gib", 0)
+    chosen = f"{gpus} x {res.get('gpu_type')}, {cpu:g} CPU, {memory:g} GiB"
+    if applied == ["resources"]:
+        what = "resources not given"
+    else:
+        what = ", ".join(a.removeprefix("resources.") for a in applied) + " not given"
+    err_console.print(f"[yellow]{what}: using {chosen}[/] (set them under resources: in the spec)")
 
 
 #: How often ``--wait`` polls the job.
