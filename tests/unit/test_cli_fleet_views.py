@@ -83,6 +83,7 @@ class FakeClient:
 def _run(monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any], *args: str, width: int = 120) -> str:
     monkeypatch.setattr(fleet_cmd, "client_for", lambda api_url, profile: FakeClient(answer))
     monkeypatch.setattr(output.console, "_width", width)
+    monkeypatch.setenv("COLUMNS", str(width))
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 0, result.output
     return result.output

@@ -75,6 +75,7 @@ class FakeClient:
 def width(monkeypatch: pytest.MonkeyPatch) -> Any:
     def set_width(w: int) -> None:
         monkeypatch.setattr(output.console, "_width", w)
+        monkeypatch.setenv("COLUMNS", str(w))  # a pipe is fitted only when the width is given
 
     return set_width
 
@@ -212,7 +213,16 @@ def test_fit_drops_by_priority_then_ellipsises_but_keeps_keys() -> None:
     assert tiny.shown == (0, 1) and tiny.widths[0] == 30
 
 
-def test_show_prints_an_id_whole_even_when_the_terminal_is_narrower() -> None:
+def test_output_that_is_not_a_terminal_is_never_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = Console(width=40, force_terminal=False)
+    with console.capture() as out:
+        show(console, [Column("ID", key=True), Column("X", flexible=True, min_width=4)], [["j-1", "x" * 80]])
+    assert "x" * 80 in out.get() and "…" not in out.get()
+
+
+def test_show_prints_an_id_whole_even_when_the_terminal_is_narrower(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "20")
     console = Console(width=20)
     with console.capture() as out:
         show(console, [Column("ID", key=True), Column("X", flexible=True)], [["j-" + "a" * 26, "text"]])
@@ -245,3 +255,18 @@ def test_the_submit_output_says_which_resources_were_defaulted(capsys: pytest.Ca
     jobs_cmd.defaults_note({"spec": {"resources": resources}, "defaults_applied": []})
     jobs_cmd.defaults_note({"spec": {"resources": resources}})  # an older API: nothing to say
     assert capsys.readouterr().err == ""
+
+
+def test_a_spec_error_is_printed_once_per_problem(capsys: pytest.CaptureFixture[str]) -> None:
+    from berth_tools.client import ClientError
+
+    one = [{"field": "comand", "message": "comand: unknown field 'comand': did you mean 'command'?"}]
+    with pytest.raises(typer.Exit) as done:
+        output.fail(output.OutputFormat.TABLE, ClientError(422, "ValidationError", one[0]["message"], one))
+    assert done.value.exit_code == 2
+    assert capsys.readouterr().err.count("did you mean 'command'?") == 1
+    two = [*one, {"field": "resources.gpus", "message": "resources.gpus: must be at least 1 (got 0)"}]
+    with pytest.raises(typer.Exit):
+        output.fail(output.OutputFormat.TABLE, ClientError(422, "ValidationError", "a; b", two))
+    err = capsys.readouterr().err
+    assert "  - comand:" in err and "  - resources.gpus: must be at least 1" in err

@@ -18,6 +18,7 @@ rich's proportional shrinking.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -172,7 +173,10 @@ def show(
     wide: bool = False,
     title: str | None = None,
 ) -> Layout:
-    """Print the table fitted to ``console``'s width (``wide``: every column whole, wider if it must be)."""
+    """Print the table fitted to ``console``'s width (``wide``: every column whole, wider if it must be).
+    Output that is not a terminal (a pipe, a file) is wide unless ``COLUMNS`` says otherwise: what
+    ``grep`` or a file gets is never cut."""
+    wide = wide or (not console.is_terminal and "COLUMNS" not in os.environ)
     t, layout = table(columns, rows, console.width, wide, title)
     if layout.total <= console.width:
         console.print(t)
