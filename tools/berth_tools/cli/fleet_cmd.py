@@ -58,6 +58,12 @@ def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
         f"policy v{d.get('policy_version', '-')})",
         highlight=False,
     )
+    _pools_table(d["pools"], wide)
+    _hosts_table(d["hosts"], wide)
+    _regions_table(d["cloud"], wide)
+
+
+def _pools_table(pools: list[dict[str, Any]], wide: bool) -> None:
     pool_rows: list[list[Cell]] = [
         [
             p["pool"],
@@ -68,7 +74,7 @@ def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
             str(m["used_gpus"]),
             str(m["unavailable_gpus"]),
         ]
-        for p in d["pools"]
+        for p in pools
         for model, m in sorted(p["models"].items())
     ]
     pool_columns = [
@@ -81,6 +87,9 @@ def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
         Column("UNAVAILABLE", priority=1, justify="right"),
     ]
     show(console, pool_columns, pool_rows, wide)
+
+
+def _hosts_table(hosts: list[dict[str, Any]], wide: bool) -> None:
     host_columns = [
         Column("HOST", key=True),
         Column("STATE"),
@@ -104,10 +113,12 @@ def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
             (host.get("labels") or {}).get(GPU_ISOLATION_LABEL, "unknown"),
             ", ".join(host["attempts"]) or "-",
         ]
-        for host in d["hosts"]
+        for host in hosts
     ]
     show(console, host_columns, host_rows, wide)
-    cloud = d["cloud"]
+
+
+def _regions_table(cloud: dict[str, Any], wide: bool) -> None:
     if not cloud.get("enabled", True):
         console.print("cloud: disabled (nothing is placed in the cloud)")
         return
