@@ -148,35 +148,44 @@ _BOUND = {
 }
 
 
+def _unknown_field(loc: tuple[str | int, ...], model: type[BaseModel]) -> dict[str, Any]:
+    parent = model_at(model, loc[:-1])
+    choices = _public_fields(parent) if parent else []
+    out: dict[str, Any] = {"message": f"unknown field '{loc[-1]}'" if loc else "unknown field"}
+    guess = did_you_mean(str(loc[-1]), choices) if loc and choices else None
+    if guess:
+        out["message"] += f": did you mean '{guess}'?"
+        out["did_you_mean"] = guess
+    if choices:
+        out["allowed"] = choices
+    return out
+
+
+def _not_allowed(err: Mapping[str, Any], value: Any) -> dict[str, Any]:
+    allowed = _allowed(err)
+    out: dict[str, Any] = {
+        "message": f"{_quoted(value)} is not allowed; use one of {', '.join(allowed)}",
+        "allowed": allowed,
+    }
+    guess = did_you_mean(value, allowed) if isinstance(value, str) else None
+    if guess:
+        out["message"] += f" (did you mean '{guess}'?)"
+        out["did_you_mean"] = guess
+    return out
+
+
 def _words(
     err: Mapping[str, Any], loc: tuple[str | int, ...], model: type[BaseModel], patterns: Mapping[str, str]
 ) -> dict[str, Any]:
     kind = str(err.get("type", ""))
     value = err.get("input")
     ctx = err.get("ctx") or {}
-    out: dict[str, Any] = {}
     if kind == "extra_forbidden":
-        parent = model_at(model, loc[:-1])
-        choices = _public_fields(parent) if parent else []
-        out["message"] = f"unknown field '{loc[-1]}'" if loc else "unknown field"
-        guess = did_you_mean(str(loc[-1]), choices) if loc and choices else None
-        if guess:
-            out["message"] += f": did you mean '{guess}'?"
-            out["did_you_mean"] = guess
-        if choices:
-            out["allowed"] = choices
-        return out
+        return _unknown_field(loc, model)
     if kind == "missing":
         return {"message": "is required"}
     if kind in ("enum", "literal_error"):
-        allowed = _allowed(err)
-        out["message"] = f"{_quoted(value)} is not allowed; use one of {', '.join(allowed)}"
-        guess = did_you_mean(str(value), allowed) if isinstance(value, str) else None
-        if guess:
-            out["message"] += f" (did you mean '{guess}'?)"
-            out["did_you_mean"] = guess
-        out["allowed"] = allowed
-        return out
+        return _not_allowed(err, value)
     if kind == "string_pattern_mismatch":
         form = patterns.get(_pattern_key(loc, model), "does not have the expected form")
         return {"message": f"{_quoted(value)} {form}"}
