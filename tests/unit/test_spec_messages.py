@@ -113,6 +113,8 @@ def test_a_rule_over_several_fields_names_the_spec() -> None:
 def test_a_missing_field_is_required() -> None:
     (d,) = _details({"image": "busybox"})
     assert d["message"] == "name: is required"
+    (d,) = _details({**BASE, "name": None})
+    assert d["message"] == "name: must be text, not null"
 
 
 def test_several_problems_give_one_detail_each() -> None:

@@ -54,7 +54,7 @@ def dotted(loc: Sequence[str | int]) -> str:
     return out or WHOLE
 
 
-def _pattern_key(loc: Sequence[str | int], model: type[BaseModel]) -> str:
+def _pattern_key(loc: Sequence[str | int]) -> str:
     """``data.0.source`` as ``data.*.source``; a free map's key as ``env.*``."""
     out: list[str] = []
     for i, p in enumerate(loc):
@@ -148,6 +148,18 @@ _BOUND = {
 }
 
 
+def _optional(model: type[BaseModel], loc: tuple[str | int, ...]) -> bool:
+    """Whether the field at ``loc`` has a default (may be left out)."""
+    parent = model_at(model, loc[:-1]) if loc else None
+    name = loc[-1] if loc else None
+    return (
+        parent is not None
+        and isinstance(name, str)
+        and name in parent.model_fields
+        and not (parent.model_fields[name].is_required())
+    )
+
+
 def _unknown_field(loc: tuple[str | int, ...], model: type[BaseModel]) -> dict[str, Any]:
     parent = model_at(model, loc[:-1])
     choices = _public_fields(parent) if parent else []
@@ -187,7 +199,7 @@ def _words(
     if kind in ("enum", "literal_error"):
         return _not_allowed(err, value)
     if kind == "string_pattern_mismatch":
-        form = patterns.get(_pattern_key(loc, model), "does not have the expected form")
+        form = patterns.get(_pattern_key(loc), "does not have the expected form")
         return {"message": f"{_quoted(value)} {form}"}
     if kind in _KIND:
         message = f"must be {_KIND[kind]}"
@@ -196,7 +208,9 @@ def _words(
             if _numeric(value) or value.lower() in ("true", "false"):
                 message += " (write it without quotes)"
         elif value is None:
-            message += ", not null (leave the field out for its default)"
+            message += ", not null" + (
+                " (leave the field out for its default)" if _optional(model, loc) else ""
+            )
         return {"message": message}
     if kind in _BOUND:
         ctx = {k: _plain_number(v) for k, v in ctx.items()}
@@ -209,7 +223,7 @@ def _words(
 
 
 def _with_choices(words: dict[str, Any], value: Any, choices: Sequence[str] | None) -> dict[str, Any]:
-    """A field with a closed set of values (``FieldHints.choices``) always lists them, with a guess."""
+    """A field with a closed set of values (``choices``, e.g. the GPU models) lists them, with a guess."""
     if choices is None:
         return words
     words = {**words, "allowed": list(choices)}
@@ -245,7 +259,7 @@ def describe(
             words = {"message": "must be a JSON object (a job spec: name, image or code, command, ...)"}
         else:
             words = _words(err, loc, model, patterns)
-            words = _with_choices(words, err.get("input"), (choices or {}).get(_pattern_key(loc, model)))
+            words = _with_choices(words, err.get("input"), (choices or {}).get(_pattern_key(loc)))
         field = dotted(loc)
         key = (field, words["message"])
         if key in seen:
