@@ -270,3 +270,12 @@ def test_a_spec_error_is_printed_once_per_problem(capsys: pytest.CaptureFixture[
         output.fail(output.OutputFormat.TABLE, ClientError(422, "ValidationError", "a; b", two))
     err = capsys.readouterr().err
     assert "  - comand:" in err and "  - resources.gpus: must be at least 1" in err
+
+
+def test_a_narrow_table_says_which_columns_it_left_out(monkeypatch: pytest.MonkeyPatch, width: Any) -> None:
+    width(80)
+    out = _run(monkeypatch, FakeClient([{"jobs": [_job()], "next_token": None}]), "ls").output
+    assert "not shown at this width:" in out and "CREATED" in out.split("not shown at this width:")[1]
+    width(250)
+    out = _run(monkeypatch, FakeClient([{"jobs": [_job()], "next_token": None}]), "ls").output
+    assert "not shown" not in out

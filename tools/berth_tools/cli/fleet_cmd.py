@@ -232,7 +232,7 @@ def _offers_table(offers: list[dict[str, Any]]) -> None:
         ]
         for o in offers
     ]
-    show(console, columns, rows)
+    show(console, columns, rows, wide_flag=False)
 
 
 def policy(
@@ -331,7 +331,7 @@ def _circuits_table(d: dict[str, Any]) -> None:
                 c["last_failure_at"] or "-",
             ]
         )
-    show(console, columns, rows)
+    show(console, columns, rows, wide_flag=False)
 
 
 def parse_circuit(text: str) -> tuple[str, str | None]:

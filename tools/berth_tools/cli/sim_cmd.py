@@ -8,10 +8,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from berth_tools.bench.scheduler_bench import bench_scheduler
-from berth_tools.cli.tables import metric_table
+from berth_tools.cli.tables import Column, metric_table, show
 from berth_tools.sim.cluster import load_cluster
 from berth_tools.sim.estimates import EstimateMode
 from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
@@ -53,31 +52,30 @@ def _policies(names: list[str]) -> list[str]:
 
 
 def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
-    table = Table(title="berth sim")
-    for _, title in _SUMMARY_COLUMNS:
-        table.add_column(title, justify="right")
+    # Every figure matters when comparing policies: only the mode, the wall time and the lower bound
+    # may be left out on a narrow terminal (tables.py; -o json has all).
+    optional = {"estimates": 3, "sim_wall_s": 2, "cost_lower_bound_usd": 1}
+    columns = [
+        Column(title, key=key == "policy", priority=optional.get(key, 0), justify="right")
+        for key, title in _SUMMARY_COLUMNS
+    ]
+    console.print("berth sim", style="bold")
+    show(
+        console,
+        columns,
+        [[str(r.get(key, "")) for key, _ in _SUMMARY_COLUMNS] for r in results],
+        wide_flag=False,
+    )
+    tenant_fields = ("tenant", "jobs", "avg_wait_s", "onprem_gpu_hours", "cloud_gpu_hours", "cost_usd")
     for r in results:
-        table.add_row(*(str(r.get(key, "")) for key, _ in _SUMMARY_COLUMNS))
-    console.print(table)
-    for r in results:
-        t = Table(title=f"tenants ({r['policy']})")
-        for col in ("tenant", "jobs", "avg_wait_s", "onprem_gpu_hours", "cloud_gpu_hours", "cost_usd"):
-            t.add_column(col, justify="right")
-        for row in r["tenants"]:
-            t.add_row(
-                *(
-                    str(row[c])
-                    for c in (
-                        "tenant",
-                        "jobs",
-                        "avg_wait_s",
-                        "onprem_gpu_hours",
-                        "cloud_gpu_hours",
-                        "cost_usd",
-                    )
-                )
-            )
-        console.print(t)
+        console.print(f"tenants ({r['policy']})", style="bold")
+        tenant_columns = [Column(c, key=c == "tenant", justify="right") for c in tenant_fields]
+        show(
+            console,
+            tenant_columns,
+            [[str(row[c]) for c in tenant_fields] for row in r["tenants"]],
+            wide_flag=False,
+        )
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

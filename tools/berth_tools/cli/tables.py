@@ -172,8 +172,10 @@ def show(
     rows: Sequence[Sequence[Cell]],
     wide: bool = False,
     title: str | None = None,
+    wide_flag: bool = True,
 ) -> Layout:
-    """Print the table fitted to ``console``'s width (``wide``: every column whole, wider if it must be).
+    """Print the table fitted to ``console``'s width (``wide``: every column whole, wider if it must be),
+    and which columns were left out, if any (``wide_flag``: the command has ``--wide``).
     Output that is not a terminal (a pipe, a file) is wide unless ``COLUMNS`` says otherwise: what
     ``grep`` or a file gets is never cut."""
     wide = wide or (not console.is_terminal and "COLUMNS" not in os.environ)
@@ -185,4 +187,8 @@ def show(
         # width and printed uncropped, so the terminal wraps lines rather than anything being cut.
         lines = console.render(t, console.options.update_width(layout.total))
         console.print(Segments(lines), soft_wrap=True, crop=False)
+    hidden = [columns[i].header for i in range(len(columns)) if i not in layout.shown]
+    if hidden and rows:
+        how = "--wide or -o json shows" if wide_flag else "-o json shows"
+        console.print(Text(f"(not shown at this width: {', '.join(hidden)}; {how} them)", style="dim"))
     return layout
