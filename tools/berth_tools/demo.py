@@ -571,6 +571,7 @@ def run(s: Scenario) -> None:
     def shapes() -> str:
         spec = {
             "name": "one-huge-node",
+            "image": "busybox",
             "command": ["true"],
             "resources": {"gpu_type": "A100", "gpus": 64, "nodes": 1},
         }
