@@ -185,6 +185,11 @@ class HostRow(Model):
     drain_requested = BooleanAttribute(null=True)
     admitted_gpu_type = UnicodeAttribute(null=True)
     admitted_gpus = NumberAttribute(null=True)
+    #: GPU UUID -> fatal fault / current warning (``berth.domain.gpu_health.GpuFault`` as JSON).
+    gpu_faults = JSONAttribute(null=True)
+    gpu_warnings = JSONAttribute(null=True)
+    #: Ids of faults an admin cleared lately (newest last).
+    cleared_faults = JSONAttribute(null=True)
 
 
 class RateRow(Model):

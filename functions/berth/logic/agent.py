@@ -42,6 +42,7 @@ from berth.domain.workflow import (
     agent_failure,
 )
 from berth.logic.credentials import CredentialService
+from berth.logic.gpu_faults import GpuFaultService
 from berth.logic.workflow import WorkflowSettings
 
 S = JobStatus
@@ -124,7 +125,8 @@ class AgentService:
             return HeartbeatAnswer(reregister=True, directives=tuple(stops)).model_dump(mode="json")
         lease = now + timedelta(seconds=self.settings.lease_s)
         self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy, draining=request.draining)
-        directives: list[Directive] = []
+        # Its GPU faults first: an attempt on a GPU that just failed gets its stop in this answer.
+        directives = GpuFaultService(self.jobs, self.hosts, self.clock).on_heartbeat(rec, request.gpu_faults)
         if rec.drain_requested:
             # Level-triggered: every answer carries it while the drain is requested; the agent takes
             # no new work while it does and resumes once an answer comes without it.
