@@ -159,8 +159,18 @@ class AgentClient:
     def register(self, inventory: dict[str, Any], agent_version: str = __version__) -> Any:
         return self.post("register", {"inventory": inventory, "agent_version": agent_version})
 
-    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
-        return self.post("heartbeat", {"healthy": healthy, "draining": draining, "attempts": attempts})
+    def heartbeat(
+        self,
+        *,
+        healthy: bool,
+        draining: bool,
+        attempts: list[dict[str, Any]],
+        gpu_faults: list[dict[str, Any]] | None = None,
+    ) -> Any:
+        body: dict[str, Any] = {"healthy": healthy, "draining": draining, "attempts": attempts}
+        if gpu_faults:
+            body["gpu_faults"] = gpu_faults
+        return self.post("heartbeat", body)
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:
         return self.post("claim", _attempt(job_id, attempt, fencing_token))

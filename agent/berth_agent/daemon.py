@@ -6,8 +6,9 @@
    not: berth_agent.containment) and reported lost, then forgotten; when one survives SIGKILL the
    agent stops (``LeftoverAlive``) rather than offer its GPUs, and systemd starts it again;
 2. ``register`` with the inventory; ``sd_notify READY=1``;
-3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
-   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host). ``drain`` is
+3. a heartbeat thread sends ``{healthy, draining, attempts}`` (and ``gpu_faults`` when the GPU health
+   watcher, ``gpu_health``, has some) every ``heartbeat_s`` and applies the directives it gets back
+   (``cancel``/``stop`` an attempt, ``drain`` the host, ``clear-gpu-fault``). ``drain`` is
    level-triggered: the control plane repeats it in every answer while an operator wants the host
    drained; the agent takes no new work while answers carry it (running attempts go on, the agent
    stays up) and resumes once one comes without it;
@@ -40,6 +41,7 @@ from berth.domain.agent_wire import PROTOCOL_VERSION, Directive, HeartbeatAnswer
 from berth_agent import __version__, isolation, sdnotify
 from berth_agent.client import AgentApiError
 from berth_agent.config import AgentConfig
+from berth_agent.gpu_health import GpuHealthWatcher
 from berth_agent.gpus import Inventory
 from berth_agent.ledger import AttemptLedger
 from berth_agent.reports import ReportApi
@@ -96,7 +98,14 @@ class Runner(Protocol):
 
 class Api(ReportApi, Protocol):
     def register(self, inventory: dict[str, Any], agent_version: str = ...) -> Any: ...
-    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any: ...
+    def heartbeat(
+        self,
+        *,
+        healthy: bool,
+        draining: bool,
+        attempts: list[dict[str, Any]],
+        gpu_faults: list[dict[str, Any]] | None = None,
+    ) -> Any: ...
 
 
 #: Waits between registrations while the control plane cannot be reached at start: first, cap.
@@ -117,8 +126,11 @@ class Daemon:
         gpu_isolation: str | None = None,
         poll_wait_s: int = 20,
         clock: Callable[[], float] = time.monotonic,
+        health: GpuHealthWatcher | None = None,
     ) -> None:
         self.config, self.inventory, self.api, self.runner = config, inventory, api, runner
+        #: Watches the GPUs while the agent runs (``gpu_health``); None: nothing to watch.
+        self.health = health
         self.queue_for, self.ledger = queue_for, ledger
         self.host_facts = dict(host_facts or {})
         #: ``berth/gpu-isolation`` (berth_agent.isolation): what the executor enforces on this host.
@@ -216,6 +228,8 @@ class Daemon:
                 drain = True
             elif d.action in ("cancel", "stop") and d.job_id and d.attempt is not None:
                 self.runner.cancel(d.job_id, d.attempt)
+            elif d.action == "clear-gpu-fault" and d.gpu_id and d.fault_id and self.health is not None:
+                self.health.clear(d.gpu_id, d.fault_id)
             else:
                 log.warning("unknown directive ignored", extra={"directive": d.model_dump()})
         if drain and not self.directed_drain.is_set():
@@ -226,10 +240,14 @@ class Daemon:
             self.directed_drain.clear()
 
     def heartbeat_once(self) -> None:
+        faults = [] if self.health is None else self.health.reports()
+        # The GPU faults only when there are some: a healthy agent's heartbeat is what it always was.
+        extra = {"gpu_faults": [f.model_dump(mode="json") for f in faults]} if faults else {}
         answer = self.api.heartbeat(
             healthy=True,
             draining=self.draining.is_set() or self.directed_drain.is_set(),
             attempts=self.runner.running(),
+            **extra,
         )
         self._last_beat_ok = self._clock()
         self.lease_lost = False
@@ -415,6 +433,8 @@ class Daemon:
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeats, args=(done,), daemon=True, name="heartbeat")
         beat.start()
+        if self.health is not None:
+            threading.Thread(target=self.health.run, args=(done,), daemon=True, name="gpu-health").start()
         try:
             while not (self.draining.is_set() and not self._threads_alive()):
                 self.loop_once(queue)

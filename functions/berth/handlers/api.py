@@ -733,7 +733,8 @@ def put_host_drain(
 
 
 GpuRef = Annotated[
-    str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$", description="A GPU's UUID or its index on the host")
+    str,
+    Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$", description="A GPU's UUID or its index on the host"),
 ]
 
 
