@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, circuits, drain, admit, policy, offers."""
+"""Fleet and policy commands: explain, capacity, circuits, drain, admit, gpu-clear, policy, offers."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def _capacity_table(d: dict[str, Any]) -> None:
     tot = d["totals"]
     console.print(
         f"[bold]{tot['hosts']} hosts[/], {tot['gpus']} GPUs: {tot['free_gpus']} free, "
-        f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable (as of {d['as_of']})"
+        f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable"
+        + (f", [red]{tot['faulted_gpus']} faulted[/]" if tot.get("faulted_gpus") else "")
+        + f" (as of {d['as_of']})"
     )
     t = Table("POOL", "MODEL", "GPUS", "FREE", "USED", "UNAVAILABLE")
     for p in d["pools"]:
@@ -91,6 +93,7 @@ def _capacity_table(d: dict[str, Any]) -> None:
             ", ".join(host["attempts"]) or "-",
         )
     console.print(h)
+    _gpu_faults_table(d["hosts"])
     c = Table("REGION", "CIRCUIT", "INSTANCE TYPES", "NOT CLOSED")
     for r in d["cloud"]["regions"]:
         bad = [
@@ -100,6 +103,19 @@ def _capacity_table(d: dict[str, Any]) -> None:
         ]
         c.add_row(r["region"], r["circuit"], str(len(r["instance_types"])), ", ".join(bad) or "-")
     console.print(c)
+
+
+def _gpu_faults_table(hosts: list[dict[str, Any]]) -> None:
+    """Degraded hosts' GPUs (fatal: out of placement until `berth gpu-clear`) and GPU warnings."""
+    rows = [(host, f) for host in hosts for f in host.get("gpu_faults") or ()]
+    if not rows:
+        return
+    t = Table("HOST", "GPU", "SEVERITY", "FAULT", "SINCE", title="GPU faults")
+    for host, f in rows:
+        gpu = f["gpu_id"] if f["index"] is None else f"{f['index']} ({f['gpu_id']})"
+        severity = "[red]fatal: out of placement[/]" if f["severity"] == "fatal" else "[yellow]warning[/]"
+        t.add_row(host["host_id"], literal(gpu), severity, literal(f["reason"]), f["at"])
+    console.print(t)
 
 
 def capacity(
@@ -187,6 +203,27 @@ def drain(
     render(output, data, table)
 
 
+def gpu_clear(
+    host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
+    gpu: Annotated[str, typer.Argument(help="The GPU's index on the host, or its UUID")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Clear a GPU's fault (admins), once it is repaired or reset: it is placed on again."""
+    with api_errors(output):
+        data = client_for(api_url, profile).clear_gpu_fault(host, gpu)
+
+    def table(d: dict[str, Any]) -> None:
+        console.print(
+            Text.assemble(
+                f"host {d['host_id']} GPU ", literal(d["gpu_id"]), ": cleared ", literal(d["cleared"])
+            )
+        )
+
+    render(output, data, table)
+
+
 def admit(
     host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
     gpu_type: Annotated[str, typer.Option("--gpu-type", help="The GPU model it may register")],
@@ -266,5 +303,6 @@ def register(app: typer.Typer) -> None:
     app.command("circuits")(circuits)
     app.command("drain")(drain)
     app.command("admit")(admit)
+    app.command("gpu-clear")(gpu_clear)
     app.command("policy")(policy)
     app.command("offers")(offers)
