@@ -242,13 +242,21 @@ def test_capacity(fleet: Invoke) -> None:
     _register("dead", "V100", 4, lease_h=-1)
     status, cap = fleet("GET", "/v1/capacity", user="bob")
     assert status == 200, cap
-    assert cap["totals"] == {"hosts": 4, "gpus": 28, "used_gpus": 2, "free_gpus": 22, "unavailable_gpus": 4}
+    assert cap["totals"] == {
+        "hosts": 4,
+        "gpus": 28,
+        "used_gpus": 2,
+        "free_gpus": 22,
+        "unavailable_gpus": 4,
+        "faulted_gpus": 0,
+    }
     pools = {p["pool"]: p for p in cap["pools"]}
     assert pools["default"]["models"]["V100"] == {
         "gpus": 20,
         "used_gpus": 2,
         "free_gpus": 14,
         "unavailable_gpus": 4,
+        "faulted_gpus": 0,
     }
     assert pools["default"]["healthy_hosts"] == 2 and pools["lab"]["free_gpus"] == 8
     hosts = {h["host_id"]: h for h in cap["hosts"]}
