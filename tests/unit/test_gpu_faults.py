@@ -37,9 +37,11 @@ def test_a_fatal_fault_takes_the_gpu_out_of_placement() -> None:
     _beat(w, "h0", _xid("GPU-h0-1"))
     rec = w.hosts.get("h0")
     assert rec is not None and rec.degraded and rec.faulted_gpu_ids == {"GPU-h0-1"}
-    assert rec.free_gpu_ids == ("GPU-h0-0",) and rec.placeable_gpus == 1
+    assert rec.free_gpu_ids == ("GPU-h0-0",)
     host = scheduler_host(rec, w.clock())
-    assert (host.gpus, host.free_gpus, host.healthy) == (1, 1, True)  # the host still takes work
+    # the host still takes work on its other GPU; its size stays 2 (a 2-GPU job is not infeasible:
+    # the GPU comes back once repaired and cleared)
+    assert (host.gpus, host.free_gpus, host.healthy) == (2, 1, True)
     # a two-GPU job no longer fits; a one-GPU job lands on the healthy GPU
     two, one = w.submit(gpus=2), w.submit(gpus=1)
     for job in (two, one):
@@ -184,3 +186,15 @@ def test_a_heartbeat_with_an_unknown_fault_kind_is_refused() -> None:
         HeartbeatRequest.model_validate(
             {"gpu_faults": [{"fault_id": "x y", "gpu_id": "g", "kind": "xid", "xid": 79}]}
         )
+
+
+def test_a_host_whose_every_gpu_failed_takes_nothing_and_the_pass_goes_on() -> None:
+    w = World(hosts=1, gpus=1)
+    _beat(w, "h0", _xid("GPU-h0-0"))
+    job = w.submit()
+    w.workflow.await_placement(job.id, "place")
+    w.scheduler.run_pass()
+    assert w.job(job.id).status is JobStatus.QUEUED and w.held() == []
+    clear_gpu_fault(ADMIN, w.hosts, "h0", "GPU-h0-0")
+    w.scheduler.run_pass()
+    assert w.job(job.id).status is JobStatus.STARTING and w.held() == ["GPU-h0-0"]

@@ -180,12 +180,6 @@ class HostRecord(_Frozen):
         return bool(self.faulted_gpu_ids)
 
     @property
-    def placeable_gpus(self) -> int:
-        """Its GPUs less the faulted ones: what the scheduler counts as the host's size."""
-        faulted = self.faulted_gpu_ids
-        return sum(1 for g in self.inventory.gpu_ids if g not in faulted)
-
-    @property
     def held_gpu_ids(self) -> set[str]:
         return {g for h in self.holds.values() for g in h.gpu_ids}
 

@@ -3,7 +3,7 @@
 An agent's heartbeat carries its GPU faults (``berth.domain.gpu_health``). ``GpuFaultService``:
 
 - keeps a fatal fault on the host record (the first one per GPU, until an admin clears it): the GPU
-  leaves placement (``HostRecord.free_gpu_ids`` and ``placeable_gpus`` leave it out);
+  leaves placement (``HostRecord.free_gpu_ids`` leaves it out);
 - stops the attempt holding a faulted GPU with ``stop_failure = GpuFailed``: the workflow places it
   again without using one of the job's attempts, and the job's event names the GPU and the fault.
   This is level-triggered (every heartbeat of a degraded host looks again), so an attempt placed on

@@ -237,14 +237,15 @@ def tenant_state(name: str, quota: Quota | None, cloud_spend_month_usd: float = 
 
 def scheduler_host(record: HostRecord, now: datetime) -> Host:
     """A stored host as the scheduler sees it: healthy only while alive (healthy, lease valid) and not
-    draining (its agent takes no new work, or an operator asked it to drain); its GPUs with a fatal
-    fault are neither counted nor free (``HostRecord.placeable_gpus``, ``free_gpu_ids``)."""
+    draining (its agent takes no new work, or an operator asked it to drain). Its GPUs with a fatal
+    fault are never free (``HostRecord.free_gpu_ids``) but still count in its size: the submit-time
+    check asks whether a host could *ever* run a job, and an admin clears a repaired GPU."""
     inv = record.inventory
     return Host(
         host_id=inv.host_id,
         pool=inv.pool,
         gpu_type=inv.gpu_type,
-        gpus=record.placeable_gpus,
+        gpus=record.gpus,
         free_gpus=record.free_gpus,
         cpu=inv.cpu,
         free_cpu=record.free_cpu,
