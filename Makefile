@@ -36,6 +36,12 @@ cdk.out/Berth.template.json: $(VENV)/.installed node_modules/.installed $(SYNTH_
 
 synth: cdk.out/Berth.template.json
 
+# The console's browser test (tests/e2e/test_console_e2e.py) drives Debian's chromium (Playwright's own
+# browser download is not used). Installed as root; otherwise that test fails and says how to install it.
+/usr/bin/chromium:
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	else echo "chromium is missing and this is not root: run 'apt-get install -y chromium' as root" >&2; fi
+
 lint: install
 	$(BIN)/ruff check functions tools agent infra tests
 	$(BIN)/ruff format --check functions tools agent infra tests
@@ -45,7 +51,7 @@ lint: install
 # Two workers (pytest-xdist): the end-to-end tests, which mostly wait on their local cloud, in one;
 # the rest of the suite beside them (tests/conftest.py groups what shares a fixture).
 PYTEST_WORKERS ?= 2
-test: install synth lint
+test: install synth lint /usr/bin/chromium
 	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope --durations=25 tests
 
 test-unit: install
@@ -59,7 +65,7 @@ test-functional: install synth
 test-infra: install synth
 	$(BIN)/pytest -q tests/infra
 
-test-e2e: install synth
+test-e2e: install synth /usr/bin/chromium
 	$(BIN)/pytest -q tests/e2e
 
 # The long form of the OpenAPI fuzz run that `make test` runs short (tests/functional/test_openapi_fuzz.py).

@@ -28,6 +28,11 @@ same on both sites:
    ``EXIT_NOT_FOUND`` (127) when the command does not exist, ``EXIT_USAGE`` (64)
    for a malformed spec. A line ``berth-launch: ...`` on stderr says why for every code of its own.
 
+A node of a gang (an AWS Batch multi-node parallel job, ``resources.nodes`` > 1) also gets the
+rendezvous variables an on-prem rank gets (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``,
+``NODE_RANK``, ``BERTH_RANK``, ``BERTH_WORLD_SIZE``), from Batch's (``batch_gang.batch_rendezvous``),
+and says which node it is in its first line; each node's output is its own log stream.
+
 Credentials come from the environment (the Batch job role; locally the local Batch runner passes
 the role's STS credentials). Only the agent's light dependencies: botocore, never boto3 or moto.
 """
@@ -48,7 +53,16 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from berth.domain.agent_wire import LaunchDocument, LaunchTask
-from berth_agent.executors.base import CREDENTIAL_KEYS, FailureKind, JobResult, Launch, Mount, StartError
+from berth_agent.batch_gang import GangEnvError, batch_rendezvous
+from berth_agent.executors.base import (
+    CREDENTIAL_KEYS,
+    FailureKind,
+    JobResult,
+    Launch,
+    Mount,
+    Rendezvous,
+    StartError,
+)
 from berth_agent.executors.process import ProcessExecutor
 from berth_agent.outputs import DirSync, PeriodicSync, restore
 from berth_agent.staging import (
@@ -239,8 +253,10 @@ class Launcher:
         environ: Mapping[str, str],
         stdout: IO[str] = sys.stdout,
         stderr: IO[str] = sys.stderr,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
         self.spec, self.io, self.work_dir, self.environ = spec, io, work_dir, environ
+        self.rendezvous = rendezvous
         self.stdout, self.stderr = stdout, stderr
         self._out_lock = threading.Lock()
         self._handle: Any = None
@@ -264,6 +280,11 @@ class Launcher:
 
     def run(self) -> int:
         spec = self.spec
+        rdv = self.rendezvous
+        if rdv is not None:
+            self.say(
+                f"rank {rdv.rank} of {rdv.world_size} (gang node), master {rdv.master_addr}:{rdv.master_port}"
+            )
         self.work_dir.mkdir(parents=True, exist_ok=True)
         dirs = JobDirs.create(self.work_dir, spec.job_id, spec.attempt)
         try:
@@ -294,6 +315,7 @@ class Launcher:
                 credentials={k: v for k, v in self.environ.items() if k in CREDENTIAL_KEYS},
                 secrets={n: self.environ[n] for n in spec.secret_env},
                 array_env=dict(spec.array_env),
+                rendezvous=rdv,
             )
             syncs = PeriodicSync(self._syncs(dirs), spec.sync_interval_s)
             try:
@@ -379,9 +401,16 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     except LaunchSpecError as exc:
         print(f"berth-launch: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    try:
+        rendezvous = batch_rendezvous(env)
+    except GangEnvError as exc:
+        print(f"berth-launch: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     work_dir = Path(env.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "berth-launch")
     work_dir.mkdir(parents=True, exist_ok=True)
-    launcher = Launcher(spec, io=botocore_io(spec, work_dir / "cache"), work_dir=work_dir, environ=env)
+    launcher = Launcher(
+        spec, io=botocore_io(spec, work_dir / "cache"), work_dir=work_dir, environ=env, rendezvous=rendezvous
+    )
 
     def on_signal(signum: int, _frame: Any) -> None:
         launcher.say(f"signal {signum}: stopping the job")

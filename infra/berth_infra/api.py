@@ -31,6 +31,8 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/jobs/{id}/logs": ("GET",),
     "/v1/jobs/{id}/metrics": ("GET",),
     "/v1/jobs/{id}/explain": ("GET",),
+    "/v1/jobs/{id}/outputs": ("GET",),
+    "/v1/jobs/plan": ("POST",),
     "/v1/capacity": ("GET",),
     "/v1/policy": ("GET", "PUT"),
     "/v1/offers": ("GET", "PUT"),
@@ -302,6 +304,24 @@ class ApiFunction(Construct):
                 resources=[
                     f"arn:{stack.partition}:logs:{stack.region}:{stack.account}:log-group:{JOB_LOG_GROUP_PREFIX}/*"
                 ],
+            )
+        )
+        # GET /v1/jobs/{id}/outputs: list a job's output prefix (<tenant>/jobs/<job>/) and presign a
+        # GET per object (the caller's download runs with these rights, for that one key). Only job
+        # output prefixes: never a tenant's own data.
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="JobOutputsList",
+                actions=["s3:ListBucket"],
+                resources=[storage.data.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": ["*/jobs/*"]}},
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="JobOutputsRead",
+                actions=["s3:GetObject"],
+                resources=[storage.data.arn_for_objects("*/jobs/*")],
             )
         )
         self.role.add_to_policy(

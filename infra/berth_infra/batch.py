@@ -90,13 +90,24 @@ class BatchRegionStack(Stack):
         self.security_group = ec2.CfnSecurityGroup(
             self,
             "InstanceSecurityGroup",
-            group_description="Berth Batch GPU instances: no inbound, outbound to AWS APIs and registries",
+            group_description="Berth Batch GPU instances: inbound from the group only, outbound to AWS APIs",
             vpc_id=vpc_id,
             security_group_egress=[
                 ec2.CfnSecurityGroup.EgressProperty(
                     ip_protocol="-1", cidr_ip="0.0.0.0/0", description="AWS APIs and image registries"
                 )
             ],
+        )
+        # A gang runs as a Batch multi-node parallel job: awsvpc mode, each node's container its own
+        # network interface with this group; its ranks reach the main node (MASTER_ADDR:MASTER_PORT)
+        # and each other (NCCL) only through this rule. Nothing outside the group gets in.
+        ec2.CfnSecurityGroupIngress(
+            self,
+            "GangNodesIngress",
+            group_id=self.security_group.attr_group_id,
+            ip_protocol="-1",
+            source_security_group_id=self.security_group.attr_group_id,
+            description="Nodes of one multi-node parallel job reach each other",
         )
 
         # -- instances ------------------------------------------------------------------------

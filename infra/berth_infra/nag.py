@@ -43,6 +43,13 @@ def berth_acknowledgments(stack: BerthStack) -> list[NagAck]:
             "the handler refuses names outside the caller's tenant prefix before calling it.",
         ),
         NagAck(
+            stack.api_function.role,
+            f"AwsSolutions-IAM5[Resource::<{data}.Arn>/*/jobs/*]",
+            "Job output prefixes are <tenant>/jobs/<job>/ for any tenant and job: the API lists and "
+            "presigns GETs only under the prefix of a job the caller's tenant owns (404 otherwise), "
+            "derived from the job record, never from the request.",
+        ),
+        NagAck(
             stack.storage.job_role,
             f"AwsSolutions-IAM5[Resource::<{artifacts}.Arn>/bundles/*]",
             "The job role is never used bare: every credential is vended with a session policy that "

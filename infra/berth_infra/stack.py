@@ -21,7 +21,9 @@ from berth_infra.api import (
 from berth_infra.cloud_config import cloud_regions, tenants
 from berth_infra.cloud_dispatch import DEFAULT_RUNNABLE_TIMEOUT_S, DEFAULT_SUBMIT_RATE, CloudDispatchConfig
 from berth_infra.cloud_roles import CloudRoles
+from berth_infra.dashboard import OperationsDashboard, Watched
 from berth_infra.data import DataTables
+from berth_infra.monitoring import Alarms, Monitored, dead_letter_queues
 from berth_infra.nag import acknowledge_findings
 from berth_infra.storage import Storage
 from berth_infra.workflow import DEFAULT_TIMINGS, JobWorkflow
@@ -177,6 +179,34 @@ class BerthStack(Stack):
         for function in (self.api_function.function, self.workflow.scheduler_fn.function):
             function.add_environment("BERTH_CLOUD_CAPACITY", self.cloud.capacity_json)
 
+        # Operations: alarms on one encrypted topic, and the dashboard (docs/operations.md).
+        wf = self.workflow
+        monitored = Monitored(
+            scheduler=wf.scheduler_fn.function,
+            scheduler_timeout_s=int(wf.scheduler_fn.function.timeout.to_seconds()),  # type: ignore[union-attr]
+            dead_letter_queues=dead_letter_queues(self),
+            regions=[r.region for r in cloud_regions(self)],
+            tenants=tenants(self),
+        )
+        self.alarms = Alarms(self, "Alarms", watched=monitored)
+        functions = {
+            "Api": self.api_function.function,
+            "AgentApi": wf.agent_fn.function,
+            "Workflow": wf.workflow_fn.function,
+            "Scheduler": wf.scheduler_fn.function,
+            "Notifier": wf.notifier_fn.function,
+            "BatchSubmit": wf.batch_submit_fn.function,
+            "BatchEvents": wf.batch_events_fn.function,
+        }
+        tables = {t.node.id.removesuffix("Table"): t for t in self.tables.all_tables}
+        self.dashboard = OperationsDashboard(
+            self,
+            "Operations",
+            monitored=monitored,
+            watched=Watched(functions=functions, tables=tables, state_machine=wf.state_machine),
+            alarms=list(self.alarms.alarms.values()),
+        )
+
         outputs = {
             "ApiUrl": (self.api.url, "Base URL of the API stage; routes start with /v1"),
             "ApiId": (self.api.rest_api.rest_api_id, "REST API id"),
@@ -221,6 +251,8 @@ class BerthStack(Stack):
                 self.workflow.cloud.events_queue.queue_url,
                 "Batch Job State Change events from the home bus",
             ),
+            "AlarmTopicArn": (self.alarms.topic.topic_arn, "Every alarm notifies this SNS topic"),
+            "DashboardName": (self.dashboard.dashboard_name, "The CloudWatch operations dashboard"),
         }
         for output_id, (value, description) in outputs.items():
             CfnOutput(self, output_id, value=value, description=description)

@@ -314,6 +314,14 @@ class JobWorkflow(Construct):
         self.scheduler_fn.allow(
             "TenantsRead", ["dynamodb:GetItem", "dynamodb:BatchGetItem"], [arns["tenants"]]
         )
+        # each tenant's queue as the pass saw it (QUEUE#<tenant>, replaced when it changed; the API
+        # reads it with GetItem; berth.domain.queue_summary)
+        self.scheduler_fn.allow(
+            "QueueSummaries",
+            ["dynamodb:PutItem"],
+            [arns["tenants"]],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["QUEUE#*"]}},
+        )
         self.workflow_fn.allow(
             "RuntimeHistory",
             ["dynamodb:GetItem", "dynamodb:PutItem"],

@@ -6,12 +6,19 @@ directory, no flag: what failed on a fresh clone) and once with an absolute one.
 Then what a job may see of the local cloud (a job cannot read the state dir when jobs run under uids
 of their own) and what a restart on the same state dir does (the earlier run's keys and attempt
 files are gone and it says so).
+
+And, on the default state dir only: every command block of the README and of docs/api.md that talks
+to the local cloud, extracted from the markdown and run as written (``test_docs_command_blocks_run``),
+and every example job in examples/jobs submitted and followed until it COMPLETES
+(``test_every_example_runs``). These need real agent processes (the session-scoped ``local_cloud``
+fixture's scripted agents do not run a job's command), so they reuse this module's cloud.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -245,3 +252,171 @@ def test_restart_after_a_kill_on_the_same_state_dir(tmp_path: Path) -> None:
         assert wait_status(second, fresh, ENDED, tmp_path, timeout=180) == "COMPLETED"
     finally:
         assert second.stop() == 0, second.log_tail()
+
+
+# -- the docs' command blocks and the examples, run as written ------------------------------------
+README = REPO / "README.md"
+API_DOC = REPO / "docs" / "api.md"
+JOB_ID_RE = re.compile(r"\bj-[0-9a-z]{26}\b")
+#: The sections whose blocks run against `berth local up`. Not run: "Quick start" (`make demo`, `make
+#: test`), "Deploy to AWS" (needs an account), the simulator and benchmark block (no API; minutes:
+#: ``OFFLINE``).
+DOC_SECTIONS = (
+    (README, "## Use it locally"),
+    (README, "## Bursting to the cloud"),
+    (API_DOC, "## With the `berth` CLI"),
+    (API_DOC, "## With a plain SigV4 client"),
+)
+
+
+OFFLINE = re.compile(r"\bberth (sim|bench)\b")
+
+
+def doc_blocks(path: Path, heading: str) -> list[tuple[str, str]]:
+    """The fenced blocks (language, text) of the section under ``heading`` (to the next heading of
+    the same or a higher level)."""
+    text = path.read_text()
+    start = text.index(heading + "\n")
+    level = heading.split(" ", 1)[0]
+    rest = text[start + len(heading) :]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", rest, re.MULTILINE)]
+    section = rest[: ends[0]] if ends else rest
+    return re.findall(r"^```(\w*)\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+
+
+def shell_commands(block: str) -> list[str]:
+    """A block's commands: continuation lines joined, trailing `# comments` dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [re.sub(r"\s+#\s.*$", "", line).strip() for line in joined.splitlines() if line.strip()]
+
+
+def _user_checkout(cloud: LocalCloudProcess, cwd: Path) -> dict[str, str]:
+    """``cwd`` set up as a checkout the docs' commands run in (``examples``, ``.venv/bin/berth`` and
+    ``.venv/bin/python`` of this interpreter); the environment of a fresh shell there."""
+    if not (cwd / "examples").exists():
+        (cwd / "examples").symlink_to(REPO / "examples")
+    bin_dir = cwd / ".venv" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, run in (("berth", "-m berth_tools.cli.main"), ("python", "")):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {sys.executable} {run} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != STATE_DIR_ENV}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env["COLUMNS"] = "250"
+    return env
+
+
+def run_doc_block(
+    cloud: LocalCloudProcess, cwd: Path, block: str, host: str, prelude: list[str] | None = None
+) -> dict[str, str]:
+    """Run a block's commands one by one in bash, each after the block's ``source``/``export``/
+    ``VAR=$(...)`` lines, each exiting 0. ``JOB_ID`` is the id the last `berth submit` printed (a
+    dry run prints none), ``HOST`` an on-prem host; ``make`` lines are skipped (the cloud is up).
+    ``prelude``: the reader's shell so far (a block of the same page after the first runs in it; its
+    ``source``/``export`` lines are added to it). Returns each command's output, by command."""
+    env = _user_checkout(cloud, cwd)
+    prelude = [] if prelude is None else prelude
+    job_id: str | None = None
+    outputs: dict[str, str] = {}
+    for command in shell_commands(block):
+        if command.startswith("make "):
+            continue
+        if re.match(r"^(source|export) |^[A-Z_]+=\$\(", command):
+            prelude.append(command)
+            continue
+        if "JOB_ID" in command:
+            assert job_id is not None, f"{command!r} needs a job: no `berth submit` before it"
+            command = command.replace("JOB_ID", job_id)
+        command = command.replace("HOST", host)
+        result = subprocess.run(
+            ["bash", "-c", "\n".join(["set -e", *prelude, command])],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, f"{command!r} exited {result.returncode}:\n{out[-3000:]}"
+        if re.search(r"\bberth submit\b", command) and "--dry-run" not in command:
+            found = JOB_ID_RE.search(out)
+            assert found, f"{command!r} printed no job id:\n{out[-2000:]}"
+            job_id = found.group(0)
+        outputs[command] = out
+    return outputs
+
+
+@pytest.mark.parametrize("first_hour", ["relative"], indirect=True)
+def test_docs_command_blocks_run(first_hour: Any) -> None:
+    """Every command of the README's and docs/api.md's local blocks, as written, on this local cloud."""
+    cloud, cwd, relative = first_hour
+    assert relative  # once, on the default state dir (`source .berth/local/env`)
+    host = json.loads((cloud.state_dir / "agents.json").read_text())[0]["host_id"]
+    ran: dict[str, str] = {}
+    shells: dict[Path, list[str]] = {}  # one reader's shell per page
+    for path, heading in DOC_SECTIONS:
+        blocks = doc_blocks(path, heading)
+        assert blocks, f"no command block under {heading!r} in {path.name}"
+        for language, block in blocks:
+            if language == "python":
+                result = subprocess.run(
+                    [sys.executable, "-c", block],
+                    cwd=cwd,
+                    env={**_user_checkout(cloud, cwd), **cloud.env},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+                assert result.returncode == 0 and '"id"' in result.stdout, result.stdout + result.stderr
+            elif language in ("", "bash", "sh", "console") and not OFFLINE.search(block):
+                ran.update(run_doc_block(cloud, cwd, block, host, shells.setdefault(path, [])))
+    # what the new commands said, as the docs say they do
+    dry = next(v for k, v in ran.items() if "--dry-run" in k and "submit" in k)
+    assert "nothing was submitted or stored" in dry, dry
+    follow = next(v for k, v in ran.items() if "--follow" in k)
+    assert "-> RUNNING" in follow and "hello from" in follow and "ended COMPLETED" in follow, follow
+    assert (cwd / "out" / "outputs" / "hello.txt").read_text() == "hello\n"
+    status = next(v for k, v in ran.items() if re.search(r"berth status j-", k))
+    assert "/jobs/" in status and "berth outputs" in status, status
+
+
+#: Which profile submits an example (bert-nlp reads team nlp's dataset); bad-* are refused on purpose.
+EXAMPLE_PROFILE = {"bert-nlp.yaml": "bob"}
+
+
+@pytest.mark.parametrize("first_hour", ["relative"], indirect=True)
+def test_every_example_runs(first_hour: Any) -> None:
+    """Each example job in examples/jobs (but the refused one) COMPLETES on `berth local up`, once the
+    README's one command lets teams burst (the V100 and cloud examples burst; the rest run on the
+    A100 agent)."""
+    cloud, cwd, relative = first_hour
+    assert relative
+    burst = doc_blocks(README, "## Bursting to the cloud")[0][1]
+    run_doc_block(cloud, cwd, burst, host="", prelude=["source .berth/local/env"])
+    examples = sorted(p for p in (REPO / "examples" / "jobs").glob("*.yaml") if not p.name.startswith("bad-"))
+    assert len(examples) >= 6
+    submitted = {}
+    for path in examples:
+        profile = EXAMPLE_PROFILE.get(path.name, "alice")
+        job = json.loads(
+            ok(berth(cloud, "submit", "-f", str(path), "--output", "json", profile=profile, cwd=cwd))
+        )
+        submitted[path.name] = (job["id"], profile)
+    clients = {p: cloud.client(p) for p in {p for _, p in submitted.values()}}
+    deadline = time.monotonic() + 300
+    ended: dict[str, dict[str, Any]] = {}
+    while len(ended) < len(submitted) and time.monotonic() < deadline:
+        for name, (job_id, profile) in submitted.items():
+            if name not in ended:
+                r = clients[profile].get(f"/v1/jobs/{job_id}")
+                assert r.status == 200, r.text
+                if r.json()["status"] in ENDED:
+                    ended[name] = r.json()
+        time.sleep(1)
+    summary = {n: (j["status"], j["reason"], j.get("array", {}).get("counts")) for n, j in ended.items()}
+    assert set(ended) == set(submitted), (
+        f"still running after 300 s: {set(submitted) - set(ended)}; {summary}"
+    )
+    assert all(j["status"] == "COMPLETED" for j in ended.values()), summary

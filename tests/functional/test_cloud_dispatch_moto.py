@@ -119,7 +119,7 @@ def _placed(service: CloudDispatchService, image: str = "busybox") -> Job:
         site=placement.site,
         placement=placement,
         attempts=1,
-        run=job.run.model_copy(update={"fencing_token": "f"}),
+        run=job.run.with_attempt(fencing_token="f"),
     )
     service.jobs.save(placed, event)
     return placed
@@ -155,7 +155,7 @@ def test_dispatch_submit_event_answers_the_token(cloud: tuple[CloudDispatchServi
     listed = batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [f"{job.id}-a1"]}])
     (summary,) = listed["jobSummaryList"]
     stored = service.jobs.get(job.id)
-    assert stored is not None and stored.run.batch_job_id == summary["jobId"]
+    assert stored is not None and stored.run.attempt.batch_job_id == summary["jobId"]
     described = _wait_for(batch, summary["jobId"], "SUCCEEDED")
     env = {e["name"]: e["value"] for e in described["container"]["environment"]}
     assert env["BERTH_JOB_ID"] == job.id and env["BERTH_ATTEMPT"] == "1" and "BERTH_LAUNCH" in env
@@ -220,7 +220,7 @@ def test_the_submit_handler_processes_sqs_records(
     out = batch_submit.lambda_handler({"Records": [record, bad]}, Ctx())  # type: ignore[arg-type]
     assert out == {"batchItemFailures": []}  # a malformed request can never succeed: logged, dropped
     stored = service.jobs.get(job.id)
-    assert stored is not None and stored.run.batch_job_id
+    assert stored is not None and stored.run.attempt.batch_job_id
 
 
 def test_the_events_handler_reads_the_forwarded_event(
@@ -233,11 +233,11 @@ def test_the_events_handler_reads_the_forwarded_event(
     service.dispatch(job.id, 1, "tok")
     service.submit(SubmitRequest(job_id=job.id, attempt=1))
     stored = service.jobs.get(job.id)
-    assert stored is not None and stored.run.batch_job_id
-    _wait_for(boto3.client("batch", region_name=REGION), stored.run.batch_job_id, "SUCCEEDED")
+    assert stored is not None and stored.run.attempt.batch_job_id
+    _wait_for(boto3.client("batch", region_name=REGION), stored.run.attempt.batch_job_id, "SUCCEEDED")
     monkeypatch.setattr(batch_events, "cloud_dispatch_service", lambda: service)
     sample = json.loads((EVENTS / "eventbridge_batch_job_state_change.json").read_text())
-    sample["detail"].update(jobId=stored.run.batch_job_id, jobName=f"{job.id}-a1", status="SUCCEEDED")
+    sample["detail"].update(jobId=stored.run.attempt.batch_job_id, jobName=f"{job.id}-a1", status="SUCCEEDED")
     record = {
         "messageId": "m1",
         "receiptHandle": "r",
@@ -267,7 +267,9 @@ def test_the_events_handler_reads_the_forwarded_event(
     # the attempt's log stream is recorded from DescribeJobs' container.logStreamName (the real adapter
     # parses it), never from the event's own copy
     batch = boto3.client("batch", region_name=REGION)
-    described = batch.describe_jobs(jobs=[stored.run.batch_job_id])["jobs"][0]["container"]["logStreamName"]
+    described = batch.describe_jobs(jobs=[stored.run.attempt.batch_job_id])["jobs"][0]["container"][
+        "logStreamName"
+    ]
     after = service.jobs.get(job.id)
     assert after is not None and after.run.log_stream_of(1) == described
     assert described != sample["detail"]["container"]["logStreamName"]
@@ -331,8 +333,8 @@ def test_submits_and_terminations_act_in_a_tenant_tagged_session(
     identity = session.client("sts", region_name=REGION).get_caller_identity()
     assert ":assumed-role/Berth-BatchSubmitRole/berth-submit-vision" in identity["Arn"]
     stored = service.jobs.get(job.id)
-    assert stored is not None and stored.run.batch_job_id
-    gateway.terminate(REGION, stored.run.batch_job_id, "Berth: canceled", "vision")
+    assert stored is not None and stored.run.attempt.batch_job_id
+    gateway.terminate(REGION, stored.run.attempt.batch_job_id, "Berth: canceled", "vision")
 
 
 def test_submits_keep_under_the_configured_rate(cloud: tuple[CloudDispatchService, Tokens, str]) -> None:
@@ -368,7 +370,7 @@ def test_secrets_live_in_a_definition_per_secret_set_with_the_tenants_execution_
         service.dispatch(job.id, 1, f"tok-{job.id}")
         assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
         (batch_job,) = boto3.client("batch", region_name=REGION).describe_jobs(
-            jobs=[str(service.jobs.get(job.id).run.batch_job_id)]  # type: ignore[union-attr]
+            jobs=[str(service.jobs.get(job.id).run.attempt.batch_job_id)]  # type: ignore[union-attr]
         )["jobs"]
         # SubmitJob carries no secret: the variable is not among the overrides
         assert "TOKEN" not in {e["name"] for e in batch_job["container"].get("environment", [])}
@@ -426,7 +428,7 @@ def test_a_group_of_array_tasks_is_one_array_job_on_batch(
             site=placement.site,
             placement=placement,
             attempts=1,
-            run=job.run.model_copy(update={"fencing_token": "f"}),
+            run=job.run.with_attempt(fencing_token="f"),
         )
         service.jobs.save(placed, event)
         service.dispatch(placed.id, 1, f"tok-{i}")
@@ -445,7 +447,7 @@ def test_a_group_of_array_tasks_is_one_array_job_on_batch(
     (found,) = service.batch.find(REGION, QUEUE, name)  # the parent only, never its children
     assert found.batch_job_id == parents[0]["jobId"]
     stored = [service.jobs.get(t.id) for t in tasks[: len(messages)]]
-    assert [s.run.batch_job_id for s in stored if s] == [
+    assert [s.run.attempt.batch_job_id for s in stored if s] == [
         f"{found.batch_job_id}:{k}" for k in range(len(messages))
     ]
     child = f"{found.batch_job_id}:0"
@@ -557,5 +559,5 @@ def test_the_dispatcher_leaves_an_unknown_outcome_on_the_queue(
     with pytest.raises(CloudOutcomeUnknown):
         unsure.submit(SubmitRequest(job_id=job.id, attempt=1))
     assert not [c for c in tokens.calls if c[0] == "fail"]  # the attempt is not failed
-    assert service.jobs.get(job.id).run.batch_job_id is None  # type: ignore[union-attr]
+    assert service.jobs.get(job.id).run.attempt.batch_job_id is None  # type: ignore[union-attr]
     assert service.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"  # the redelivery

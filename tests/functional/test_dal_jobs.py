@@ -126,3 +126,25 @@ def test_active_job_quota_holds_under_concurrent_submits(
     assert repo.count_active("vision") == len(ok)
     stored = [j.id for j in repo.list_for_tenant("vision", None, 100, None).jobs]
     assert sorted(stored) == sorted(ok)
+
+
+def test_a_job_stored_with_the_old_flat_run_state_loads_and_is_rewritten_nested(
+    repo: DynamoJobRepository,
+) -> None:
+    """Items written before the run state had an ``attempt`` part keep loading (docs/workflow.md)."""
+    job, ev = new_job(new_job_id(T0), "vision", "alice", SPEC, T0)
+    repo.create(job, ev, max_active=100)
+    row = repo.row_of(job)
+    row.run = {"placement_token": "ptok", "fencing_token": "fence", "claimed": ["h1"], "counted_failures": 1}
+    row.save()  # as the older code stored it
+    loaded = repo.get(job.id)
+    assert loaded is not None
+    assert loaded.run.placement_token == "ptok" and loaded.run.counted_failures == 1
+    assert loaded.run.attempt.fencing_token == "fence" and loaded.run.attempt.claimed == ("h1",)
+    repo.update(loaded.updated(T0, run=loaded.run.with_attempt(stop="preempted")))
+    stored = type(row).get(job.id).run  # the raw attribute, as written now
+    assert stored == {
+        "placement_token": "ptok",
+        "counted_failures": 1,
+        "attempt": {"fencing_token": "fence", "claimed": ["h1"], "stop": "preempted"},
+    }

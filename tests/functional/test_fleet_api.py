@@ -426,3 +426,39 @@ def test_an_admin_clears_a_gpu_fault_and_the_gpu_is_placeable_again(fleet: Invok
     repo.set_gpu_warnings("v100-a", {})
     rec = repo.get("v100-a")
     assert rec is not None and rec.gpu_warnings == {}
+
+
+def test_a_waiting_job_shows_its_queue_position_and_estimated_start(
+    fleet: Invoke, spec: dict[str, Any]
+) -> None:
+    from berth.dal.hosts import DynamoHostRepository
+    from berth.dal.queue_summaries import DynamoQueueSummaries
+    from berth.domain.queue_summary import summarize
+
+    hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
+    for h in ("v100-a", "v100-b"):
+        rec = hosts.get(h)
+        assert rec is not None
+        hosts.hold(h, f"j-other-{h}#1", rec.free_gpu_ids, 1, 1)
+    body = {**spec, "constraints": {"placement": "onprem"}}
+    first, second = (fleet("POST", "/v1/jobs", body=body)[1] for _ in range(2))
+    # explain runs the core now: the second waits behind the first
+    ex = fleet("GET", f"/v1/jobs/{second['id']}/explain")[1]["explanation"]
+    assert ex["queue_position"] == 2
+    # before any pass has written the team's summary, the fields are there and empty
+    got = fleet("GET", f"/v1/jobs/{first['id']}")[1]
+    assert got["queue_position"] is None and got["estimated_start"] is None
+    # the pass's summary (berth.logic.scheduler_service.write_queue_summaries) is what GET shows
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    rows = [(first["id"], 1, now.timestamp() + 600, "onprem"), (second["id"], 2, None, None)]
+    DynamoQueueSummaries(TABLES["BERTH_TENANTS_TABLE"]).put(summarize("vision", rows, 0, now))
+    got = fleet("GET", f"/v1/jobs/{first['id']}")[1]
+    assert got["queue_position"] == 1 and got["queue_length"] == 2
+    assert got["estimated_start"] == "2026-12-01T12:10:00.000Z" and got["estimated_start_basis"] == "onprem"
+    assert got["queue_as_of"] == "2026-12-01T12:00:00.000Z"
+    listed = {j["id"]: j for j in fleet("GET", "/v1/jobs", query={"status": "QUEUED"})[1]["jobs"]}
+    assert listed[second["id"]]["queue_position"] == 2 and listed[second["id"]]["estimated_start"] is None
+    # a canceled job has no place, and another team sees neither job
+    fleet("POST", f"/v1/jobs/{first['id']}/cancel")
+    assert fleet("GET", f"/v1/jobs/{first['id']}")[1]["queue_position"] is None
+    assert fleet("GET", f"/v1/jobs/{second['id']}", user="bob")[0] == 404

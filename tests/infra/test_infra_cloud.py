@@ -280,12 +280,18 @@ def test_instances_require_imdsv2_with_hop_limit_one(synthesized: Synthesized) -
         assert all(m["Ebs"]["Encrypted"] is True for m in data["BlockDeviceMappings"])
 
 
-def test_instances_accept_no_inbound_traffic(synthesized: Synthesized) -> None:
+def test_instances_accept_inbound_traffic_from_their_own_group_only(synthesized: Synthesized) -> None:
     for region in REGIONS:
         template = _batch(synthesized, region)
-        (sg,) = _resources(template, "AWS::EC2::SecurityGroup").values()
+        ((logical, sg),) = _resources(template, "AWS::EC2::SecurityGroup").items()
         assert "SecurityGroupIngress" not in sg["Properties"]
-        assert not _resources(template, "AWS::EC2::SecurityGroupIngress")
+        # the nodes of a gang (a multi-node parallel job, awsvpc) reach each other; nothing else gets in
+        (ingress,) = _resources(template, "AWS::EC2::SecurityGroupIngress").values()
+        own = {"Fn::GetAtt": [logical, "GroupId"]}
+        assert (
+            ingress["Properties"]["GroupId"] == own and ingress["Properties"]["SourceSecurityGroupId"] == own
+        )
+        assert "CidrIp" not in ingress["Properties"]
         envs = _resources(template, "AWS::Batch::ComputeEnvironment").values()
         subnets = {json.dumps(s) for e in envs for s in e["Properties"]["ComputeResources"]["Subnets"]}
         # Instances live in the private subnets (egress through the NAT gateway), never public ones.

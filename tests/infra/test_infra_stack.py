@@ -52,6 +52,8 @@ def test_stack_name_and_outputs(synthesized: Synthesized) -> None:
         "CloudRegions",
         "BatchSubmitQueueUrl",
         "BatchEventsQueueUrl",
+        "AlarmTopicArn",
+        "DashboardName",
     }
     url = synthesized.json["Outputs"]["ApiUrl"]["Value"]["Fn::Join"][1]
     stage_id = url[-2]["Ref"]
@@ -286,6 +288,9 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
             "dynamodb:UpdateItem",
         },
         ("ArtifactsBucketName/bundles/*", None): {"s3:GetObject", "s3:PutObject", "s3:PutObjectTagging"},
+        # GET /v1/jobs/{id}/outputs: list job output prefixes only, presign GETs of their objects
+        ("DataBucketName", "s3:prefix=*/jobs/*"): {"s3:ListBucket"},
+        ("DataBucketName/*/jobs/*", None): {"s3:GetObject"},
         ("secret:berth/*", None): {"secretsmanager:DescribeSecret"},
         ("IdempotencyTableName", None): {
             "dynamodb:GetItem",
@@ -368,6 +373,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
         ("*", None): {"batch:DescribeJobs"},
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
+        # each tenant's queue as the pass saw it (positions, estimated starts; berth.domain.queue_summary)
+        ("TenantsTableName", "QUEUE#*"): {"dynamodb:PutItem"},
         # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
         ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
     },
@@ -466,6 +473,7 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     ("secretsmanager:DescribeSecret", "secret:berth/*"): "existence of a secret under the caller's prefix",
     ("s3:GetObject", "DataBucketName/*"): "job role's outer bound; each session policy narrows it",
     ("s3:PutObject", "DataBucketName/*/jobs/*"): "job role's outer bound of output prefixes",
+    ("s3:GetObject", "DataBucketName/*/jobs/*"): "the API presigns GETs of a tenant-checked job's outputs",
     (
         "secretsmanager:GetSecretValue",
         "secret:berth/*",
@@ -597,7 +605,10 @@ def test_each_function_has_exactly_the_actions_its_code_uses(synthesized: Synthe
             assert statement["Effect"] == "Allow"
             condition = statement.get("Condition")
             leading = None
-            if condition is not None:
+            if condition is not None and "s3:prefix" in condition.get("StringLike", {}):
+                assert set(condition) == {"StringLike"}, statement
+                leading = "s3:prefix=" + ",".join(condition["StringLike"]["s3:prefix"])
+            elif condition is not None:
                 assert set(condition) == {"ForAllValues:StringLike"}, statement
                 leading = ",".join(condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
             for resource in _as_list(statement["Resource"]):
@@ -718,7 +729,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     assert set(_method_paths(synthesized)) == public | agent
     assert not public & agent
     assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
-    assert len(public) == 27
+    assert len(public) == 29
     assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
     assert agent == {
         ("/v1/agent/register", "POST"),

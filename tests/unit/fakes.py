@@ -753,3 +753,26 @@ class FakeSubmitQueue:
     def take(self) -> list[Any]:
         out, self.messages = self.messages, []
         return out
+
+
+class FakeQueueSummaries:
+    """Queue summaries per tenant, as the DynamoDB one keeps them (through its item form)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+        self.fail_writes = False
+
+    def put(self, summary: Any) -> None:
+        from berth.domain.errors import StoreUnavailable
+
+        if self.fail_writes:
+            raise StoreUnavailable("queue summaries unavailable")
+        self.writes += 1
+        self.items[summary.tenant] = copy.deepcopy(summary.to_item())
+
+    def get(self, tenant: str) -> Any:
+        from berth.domain.queue_summary import QueueSummary
+
+        item = self.items.get(tenant)
+        return None if item is None else QueueSummary.from_item(tenant, item)

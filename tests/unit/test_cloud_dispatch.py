@@ -89,7 +89,7 @@ class CloudWorld(World):
         return [self.cloud.submit(r) for r in self.submits.take()]
 
     def batch_id(self, job_id: str) -> str:
-        found = self.job(job_id).run.batch_job_id
+        found = self.job(job_id).run.attempt.batch_job_id
         assert found is not None
         return found
 
@@ -122,7 +122,7 @@ def test_dispatch_parks_the_token_and_the_submit_carries_the_attempt() -> None:
     w = CloudWorld()
     job = w.place(env={"LR": "0.1"}, timeout_minutes=30)
     token = w.dispatch(job)
-    assert w.job(job.id).run.dispatch_token == token
+    assert w.job(job.id).run.attempt.dispatch_token == token
     assert w.deliver() == ["submitted"]
     (sub,) = w.batch.submitted
     p = _placement(job)
@@ -135,7 +135,7 @@ def test_dispatch_parks_the_token_and_the_submit_carries_the_attempt() -> None:
     assert sub.job_role == "arn:aws:iam::123456789012:role/Berth-job-vision"
     assert sub.tags["BERTH_TENANT"] == "vision"
     stored = w.job(job.id)
-    assert stored.run.batch_job_id == "batch-1" and stored.run.submitted_at == w.clock()
+    assert stored.run.attempt.batch_job_id == "batch-1" and stored.run.attempt.submitted_at == w.clock()
 
 
 def test_a_code_bundle_runs_the_launcher_in_the_base_image() -> None:
@@ -194,7 +194,7 @@ def test_a_crash_between_submit_and_the_job_write_is_found_by_name() -> None:
     w.jobs.update = crash_once  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
         w.cloud.submit(SubmitRequest(job_id=job.id, attempt=1))
-    assert w.job(job.id).run.batch_job_id is None and len(w.batch.submitted) == 1
+    assert w.job(job.id).run.attempt.batch_job_id is None and len(w.batch.submitted) == 1
     # SQS delivers the message again: the Batch job is found by name and adopted.
     assert w.cloud.submit(SubmitRequest(job_id=job.id, attempt=1)) == "submitted"
     assert len(w.batch.submitted) == 1 and w.batch_id(job.id) == "batch-1"
@@ -208,7 +208,7 @@ def test_throttling_keeps_the_request_and_nothing_changes() -> None:
     w.batch.throttle_next = 1
     with pytest.raises(CloudThrottled):
         w.cloud.submit(request)
-    assert w.job(job.id).run.batch_job_id is None and not w.failures_of(token)
+    assert w.job(job.id).run.attempt.batch_job_id is None and not w.failures_of(token)
     # Throttled beyond the backoff is part of the region's signal (one failure, not an open circuit).
     assert [(e.region, e.instance_type, len(e.failures)) for e in w.circuits.list()] == [
         (_placement(job).region, "*", 1)
@@ -246,7 +246,10 @@ def test_the_submit_handler_returns_throttled_messages_to_the_queue(monkeypatch:
 
     out = batch_submit.lambda_handler({"Records": [record(1, first), record(2, second)]}, Ctx())  # type: ignore[arg-type]
     assert out["batchItemFailures"] == [{"itemIdentifier": "m1"}]
-    assert w.job(first.id).run.batch_job_id is None and w.job(second.id).run.batch_job_id is not None
+    assert (
+        w.job(first.id).run.attempt.batch_job_id is None
+        and w.job(second.id).run.attempt.batch_job_id is not None
+    )
     # Redelivered later: submitted once.
     out = batch_submit.lambda_handler({"Records": [record(1, first)]}, Ctx())  # type: ignore[arg-type]
     assert out["batchItemFailures"] == [] and len(w.batch.submitted) == 2
@@ -281,7 +284,7 @@ def test_a_region_outage_fails_over_elsewhere_and_opens_the_circuit() -> None:
     w.scheduler.run_pass()
     again = w.job(job.id)
     assert again.status is S.STARTING and _placement(again).region != region
-    assert again.run.batch_job_id is None and again.attempts == 2
+    assert again.run.attempt.batch_job_id is None and again.attempts == 2
     # Two more failed submits there (other jobs): the region's circuit opens; capacity shows it.
     for _ in range(2):
         other = w.place(constraints={"regions": [region]})
@@ -375,7 +378,7 @@ def test_running_then_succeeded_completes_the_job() -> None:
     w.batch.set(bid, BatchStatus.RUNNING)
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "running"
     running = w.job(job.id)
-    assert running.status is S.RUNNING and running.run.started_at == w.clock()
+    assert running.status is S.RUNNING and running.run.attempt.started_at == w.clock()
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "running"  # a duplicate event changes nothing
     w.batch.set(bid, BatchStatus.SUCCEEDED, exit_code=0)
     assert w.cloud.on_event(bid, f"{job.id}-a1") == "succeeded"

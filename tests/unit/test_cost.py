@@ -93,9 +93,7 @@ def test_accrual_is_bounded_by_the_step_and_the_interval() -> None:
     rates = CostRates(accrual_step_usd=0.05, accrual_interval_s=120)
     assert accrual_due(job, NOW + 2 * MIN, rates) is None  # 0.033 USD: below the step
     assert accrual_due(job, NOW + 6 * MIN, rates) == pytest.approx(0.1)
-    written = job.model_copy(
-        update={"cost_usd": 0.1, "run": job.run.model_copy(update={"cost_at": NOW + 6 * MIN})}
-    )
+    written = job.model_copy(update={"cost_usd": 0.1, "run": job.run.with_attempt(cost_at=NOW + 6 * MIN)})
     assert accrual_due(written, NOW + 7 * MIN, rates) is None  # written a minute ago
     assert accrual_due(written, NOW + 10 * MIN, rates) == pytest.approx(1 / 6)
 
@@ -180,7 +178,7 @@ def test_max_cost_usd_stops_the_job_and_fails_it_for_good() -> None:
     job, host = w.run_to_running(w.submit(gpus=1, **spec))
     w.at(20 * MIN, host)
     first = w.scheduler.run_pass()
-    assert first.cost_limited == 0 and w.job(job.id).run.stop is None
+    assert first.cost_limited == 0 and w.job(job.id).run.attempt.stop is None
     w.at(28 * MIN, host)  # 2 minutes left, the stop takes ~7 s: a pass is asked for in time
     assert w.scheduler.run_pass().cost_limited == 0
     wake = [d for r, d in w.trigger.requests if r == "cost limit"]
@@ -188,7 +186,7 @@ def test_max_cost_usd_stops_the_job_and_fails_it_for_good() -> None:
     w.at(30 * MIN - timedelta(seconds=5), host)
     assert w.scheduler.run_pass().cost_limited == 1
     stopped = w.job(job.id)
-    assert stopped.run.stop_failure is Failure.COST_LIMIT
+    assert stopped.run.attempt.stop_failure is Failure.COST_LIMIT
     beat = w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(stopped)]))
     assert beat["directives"][0]["action"] == "stop"
     assert beat["directives"][0]["reason"].startswith("cost limit max_cost_usd=0.50 reached")

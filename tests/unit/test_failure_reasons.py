@@ -75,7 +75,7 @@ def test_a_secret_in_an_agents_report_reaches_no_cause_reason_event_or_notificat
         message=f"exited with 3: Traceback ... ValueError: bad token {SECRET}",
     )
     w.agent.report(HostCaller(_host(job), ""), report)
-    token = job.run.dispatch_token
+    token = job.run.attempt.dispatch_token
     assert token is not None
     cause = w.tokens.causes[token]  # what SendTaskFailure puts in the execution's history
     assert cause == f"{_host(job)}: exited with code 3; see `berth logs {job.id}`"

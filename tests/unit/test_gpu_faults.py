@@ -82,7 +82,7 @@ def test_faults_are_level_triggered_an_attempt_placed_on_a_faulted_gpu_is_stoppe
     w.hosts.add_gpu_faults(host, {"GPU-h0-0": _stored("GPU-h0-0", w)})  # recorded, nothing stopped yet
     beat = _beat(w, host, attempts=[_ref(w.job(job.id))])  # the next heartbeat, with no report
     assert [d["action"] for d in beat["directives"]] == ["stop"]
-    assert w.job(job.id).run.stop_failure is not None
+    assert w.job(job.id).run.attempt.stop_failure is not None
 
 
 def _stored(gpu: str, w: World) -> Any:

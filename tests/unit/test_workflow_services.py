@@ -196,8 +196,8 @@ def _host(job: Job) -> str:
 
 
 def _ref(job: Job) -> AttemptRef:
-    assert job.run.fencing_token is not None
-    return AttemptRef(job_id=job.id, attempt=job.attempts, fencing_token=job.run.fencing_token)
+    assert job.run.attempt.fencing_token is not None
+    return AttemptRef(job_id=job.id, attempt=job.attempts, fencing_token=job.run.attempt.fencing_token)
 
 
 # -- the taxonomy -------------------------------------------------------------------------------

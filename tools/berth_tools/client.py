@@ -237,6 +237,15 @@ class BerthClient:
         path = "/v1/usage" if tenant is None else f"/v1/tenants/{_seg(tenant)}/usage"
         return self.call("GET", path, query={"month": month})
 
+    def plan(self, spec: dict[str, Any]) -> Any:
+        """A dry run of a submit: where the scheduler would run ``spec`` now; nothing is stored."""
+        return self.call("POST", "/v1/jobs/plan", body=spec)
+
+    def outputs(self, job_id: str, limit: int | None = None, next_token: str | None = None) -> Any:
+        """A page of the job's output and checkpoint objects, each with a presigned GET."""
+        query = {"limit": limit, "next_token": next_token}
+        return self.call("GET", f"/v1/jobs/{_seg(job_id)}/outputs", query=query)
+
 
 def every_job(
     client: BerthClient, page_size: int = 100, array: str | None = None

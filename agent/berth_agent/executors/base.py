@@ -95,13 +95,16 @@ class Rendezvous:
             raise ValueError(f"master port {self.master_port} is not a TCP port")
 
     def env(self) -> dict[str, str]:
-        # One rank per host (issue 10): the node rank is the rank.
+        # One rank per host (issue 10) or per Batch node: the node rank is the rank. torchrun's names,
+        # and Berth's own (the same on-prem and in the cloud, whatever a launcher does with the others).
         return {
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             "WORLD_SIZE": str(self.world_size),
             "RANK": str(self.rank),
             "NODE_RANK": str(self.rank),
+            "BERTH_RANK": str(self.rank),
+            "BERTH_WORLD_SIZE": str(self.world_size),
         }
 
 

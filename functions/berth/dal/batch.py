@@ -59,6 +59,9 @@ SUBMIT_TRIES = 6
 #: up by name (ListJobs) before deciding.
 UNKNOWN_OUTCOME_WAIT_S = 3.0
 TENANT_TAG = "berth:tenant"
+#: The nodes a gang's (multi-node parallel) definition names; SubmitJob's ``numNodes`` sets the real
+#: size (Batch allows it above the definition's when the node range is open above, ``0:``).
+MIN_GANG_NODES = 2
 #: Assumed sessions are renewed this long before they expire.
 _RENEW = timedelta(minutes=5)
 
@@ -125,7 +128,13 @@ def _outcome_unknown(exc: CloudError) -> bool:
 
 
 def _batch_job(item: dict[str, Any]) -> BatchJob:
-    container = item.get("container") or {}
+    container = dict(item.get("container") or {})
+    if "exitCode" not in container and item.get("nodeProperties"):
+        # A gang (multi-node parallel job) has no container of its own: its outcome is its main
+        # node's, which its last attempt records.
+        attempts = item.get("attempts") or [{}]
+        last = attempts[-1].get("container") or {}
+        container.update({k: last[k] for k in ("exitCode", "reason") if k in last and k not in container})
 
     def ts(ms: Any) -> datetime | None:
         return None if not ms else datetime.fromtimestamp(int(ms) / 1000, UTC)
@@ -142,6 +151,50 @@ def _batch_job(item: dict[str, Any]) -> BatchJob:
         stopped_at=ts(item.get("stoppedAt")),
         log_stream=str(container["logStreamName"]) if container.get("logStreamName") else None,
     )
+
+
+def _container_overrides(request: BatchSubmission) -> dict[str, Any]:
+    return {
+        "command": list(request.command),
+        "environment": [{"name": k, "value": v} for k, v in sorted(request.environment.items())],
+        "resourceRequirements": [
+            *([{"type": "GPU", "value": str(request.gpus)}] if request.gpus else []),
+            {"type": "VCPU", "value": str(request.vcpus)},
+            {"type": "MEMORY", "value": str(request.memory_mib)},
+        ],
+    }
+
+
+def _overrides(request: BatchSubmission) -> dict[str, Any]:
+    """SubmitJob's overrides: ``containerOverrides`` for one container; for a gang (a multi-node
+    parallel job) ``nodeOverrides`` instead (Batch refuses ``containerOverrides`` there): its number
+    of nodes and the same container overrides for every node (``0:``), each on an instance of its own."""
+    if request.num_nodes <= 1:
+        return {"containerOverrides": _container_overrides(request)}
+    return {
+        "nodeOverrides": {
+            "numNodes": request.num_nodes,
+            "nodePropertyOverrides": [
+                {"targetNodes": "0:", "containerOverrides": _container_overrides(request)}
+            ],
+        }
+    }
+
+
+def _definition_kind(request: BatchSubmission, props: dict[str, Any]) -> dict[str, Any]:
+    """A definition's type and properties: one container, or a multi-node parallel job whose one node
+    range ``0:`` (open above, so SubmitJob's ``numNodes`` may set any size of 2 or more) runs the
+    container on every node, node 0 the main node (``AWS_BATCH_JOB_MAIN_NODE_INDEX``)."""
+    if request.num_nodes <= 1:
+        return {"type": "container", "containerProperties": props}
+    return {
+        "type": "multinode",
+        "nodeProperties": {
+            "numNodes": MIN_GANG_NODES,
+            "mainNode": 0,
+            "nodeRangeProperties": [{"targetNodes": "0:", "container": props}],
+        },
+    }
 
 
 class BotoBatchGateway:
@@ -247,15 +300,7 @@ class BotoBatchGateway:
                 jobName=request.name,
                 jobQueue=request.queue,
                 jobDefinition=definition,
-                containerOverrides={
-                    "command": list(request.command),
-                    "environment": [{"name": k, "value": v} for k, v in sorted(request.environment.items())],
-                    "resourceRequirements": [
-                        *([{"type": "GPU", "value": str(request.gpus)}] if request.gpus else []),
-                        {"type": "VCPU", "value": str(request.vcpus)},
-                        {"type": "MEMORY", "value": str(request.memory_mib)},
-                    ],
-                },
+                **_overrides(request),
                 # Berth retries (re-placing elsewhere); Batch must not run an attempt twice.
                 retryStrategy={"attempts": 1},
                 **({"arrayProperties": {"size": request.array_size}} if request.array_size else {}),
@@ -303,9 +348,8 @@ class BotoBatchGateway:
                 arn = str(
                     client.register_job_definition(
                         jobDefinitionName=request.definition,
-                        type="container",
                         platformCapabilities=["EC2"],
-                        containerProperties=props,
+                        **_definition_kind(request, props),
                         propagateTags=True,
                         tags={TENANT_TAG: request.tenant},
                     )["jobDefinitionArn"]
@@ -318,11 +362,12 @@ class BotoBatchGateway:
             resp = self._own(region).list_jobs(
                 jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [name]}]
             )
-        # An array job's children share its name: the job asked for is the one without ``:<index>``.
+        # An array job's children (``:<index>``) and a gang's nodes (``#<index>``) share its name: the
+        # job asked for is the one without either.
         out = [
             i
             for i in resp.get("jobSummaryList", [])
-            if i.get("jobName") == name and ":" not in str(i.get("jobId", ""))
+            if i.get("jobName") == name and not {":", "#"} & set(str(i.get("jobId", "")))
         ]
         return [_batch_job(i) for i in out]
 

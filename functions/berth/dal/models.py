@@ -227,6 +227,22 @@ class RuntimesRow(Model):
     history = JSONAttribute()
 
 
+class QueueSummaryRow(Model):
+    """``QUEUE#<tenant>`` in the Tenants table: the tenant's queue as the last pass saw it (positions
+    and estimated starts of its first waiting jobs; ``berth.domain.queue_summary``)."""
+
+    class Meta:
+        table_name = "unset"
+
+    pk = UnicodeAttribute(hash_key=True)
+    summary = JSONAttribute()
+
+
+@cache
+def queue_summary_model(table_name: str) -> type[QueueSummaryRow]:
+    return _bind(QueueSummaryRow, table_name)  # type: ignore[return-value]
+
+
 class KeyRow(Model):
     """``KEY#<name>`` in the Tenants table: a signing key the API generated for itself."""
 

@@ -28,7 +28,7 @@ from berth.domain.job import Job, JobEvent
 def request_token(job: Job) -> str:
     """The transaction's idempotency token (at most 36 characters): one per (job, version, fencing
     token), so a retry of the same write is recognised and nothing else is."""
-    seed = f"{job.id}#{job.version}#{job.run.fencing_token}".encode()
+    seed = f"{job.id}#{job.version}#{job.run.attempt.fencing_token}".encode()
     return hashlib.sha256(seed).hexdigest()[:36]
 
 

@@ -3,7 +3,9 @@ job's outcome means in the failure taxonomy, and the circuit signals it raises. 
 
 Names are fixed by ``docs/cloud.md`` (shared with the Batch stacks and the local Batch runner): a
 Batch job is named ``<job_id>-a<attempt>``, a job definition ``berth-img-<sha256(image)[:16]>-<tenant>``
-(``-s<sha256(secrets)[:16]>`` appended when the job names secrets: they live in the definition).
+(``-s<sha256(secrets)[:16]>`` appended when the job names secrets: they live in the definition;
+``-mnp`` for the multi-node parallel definition of a gang, ``resources.nodes`` > 1). A node of a
+multi-node parallel job is ``<batch job id>#<node index>`` (Batch's own naming).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _CAPACITY_MARKERS = ("CAPACITY_UNAVAILABLE", "INSUFFICIENT_INSTANCE_CAPACITY", "
 TIMEOUT_EXIT_CODE = 124
 #: The launcher's exit code when the code bundle is a broken archive (``berth_agent.launch``).
 LAUNCHER_INVALID_BUNDLE_EXIT = 66
+#: Batch's reason for a container that exited by itself (its exit code says how).
+_CONTAINER_EXITED = "Essential container in task exited"
 #: Batch's own reason when ``attemptDurationSeconds`` ran out.
 _BATCH_TIMEOUT_REASON = "Job attempt duration exceeded timeout"
 REGION_WIDE = "*"
@@ -44,6 +48,12 @@ REGION_WIDE = "*"
 #: cancel, a preemption, an attempt given up), never because of the cloud.
 TERMINATED_BY_BERTH = "Berth: "
 LAUNCH_COMMAND = ("python", "-m", "berth_agent.launch")
+#: The reason Berth gives TerminateJob when one node of a gang (a multi-node parallel job) failed: Batch
+#: ends such a job only when its main node exits, so Berth ends it for a child node (fail fast). The
+#: attempt fails as that node's exit (``NonZeroExit``), not as a cancel.
+GANG_NODE_FAILED = "Berth gang: node "
+#: The suffix of a multi-node parallel job definition's name.
+MULTINODE_SUFFIX = "-mnp"
 
 
 def batch_job_name(job_id: str, attempt: int) -> str:
@@ -97,16 +107,31 @@ def batch_job_task(batch_job_id: str, name: str) -> tuple[str, int] | None:
     return f"{m['array']}:{first + index}", int(m["attempt"])
 
 
-def job_definition_name(image: str, tenant: str, secrets: tuple[tuple[str, str], ...] = ()) -> str:
+def job_definition_name(
+    image: str, tenant: str, secrets: tuple[tuple[str, str], ...] = (), multinode: bool = False
+) -> str:
     """One job definition per image (and tenant: Batch takes the job role from the definition, never
     from SubmitJob), registered once and reused by every job of that image and tenant. A job that
     names secrets gets the definition of its secret set too (``(ENV_NAME, secret ARN)`` pairs: ECS
-    resolves a definition's ``secrets`` with its execution role, SubmitJob cannot override them)."""
+    resolves a definition's ``secrets`` with its execution role, SubmitJob cannot override them).
+    A gang's is a multi-node parallel definition (``type: multinode``, a job definition's type
+    cannot be overridden at submit): its own name, ``-mnp``."""
     name = f"berth-img-{hashlib.sha256(image.encode()).hexdigest()[:16]}-{tenant}"
     if secrets:
         canonical = json.dumps(sorted([list(p) for p in secrets]), separators=(",", ":"))
         name += f"-s{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
-    return name
+    return name + (MULTINODE_SUFFIX if multinode else "")
+
+
+def node_job_id(batch_job_id: str, index: int) -> str:
+    """A node of a multi-node parallel job, as Batch names it: ``<job id>#<node index>``."""
+    return f"{batch_job_id}#{index}"
+
+
+def parse_node_job_id(batch_job_id: str) -> tuple[str, int] | None:
+    """``(parent Batch job id, node index)`` of a node of a multi-node parallel job, else None."""
+    parent, sep, index = (batch_job_id or "").rpartition("#")
+    return (parent, int(index)) if sep and parent and index.isdigit() else None
 
 
 def job_role_name(tenant: str) -> str:
@@ -310,6 +335,28 @@ def container_start_error(text: str) -> tuple[str, bool] | None:
     return name, any(m in lower for m in _JOB_START_MARKERS)
 
 
+def gang_node_reason(index: int, node: BatchJob) -> str:
+    """The reason Berth ends a gang with when its node ``index`` failed as ``node`` says: the node
+    and its exit, and Batch's reason for it unless that is only "the container exited"."""
+    why = node.status_reason.strip()
+    tail = f": {why}" if why and not why.startswith(_CONTAINER_EXITED) else ""
+    return f"{GANG_NODE_FAILED}{index} {exit_words(node.exit_code)}{tail}"[:256]
+
+
+def _gang_outcome(job: BatchJob, placement: CloudPlacement, node_part: str, launcher: bool) -> CloudOutcome:
+    """A gang Berth ended for one node: that node's instance going away, or no capacity for it, is
+    the cloud's (as for a single job); anything else is the node's exit (``NonZeroExit``)."""
+    detail = f"{placement.region} {placement.instance_type}: gang {node_part}"
+    _, sep, why = node_part.partition(": ")
+    if sep:
+        inner = failed_outcome(
+            replace(job, status_reason=why, container_reason="", exit_code=None), placement
+        )
+        if inner.failure in (Failure.SPOT_INTERRUPTION, Failure.CAPACITY):
+            return CloudOutcome(inner.failure, detail, inner.circuit)
+    return CloudOutcome(Failure.NONZERO_EXIT, detail)
+
+
 def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = False) -> CloudOutcome:
     """What a FAILED Batch job means (docs/cloud.md, failure mapping).
 
@@ -328,6 +375,8 @@ def failed_outcome(job: BatchJob, placement: CloudPlacement, launcher: bool = Fa
     text = " ".join(dict.fromkeys(x.strip() for x in (reason, job.container_reason) if x.strip()))
     where = f"{placement.region} {placement.instance_type}"
     own_circuit = (placement.region, placement.instance_type)
+    if reason.startswith(GANG_NODE_FAILED):
+        return _gang_outcome(job, placement, reason[len("Berth gang: ") :], launcher)
     if reason.startswith(TERMINATED_BY_BERTH):
         return CloudOutcome(Failure.CANCELED, f"{where}: {reason}")
     if _HOST_TERMINATED_RE.match(reason) or ("spot" in reason.lower() and "interrupt" in reason.lower()):
@@ -434,6 +483,9 @@ class BatchSubmission:
     execution_role: str = ""
     array_size: int = 0
     """Children of the Batch array job this submission is (0: a single job)."""
+    num_nodes: int = 1
+    """Nodes of the multi-node parallel job this submission is (1: a single container); each node
+    gets ``gpus``, ``vcpus`` and ``memory_mib`` on an instance of its own."""
 
 
 def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> BatchSubmission:
@@ -485,7 +537,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         queue=placement.queue,
         name=name,
         image=image,
-        definition=job_definition_name(image, job.tenant, secrets),
+        definition=job_definition_name(image, job.tenant, secrets, multinode=r.nodes > 1),
         command=command,
         environment=env,
         gpus=r.gpus // r.nodes,
@@ -502,6 +554,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         execution_role=f"arn:{settings.partition}:iam::{settings.account}:role/{execution_role_name(job.tenant)}"
         if secrets
         else "",
+        num_nodes=r.nodes,
     )
 
 
@@ -614,7 +667,9 @@ def form_batch_groups(placed: list[tuple[Job, CloudPlacement]]) -> dict[str, Bat
 
 
 __all__ = [
+    "GANG_NODE_FAILED",
     "GROUP_TABLE_BYTES",
+    "MULTINODE_SUFFIX",
     "BatchJob",
     "BatchStatus",
     "BatchSubmission",
@@ -636,13 +691,16 @@ __all__ = [
     "expected_batch_name",
     "failed_outcome",
     "form_batch_groups",
+    "gang_node_reason",
     "group_child_id",
     "group_entry",
     "group_entry_bytes",
     "group_submission",
     "groupable",
     "job_definition_name",
+    "node_job_id",
     "parse_batch_job_name",
+    "parse_node_job_id",
     "submission",
 ]
 

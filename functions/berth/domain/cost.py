@@ -83,7 +83,7 @@ class AttemptUsage:
 
 def attempt_usage(job: Job, until: datetime, final: bool = False) -> AttemptUsage | None:
     """The current attempt's usage from its start to ``until`` (None: not placed or not started)."""
-    placement, started = job.placement, job.run.started_at
+    placement, started = job.placement, job.run.attempt.started_at
     if placement is None or started is None or job.attempts < 1:
         return None
     location = placement.region if isinstance(placement, CloudPlacement) else placement.pool
@@ -113,7 +113,7 @@ def accrual_due(job: Job, now: datetime, rates: CostRates) -> float | None:
     cost = cost_now(job, now)
     if cost - job.cost_usd < rates.accrual_step_usd:
         return None
-    last = job.run.cost_at
+    last = job.run.attempt.cost_at
     if last is not None and (now - last).total_seconds() < rates.accrual_interval_s:
         return None
     return cost
@@ -138,7 +138,7 @@ def cost_limit(job: Job, now: datetime, margin_s: float) -> CostLimit | None:
     (the directive's delivery and the attempt's end): the attempt must be stopped that long before
     its cost would reach the limit. None: no limit, or not running."""
     limit = job.spec.constraints.max_cost_usd
-    if limit is None or job.placement is None or job.run.started_at is None:
+    if limit is None or job.placement is None or job.run.attempt.started_at is None:
         return None
     spent = cost_now(job, now)
     rate = job.placement.hourly_usd

@@ -68,7 +68,7 @@ class Job(BaseModel):
     version: int = 1
     #: Who submitted it (role session name or IAM user name), for audit; ``owner`` is the principal.
     actor: str | None = None
-    #: The workflow's state of the current attempt (tokens, lease, ranks); internal, never public.
+    #: The workflow's run state: the job's own part and its current attempt's; internal, never public.
     run: RunState = RunState()
 
     @model_validator(mode="after")
@@ -92,6 +92,7 @@ class Job(BaseModel):
             "placement": None if self.placement is None else self.placement.model_dump(mode="json"),
             "attempts": self.attempts,
             "cost_usd": round(self.cost_usd, 4),
+            "started_at": None if self.run.attempt.started_at is None else iso(self.run.attempt.started_at),
         }
 
     def transition(self, to: JobStatus, reason: str, now: datetime, **changes: Any) -> tuple[Job, JobEvent]:

@@ -16,6 +16,7 @@ from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES
 from berth.domain.observability import LogPage, MetricSample, StoredSample
 from berth.domain.queue import QueueEntry
+from berth.domain.queue_summary import QueueSummary
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
@@ -389,6 +390,16 @@ class RuntimeHistory(Protocol):
         ...
 
 
+class QueueSummaries(Protocol):
+    """Per tenant, its queue as the last scheduling pass saw it (``berth.domain.queue_summary``):
+    advisory, rewritten by the pass when it changed, read by the job API."""
+
+    def put(self, summary: QueueSummary) -> None:
+        """Store the tenant's summary (replacing the last). Raises ``StoreUnavailable``."""
+
+    def get(self, tenant: str) -> QueueSummary | None: ...
+
+
 class BatchGateway(Protocol):
     """AWS Batch in one region at a time, acting for one tenant. Raises ``CloudThrottled``,
     ``CloudUnavailable`` or ``CloudRejected`` (``berth.domain.cloud``)."""
@@ -414,3 +425,33 @@ class SubmitQueue(Protocol):
     """The queue of Batch submit requests (throttled by its consumer, never dropped)."""
 
     def send(self, request: SubmitRequest) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One object under a job's output prefix, with a presigned GET for it."""
+
+    key: str
+    size: int
+    last_modified: datetime
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPage:
+    objects: list[StoredObject]
+    last_key: str | None
+    """The last key of this page when more follow (None: this is the last page)."""
+
+
+class OutputStore(Protocol):
+    """A job's outputs and checkpoints in the data bucket (``<tenant>/jobs/<job>/``)."""
+
+    bucket: str
+
+    def list_presigned(
+        self, prefix: str, start_after: str | None, limit: int, expires_in_s: int
+    ) -> ObjectPage:
+        """Up to ``limit`` objects under ``prefix`` after the key ``start_after``, key order, each
+        with a GET URL valid for ``expires_in_s``."""
+        ...

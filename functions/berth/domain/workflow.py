@@ -1,5 +1,6 @@
-"""The job workflow's pure parts: the run state an attempt keeps on the job, the failure taxonomy,
-the retry decision and its backoff, and the dispatch protocol's messages. Pure.
+"""The job workflow's pure parts: the run state it keeps on the job (the job's own part and the
+current attempt's), the failure taxonomy, the retry decision and its backoff, and the dispatch
+protocol's messages. Pure.
 
 The Step Functions state machine (``infra/berth_infra/workflow.py``) drives one execution per job;
 its task Lambdas call ``berth.logic.workflow``, which decides with the functions here. Every failure,
@@ -13,9 +14,9 @@ import random
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # The dispatch protocol's messages to agents live with the wire (both deployables import them).
 from berth.domain.agent_wire import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -237,45 +238,78 @@ class AttemptLogStream(_Model):
     stream: Annotated[str, Field(min_length=1, max_length=512)]
 
 
+class AttemptState(_Model):
+    """The current attempt's part of the run state. Placing the job's next attempt replaces it
+    whole (``AttemptState(fencing_token=...)``): nothing of an earlier attempt carries over."""
+
+    fencing_token: str | None = None
+    """The attempt's lease: a host must present it on every report; a new attempt changes it."""
+    dispatch_token: str | None = None
+    """The task token the execution waits on while the attempt runs."""
+    claimed: tuple[str, ...] = ()
+    started: tuple[str, ...] = ()
+    succeeded: tuple[str, ...] = ()
+    """Hosts (ranks) of the attempt that claimed it, started it, finished it successfully."""
+    started_at: datetime | None = None
+    stop: str | None = None
+    """Why the scheduler stopped the attempt (preemption, repatriation): a stop directive."""
+    stop_failure: Failure | None = None
+    """The failure a ``stop`` stands for (None: a preemption or repatriation, ``Preempted``)."""
+    cost_at: datetime | None = None
+    """When the running attempt's cost was last stored on the job."""
+    batch_job_id: str | None = None
+    """The cloud attempt's AWS Batch job (set once, conditionally: a redelivered submit request
+    finds it and submits nothing)."""
+    submitted_at: datetime | None = None
+    """When the cloud attempt's Batch job was submitted (its time waiting for an instance counts
+    from here)."""
+
+
+#: The attempt's fields, which jobs stored before ``AttemptState`` existed keep at the top level.
+_ATTEMPT_FIELDS = frozenset(AttemptState.model_fields)
+
+
 class RunState(_Model):
-    """What the workflow keeps on the job between its states (never returned by the public API)."""
+    """What the workflow keeps on the job between its states (never returned by the public API):
+    the job's own part here, the current attempt's in ``attempt``."""
 
     execution: str | None = None
     """The Step Functions execution driving this job."""
     placement_token: str | None = None
     """The task token the execution waits on for a placement (set while QUEUED)."""
-    dispatch_token: str | None = None
-    """The task token the execution waits on while the current attempt runs."""
-    fencing_token: str | None = None
-    """The current attempt's lease: a host must present it on every report; a new attempt changes it."""
-    claimed: tuple[str, ...] = ()
-    started: tuple[str, ...] = ()
-    succeeded: tuple[str, ...] = ()
-    """Hosts (ranks) of the current attempt that claimed it, started it, finished it successfully."""
-    started_at: datetime | None = None
-    stop: str | None = None
-    """Why the scheduler stopped the current attempt (preemption, repatriation): a stop directive."""
     counted_failures: int = 0
     free_api_failures: int = 0
     """``CloudApiError`` failures that used up no attempt (``FREE_CLOUD_API_FAILURES``)."""
     excluded_hosts: tuple[str, ...] = ()
     excluded_regions: tuple[str, ...] = ()
     last_failure: str | None = None
-    stop_failure: Failure | None = None
-    """The failure a ``stop`` stands for (None: a preemption or repatriation, ``Preempted``)."""
     cost_done_usd: float = 0.0
     """The cost of the job's attempts that ended (``berth.domain.cost``)."""
-    cost_at: datetime | None = None
-    """When the running attempt's cost was last stored on the job."""
-    batch_job_id: str | None = None
-    """The current cloud attempt's AWS Batch job (set once, conditionally: a redelivered submit
-    request finds it and submits nothing)."""
-    submitted_at: datetime | None = None
-    """When the current cloud attempt's Batch job was submitted (its time waiting for an instance
-    counts from here)."""
     log_streams: tuple[AttemptLogStream, ...] = ()
     """The CloudWatch Logs streams AWS Batch named for the job's cloud attempts (one per attempt,
     kept across attempts: ``GET /v1/jobs/{id}/logs?attempt=N`` reads an earlier one)."""
+    attempt: AttemptState = AttemptState()
+    """The current attempt's state (the last attempt's, once the job ended or waits to retry)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat_attempt_fields(cls, data: Any) -> Any:
+        """Read the stored form of older versions, which kept the attempt's fields at the top level."""
+        if not isinstance(data, dict) or _ATTEMPT_FIELDS.isdisjoint(data):
+            return data
+        flat = {k: v for k, v in data.items() if k in _ATTEMPT_FIELDS}
+        rest = {k: v for k, v in data.items() if k not in _ATTEMPT_FIELDS}
+        nested = rest.get("attempt") or {}
+        if not isinstance(nested, dict):
+            return data  # an AttemptState already: a mix of forms that validation refuses
+        return {**rest, "attempt": {**flat, **nested}}
+
+    def with_attempt(self, **changes: Any) -> RunState:
+        """This state with the current attempt's fields ``changes`` replaced."""
+        unknown = changes.keys() - _ATTEMPT_FIELDS
+        if unknown:  # model_copy would keep a misspelt field silently
+            raise TypeError(f"not fields of AttemptState: {sorted(unknown)}")
+        return self.model_copy(update={"attempt": self.attempt.model_copy(update=changes)})
 
     def log_stream_of(self, attempt: int) -> str | None:
         """The stream Batch named for ``attempt``, if it has been learnt."""

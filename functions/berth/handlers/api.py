@@ -30,11 +30,12 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.dal.observability import CloudWatchLogReader
+from berth.dal.outputs import S3OutputStore
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.ratelimit import DynamoRateCounter
 from berth.dal.storage import S3BundleStore, SecretsManagerCatalog
 from berth.dal.tenants import DynamoTenantRepository
-from berth.domain.arrays import ARRAY_ID_RE
+from berth.domain.arrays import ARRAY_ID_RE, JobArray
 from berth.domain.errors import (
     DomainError,
     IdempotencyMismatch,
@@ -46,10 +47,11 @@ from berth.domain.fleet import HOST_ID_RE
 from berth.domain.identity import Identity
 from berth.domain.job_spec import JobSpec
 from berth.domain.observability import parse_since
+from berth.domain.queue_summary import no_queue_view
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
-from berth.handlers import runtime, schemas
+from berth.handlers import runtime, schemas, telemetry
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
@@ -59,6 +61,9 @@ from berth.logic.fleet import FleetService, document_out
 from berth.logic.gpu_faults import clear_gpu_fault
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
+from berth.logic.outputs import OutputService
+from berth.logic.plan import PlanService
+from berth.logic.queue_view import with_queue
 from berth.logic.ratelimit import RateLimiter
 from berth.logic.snapshot import OFFERS, POLICY
 from berth.logic.storage import StorageService
@@ -242,7 +247,8 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
     if spec.array is not None:
         metrics.add_metric(name="ArrayTasksSubmitted", unit=MetricUnit.Count, value=spec.array.count)
     logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
-    return _json(201, job.public())
+    # Not ranked by a pass yet: the queue fields are there, empty (no read on the submit path).
+    return _json(201, {**job.public(), **no_queue_view()})
 
 
 @app.get(
@@ -277,9 +283,15 @@ def list_jobs(
         if status is not None or tenant is not None:
             raise InvalidRequest("array cannot be combined with status or tenant")
         tasks, token = _arrays().tasks(_caller(), array, limit, next_token)
-        return _json(200, {"jobs": [j.public() for j in tasks], "next_token": token})
+        return _json(200, {"jobs": _with_queue(tasks), "next_token": token})
     page = _services()[0].list_jobs(_caller(), status, limit, next_token, tenant=tenant)
-    return _json(200, {"jobs": [j.public() for j in page.jobs], "next_token": page.next_token})
+    return _json(200, {"jobs": _with_queue(page.jobs), "next_token": page.next_token})
+
+
+def _with_queue(items: Any) -> list[dict[str, Any]]:
+    """Jobs (or arrays) as the API returns them, a queued job with its place in its team's queue
+    (one read of the team's queue summary per answer; ``berth.logic.queue_view``)."""
+    return with_queue((i.public() for i in items), runtime.queue_summaries())
 
 
 JobId = Annotated[
@@ -321,7 +333,7 @@ def _job_or_array(caller: Caller, job_id: str) -> Any:
     tags=["jobs"],
 )
 def get_job(job_id: JobId) -> Response[Any]:
-    return _json(200, _job_or_array(_caller(), job_id).public())
+    return _json(200, _with_queue([_job_or_array(_caller(), job_id)])[0])
 
 
 @app.post(
@@ -339,12 +351,12 @@ def get_job(job_id: JobId) -> Response[Any]:
 def cancel_job(job_id: JobId) -> Response[Any]:
     caller = _caller()
     try:
-        return _json(202, _services()[0].cancel(caller, job_id).public())
+        return _json(202, _with_queue([_services()[0].cancel(caller, job_id)])[0])
     except NotFound:
         if ":" in job_id:
             raise
     # An array: every task not yet ended is canceled, created or not (in the background).
-    return _json(202, _arrays().cancel(caller, job_id).public())
+    return _json(202, _with_queue([_arrays().cancel(caller, job_id)])[0])
 
 
 @app.get(
@@ -379,6 +391,64 @@ def job_events(job_id: JobId) -> Response[Any]:
 def explain(job_id: JobId) -> Response[Any]:
     caller = _caller()
     return _json(200, _fleet().explain(_services()[0], caller, job_id))
+
+
+@cache
+def _plans() -> PlanService:
+    return PlanService(
+        source=runtime.snapshot_source(),
+        clock=_now,
+        feasibility=_fleet().check,
+        access=_storage().check_spec,
+    )
+
+
+@app.post(
+    "/v1/jobs/plan",
+    summary="Dry run: validate a job spec and show where the scheduler would run it now",
+    description="The same checks and 4xx answers as `POST /v1/jobs`; then the scheduler core's "
+    "outcome for the spec in a pass over the store now (as one more queued job of the caller's "
+    "tenant): where it would run, or why it would wait, the hourly price and the cost limits. "
+    "Nothing is stored: no job, no event, no quota use.",
+    responses={
+        200: {"description": "The plan", "content": {"application/json": {"model": schemas.PlanOut}}},
+        **schemas.error_responses(400, 403, 415, 422, 429),
+    },
+    tags=["jobs"],
+)
+def plan_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
+    return _json(200, _plans().plan(_caller(), spec))
+
+
+@cache
+def _outputs() -> OutputService:
+    return OutputService(S3OutputStore(settings().data_bucket))
+
+
+@app.get(
+    "/v1/jobs/<job_id>/outputs",
+    summary="Where a job's outputs and checkpoints are, with a presigned GET for each object",
+    description="Lists `<tenant>/jobs/<job>/` in the data bucket (`outputs/` and `checkpoints/`, "
+    "written by the job's executor), key order, each object with a GET URL valid for "
+    "`url_expires_in_s`. An array's id lists every task's. The same tenant check as "
+    "`GET /v1/jobs/{id}`.",
+    responses={
+        200: {
+            "description": "A page of objects",
+            "content": {"application/json": {"model": schemas.OutputsOut}},
+        },
+        **schemas.error_responses(400, 403, 404, 422, 429),
+    },
+    tags=["jobs"],
+)
+def job_outputs(
+    job_id: JobId,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size")] = 1000,
+    next_token: Annotated[str | None, Query(max_length=1024, description="From the previous page")] = None,
+) -> Response[Any]:
+    found = _job_or_array(_caller(), job_id)
+    is_array = isinstance(found, JobArray)
+    return _json(200, _outputs().list(found.tenant, found.id, is_array, limit, next_token))
 
 
 @cache
@@ -865,8 +935,15 @@ def _plain(resp: Response[Any]) -> dict[str, Any]:
 @tracer.capture_lambda_handler(capture_response=False)  # responses carry job specs, env included
 @metrics.log_metrics
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    problem = body_problem(event, settings().max_body_bytes)
-    if problem is not None:
-        return _plain(from_domain(problem))
-    _idempotent_submit()[1].register_lambda_context(context)
-    return app.resolve(with_canonical_content_type(event), context)
+    try:
+        problem = body_problem(event, settings().max_body_bytes)
+        if problem is not None:
+            response = _plain(from_domain(problem))
+        else:
+            _idempotent_submit()[1].register_lambda_context(context)
+            response = app.resolve(with_canonical_content_type(event), context)
+    except Exception:
+        telemetry.api_request(event, 500)  # unhandled: API Gateway answers 502
+        raise
+    telemetry.api_request(event, int(response.get("statusCode") or 500))
+    return response

@@ -18,6 +18,7 @@ from berth.dal.jobs import DynamoJobRepository
 from berth.dal.observability import DynamoMetricsRepository
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.placements import DynamoPlacementWriter
+from berth.dal.queue_summaries import DynamoQueueSummaries
 from berth.dal.runtimes import DynamoRuntimeHistory
 from berth.dal.tenants import DynamoTenantRepository
 from berth.dal.usage import DynamoUsageLedger
@@ -34,6 +35,7 @@ from berth.domain.job_access import AccountScope
 from berth.domain.storage import StorageLayout
 from berth.domain.workflow import Backoff
 from berth.handlers.settings import settings
+from berth.handlers.telemetry import CountedCircuits
 from berth.logic.agent import AgentService
 from berth.logic.arrays import ArrayExpander
 from berth.logic.cloud_dispatch import CloudDispatchService
@@ -203,7 +205,13 @@ def scheduler_service() -> SchedulerService:
         execution_repair_s=settings().execution_repair_s,
         usage=usage_ledger(),
         cloud=None if cloud is None else CloudSweep(cloud),
+        queue_summaries=queue_summaries(),
     )
+
+
+@cache
+def queue_summaries() -> DynamoQueueSummaries:
+    return DynamoQueueSummaries(settings().tenants_table)
 
 
 @cache
@@ -255,7 +263,7 @@ def cloud_dispatch_service() -> CloudDispatchService | None:
         tokens=task_tokens(),
         batch=BotoBatchGateway(cfg.batch_submit_role_arn, RateLimiter(share)),
         submits=SqsSubmitQueue(cfg.batch_submit_queue_url),
-        circuits=DynamoCircuitRepository(cfg.tenants_table),
+        circuits=CountedCircuits(DynamoCircuitRepository(cfg.tenants_table)),
         clock=now,
         settings=CloudSettings(
             base_image=cfg.batch_base_image,

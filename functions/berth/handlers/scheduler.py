@@ -12,10 +12,11 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from berth.domain.errors import DomainError, StoreUnavailable
+from berth.handlers import telemetry
 from berth.handlers.runtime import array_expander, pass_trigger, scheduler_service
 
 logger = Logger()
-metrics = Metrics(namespace="Berth")
+metrics = Metrics(namespace=telemetry.NAMESPACE, service=telemetry.SCHEDULER_SERVICE)
 
 
 @metrics.log_metrics
@@ -44,4 +45,8 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric("JobsPending", MetricUnit.Count, report.pending)
     metrics.add_metric("PlacementsDeferred", MetricUnit.Count, report.deferred)
     metrics.add_metric("PassSeconds", MetricUnit.Seconds, report.load_s + report.decide_s + report.apply_s)
+    metrics.add_metric("HostsLost", MetricUnit.Count, len(report.lost_hosts))
+    metrics.add_metric("JobsNotConsidered", MetricUnit.Count, report.not_considered)
+    metrics.add_metric("OldestQueuedSeconds", MetricUnit.Seconds, report.figures.oldest_queued_s)
+    telemetry.scheduling_pass(report)
     return {"batchItemFailures": [], "pass": out}

@@ -37,7 +37,29 @@ class JobOut(BaseModel):
     placement: JobPlacement | None = None
     attempts: int
     cost_usd: float
+    started_at: str | None = Field(
+        default=None, description="When the current (or last) attempt started running (null before)"
+    )
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
+    queue_position: int | None = Field(
+        default=None,
+        description="A QUEUED job's 1-based place in its team's queue, in the order the last scheduling "
+        "pass served the team's jobs (null: not queued, or not ranked yet: submitted since the last pass, "
+        "or deeper than the 200 the summary keeps)",
+    )
+    queue_length: int | None = Field(default=None, description="The team's queued jobs at that pass")
+    estimated_start: str | None = Field(
+        default=None,
+        description="An ESTIMATE (ISO 8601, to the minute) of when the job starts, from the scheduler "
+        "core's run-time predictor; null when none can be made (a quota, budget or constraint keeps it "
+        "waiting)",
+    )
+    estimated_start_basis: str | None = Field(
+        default=None,
+        description="`onprem`: on-prem GPUs of its model are predicted free then; `burst`: its burst "
+        "wait ends then",
+    )
+    queue_as_of: str | None = Field(default=None, description="The pass that last changed these fields")
 
 
 class BundleIn(BaseModel):
@@ -103,6 +125,53 @@ class ExplainOut(BaseModel):
     )
     policy_version: int | None = None
     offers_version: int | None = None
+
+
+class PlanLimits(BaseModel):
+    max_cost_usd: float | None = Field(default=None, description="The spec's cost cap (a job's total)")
+    max_hourly_usd: float | None = None
+    timeout_minutes: int
+    monthly_cloud_budget_usd: float | None = Field(default=None, description="The tenant's (None: none)")
+    cloud_budget_left_usd: float | None = None
+
+
+class PlanOut(BaseModel):
+    tenant: str
+    name: str
+    resources: dict[str, Any] = Field(description="What one job (an array: each task) asks for")
+    tasks: int = Field(description="1, or an array's size (every task is planned alike)")
+    outcome: str = Field(description="`onprem`, `cloud` (where a pass now would place it) or `pending`")
+    summary: str = Field(description="Where it would run, or why it would wait (one clause per site)")
+    hourly_usd: float | None = Field(
+        default=None,
+        description="Its price per hour where it would run (on-prem: the internal rate); pending: the "
+        "cheapest eligible cloud price, if any",
+    )
+    limits: PlanLimits
+    explanation: dict[str, Any] = Field(
+        description="The scheduler core's explanation, as `GET /v1/jobs/{id}/explain` gives it"
+    )
+    policy_version: int
+    offers_version: int
+    stored: bool = Field(description="Always false: a dry run stores nothing")
+
+
+class OutputObject(BaseModel):
+    key: str
+    path: str = Field(description="The key under the job's prefix, e.g. `outputs/model.pt`")
+    size: int
+    last_modified: str
+    url: str = Field(description="A presigned GET for this one object")
+
+
+class OutputsOut(BaseModel):
+    job_id: str
+    location: str = Field(description="`s3://<data bucket>/<tenant>/jobs/<job>/`")
+    outputs: str | None = Field(default=None, description="Where `$BERTH_OUTPUT_DIR` is uploaded")
+    checkpoints: str | None = Field(default=None, description="Where `$BERTH_CHECKPOINT_DIR` is uploaded")
+    objects: list[OutputObject]
+    url_expires_in_s: int
+    next_token: str | None = None
 
 
 class CapacityOut(BaseModel):

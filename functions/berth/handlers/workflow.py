@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field
 
 from berth.domain.workflow import Failure
+from berth.handlers import telemetry
 from berth.handlers.runtime import cloud_dispatch_service, workflow_service
 
 logger = Logger()
@@ -54,6 +55,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     if task.action == "classify_failure":
         result = service.classify_failure(task.job_id, task.attempt, task.error, task.cause)
         logger.info("attempt failed", extra={"error": task.error, **result})
+        telemetry.attempt_classified(result)
         return result
     if task.action == "requeue":
         return service.requeue(task.job_id)

@@ -43,10 +43,10 @@ from berth.domain.workflow import (
 )
 from berth.logic.credentials import CredentialService
 from berth.logic.gpu_faults import GpuFaultService
+from berth.logic.job_update import Change, Decision, JobMissing, JobUpdate, Keep, Save, Update, update_job
 from berth.logic.workflow import WorkflowSettings
 
 S = JobStatus
-RETRIES = 8
 MASTER_PORT = 29500
 
 
@@ -138,15 +138,15 @@ class AgentService:
                     Directive(job_id=ref.job_id, attempt=ref.attempt, action="stop", reason="fenced")
                 )
                 continue
-            if job.run.dispatch_token:
-                self.tokens.heartbeat(job.run.dispatch_token)
+            if job.run.attempt.dispatch_token:
+                self.tokens.heartbeat(job.run.attempt.dispatch_token)
             if job.status is S.CANCELING:
                 directives.append(
                     Directive(job_id=job.id, attempt=ref.attempt, action="cancel", reason=job.reason)
                 )
-            elif job.run.stop:
+            elif job.run.attempt.stop:
                 directives.append(
-                    Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.stop)
+                    Directive(job_id=job.id, attempt=ref.attempt, action="stop", reason=job.run.attempt.stop)
                 )
         return HeartbeatAnswer(lease_expires_at=lease, directives=tuple(directives)).model_dump(mode="json")
 
@@ -162,108 +162,107 @@ class AgentService:
     # -- attempts --------------------------------------------------------------------------------
     def claim(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:
         """Claim this host's rank of an attempt: once (a second claim, a duplicate delivery, loses)."""
-        for _ in range(RETRIES):
-            job = self._current(host, ref)
-            if host.host_id in job.run.claimed:
+
+        def claim(job: Job) -> Decision:
+            """Keep: the job is being canceled (no claim)."""
+            job = _current_attempt(job, host.host_id, ref)
+            if host.host_id in job.run.attempt.claimed:
                 raise AlreadyClaimed(
                     f"host {host.host_id} already claimed attempt {ref.attempt} of {ref.job_id}"
                 )
             if job.status is S.CANCELING:
-                if job.run.dispatch_token and not job.run.claimed:
-                    self.tokens.fail(
-                        job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before start"
-                    )
-                raise AttemptCanceled(f"job {job.id} is being canceled")
+                return Keep()
             if job.status is not S.STARTING and job.status is not S.RUNNING:
                 raise Fenced(f"job {job.id} is {job.status}; nothing to claim")
-            run = job.run.model_copy(update={"claimed": (*job.run.claimed, host.host_id)})
-            try:
-                self.jobs.update(job.updated(job.updated_at, run=run))
-            except Conflict:
-                continue
-            assert isinstance(job.placement, OnPremPlacement)
-            hosts = job.placement.hosts
-            rank = next(i for i, h in enumerate(hosts) if h.host_id == host.host_id)
-            return ClaimAnswer(
-                job_id=job.id,
-                attempt=job.attempts,
-                tenant=job.tenant,
-                spec=job.spec,
-                gpu_ids=hosts[rank].gpu_ids,
-                rank=rank,
-                world_size=len(hosts),
-                hosts=tuple(h.host_id for h in hosts),
-                master_addr=hosts[0].host_id,
-                master_port=MASTER_PORT,
-                heartbeat_s=self.settings.agent_heartbeat_s,
-            ).model_dump(mode="json", exclude_none=True)
-        raise Conflict(f"job {ref.job_id!r} kept changing while claiming")
+            run = job.run.with_attempt(claimed=(*job.run.attempt.claimed, host.host_id))
+            return Update(job.updated(job.updated_at, run=run))
+
+        done = self._update_attempt(host, ref, claim, "claiming")
+        job = done.before
+        if not done.written:
+            if job.run.attempt.dispatch_token and not job.run.attempt.claimed:
+                self.tokens.fail(
+                    job.run.attempt.dispatch_token, Failure.CANCELED.error_name, "canceled before start"
+                )
+            raise AttemptCanceled(f"job {job.id} is being canceled")
+        assert isinstance(job.placement, OnPremPlacement)
+        hosts = job.placement.hosts
+        rank = next(i for i, h in enumerate(hosts) if h.host_id == host.host_id)
+        return ClaimAnswer(
+            job_id=job.id,
+            attempt=job.attempts,
+            tenant=job.tenant,
+            spec=job.spec,
+            gpu_ids=hosts[rank].gpu_ids,
+            rank=rank,
+            world_size=len(hosts),
+            hosts=tuple(h.host_id for h in hosts),
+            master_addr=hosts[0].host_id,
+            master_port=MASTER_PORT,
+            heartbeat_s=self.settings.agent_heartbeat_s,
+        ).model_dump(mode="json", exclude_none=True)
 
     def report(self, host: HostCaller, report: AttemptReport) -> dict[str, Any]:
-        for _ in range(RETRIES):
-            job = self._current(host, report)
-            if host.host_id not in job.run.claimed:
+        def record(job: Job) -> Decision:
+            """Note this rank's start or success on the attempt (once); Keep: nothing new to note."""
+            job = _current_attempt(job, host.host_id, report)
+            if host.host_id not in job.run.attempt.claimed:
                 raise Fenced(f"host {host.host_id} has not claimed attempt {report.attempt} of {job.id}")
-            token = job.run.dispatch_token
             now = self.clock()
-            if report.event is ReportEvent.STARTED:
-                if host.host_id in job.run.started:
-                    return self._answer(job)
-                run = job.run.model_copy(
-                    update={
-                        "started": (*job.run.started, host.host_id),
-                        "started_at": job.run.started_at or now,
-                    }
+            if report.event is ReportEvent.STARTED and host.host_id not in job.run.attempt.started:
+                run = job.run.with_attempt(
+                    started=(*job.run.attempt.started, host.host_id),
+                    started_at=job.run.attempt.started_at or now,
                 )
-                try:
-                    if job.status is S.STARTING:
-                        nxt, event = job.transition(S.RUNNING, f"running on {host.host_id}", now, run=run)
-                        self.jobs.save(nxt, event)
-                    else:
-                        nxt = job.updated(job.updated_at, run=run)
-                        self.jobs.update(nxt)
-                except Conflict:
-                    continue
-                if token:
-                    self.tokens.heartbeat(token)
-                return self._answer(nxt)
-            if report.event is ReportEvent.SUCCEEDED:
-                if host.host_id in job.run.succeeded:
-                    return self._answer(job)
-                succeeded = (*job.run.succeeded, host.host_id)
-                nxt = job.updated(job.updated_at, run=job.run.model_copy(update={"succeeded": succeeded}))
-                try:
-                    self.jobs.update(nxt)
-                except Conflict:
-                    continue
-                assert isinstance(job.placement, OnPremPlacement)
-                if token and len(succeeded) >= len(job.placement.hosts):
-                    self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
-                return self._answer(nxt)
+                if job.status is S.STARTING:
+                    nxt, event = job.transition(S.RUNNING, f"running on {host.host_id}", now, run=run)
+                    return Save(nxt, event)
+                return Update(job.updated(job.updated_at, run=run))
+            if report.event is ReportEvent.SUCCEEDED and host.host_id not in job.run.attempt.succeeded:
+                run = job.run.with_attempt(succeeded=(*job.run.attempt.succeeded, host.host_id))
+                return Update(job.updated(job.updated_at, run=run))
+            return Keep()
+
+        done = self._update_attempt(host, report, record, "reporting")
+        token = done.before.run.attempt.dispatch_token
+        if report.event is ReportEvent.STARTED:
+            if done.written and token:
+                self.tokens.heartbeat(token)
+        elif report.event is ReportEvent.SUCCEEDED:
+            placement = done.before.placement
+            assert isinstance(placement, OnPremPlacement)
+            if done.written and token and len(done.after.run.attempt.succeeded) >= len(placement.hosts):
+                self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
+        elif token:
             # FAILED or CANCELED: one rank failing fails the attempt on every host (the workflow
             # classifies it; the other ranks get a stop directive once the attempt is no longer current).
             failure = (
                 Failure.CANCELED if report.event is ReportEvent.CANCELED else agent_failure(report.failure)
             )
             # Berth's own words: never the agent's text about a run (it could quote job output).
-            detail = attempt_failure_detail(job.id, failure, report.exit_code, report.message)
-            if token:
-                self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
-            return self._answer(job)
-        raise Conflict(f"job {report.job_id!r} kept changing while reporting")
+            detail = attempt_failure_detail(done.before.id, failure, report.exit_code, report.message)
+            self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
+        return self._answer(done.after)
+
+    def _update_attempt(self, host: HostCaller, ref: AttemptRef, change: Change, doing: str) -> JobUpdate:
+        """``update_job`` on the attempt ``ref`` names; a missing job is answered like another host's."""
+        try:
+            return update_job(self.jobs, ref.job_id, change, doing=doing)
+        except JobMissing:
+            raise _not_this_hosts(ref) from None
 
     def credentials(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:
         """The attempt's scoped credentials (session policy from the tenant record, SourceIdentity =
         job id, no longer than what is left of the attempt's time limit): only to the host that
         claimed this rank of the current attempt, with its fencing token."""
         job = self._current(host, ref)
-        if host.host_id not in job.run.claimed:
+        if host.host_id not in job.run.attempt.claimed:
             raise Fenced(f"host {host.host_id} has not claimed attempt {ref.attempt} of {job.id}")
         if self.vendor is None:
             raise NotFound("this deployment vends no job credentials")
         remaining = float(MAX_CREDENTIAL_S)
         if job.spec.timeout_minutes:
-            started = job.run.started_at or self.clock()
+            started = job.run.attempt.started_at or self.clock()
             elapsed = (self.clock() - started).total_seconds()
             remaining = min(remaining, job.spec.timeout_minutes * 60 - elapsed)
         creds = self.vendor.for_attempt(job, ref.attempt, remaining)
@@ -279,7 +278,7 @@ class AgentService:
         A sample dated before the job existed or ahead of the clock by more than the allowed skew
         refuses the whole batch (422): nothing of it is stored."""
         job = self._current(host, batch)
-        if host.host_id not in job.run.claimed:
+        if host.host_id not in job.run.attempt.claimed:
             raise Fenced(f"host {host.host_id} has not claimed attempt {batch.attempt} of {job.id}")
         if self.metric_store is None:
             raise NotFound("this deployment stores no job metrics")
@@ -297,20 +296,31 @@ class AgentService:
 
     def _current(self, host: HostCaller, ref: AttemptRef) -> Job:
         job = self.jobs.get(ref.job_id)
-        # Another host's attempt is answered exactly like a missing one: nothing about it leaks.
-        if job is None or not _placed_on(job, host.host_id):
-            raise NotFound(f"attempt {ref.attempt} of job {ref.job_id!r} is not this host's")
-        if not _is_current(job, host.host_id, ref):
-            raise Fenced(
-                f"attempt {ref.attempt} of job {ref.job_id} is no longer this host's "
-                f"(the job is at attempt {job.attempts}, {job.status})"
-            )
-        return job
+        if job is None:
+            raise _not_this_hosts(ref)
+        return _current_attempt(job, host.host_id, ref)
 
     @staticmethod
     def _answer(job: Job) -> dict[str, Any]:
-        directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.stop else None)
+        directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.attempt.stop else None)
         return {"directive": directive, "status": str(job.status)}
+
+
+def _not_this_hosts(ref: AttemptRef) -> NotFound:
+    return NotFound(f"attempt {ref.attempt} of job {ref.job_id!r} is not this host's")
+
+
+def _current_attempt(job: Job, host_id: str, ref: AttemptRef) -> Job:
+    """``job`` if ``ref`` names its current attempt on ``host_id``; else NotFound (another host's
+    attempt is answered exactly like a missing one: nothing about it leaks) or Fenced."""
+    if not _placed_on(job, host_id):
+        raise _not_this_hosts(ref)
+    if not _is_current(job, host_id, ref):
+        raise Fenced(
+            f"attempt {ref.attempt} of job {ref.job_id} is no longer this host's "
+            f"(the job is at attempt {job.attempts}, {job.status})"
+        )
+    return job
 
 
 def _placed_on(job: Job, host_id: str) -> bool:
@@ -323,7 +333,7 @@ def _is_current(job: Job, host_id: str, ref: AttemptRef) -> bool:
     return (
         job.status in (S.STARTING, S.RUNNING, S.CANCELING)
         and job.attempts == ref.attempt
-        and job.run.fencing_token is not None
-        and job.run.fencing_token == ref.fencing_token
+        and job.run.attempt.fencing_token is not None
+        and job.run.attempt.fencing_token == ref.fencing_token
         and _placed_on(job, host_id)
     )

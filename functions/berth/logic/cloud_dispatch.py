@@ -35,19 +35,20 @@ from berth.domain.cloud import (
     failed_outcome,
     group_child_id,
     group_submission,
+    parse_node_job_id,
     submission,
 )
-from berth.domain.errors import Conflict
 from berth.domain.job import Job
 from berth.domain.observability import is_log_stream_name
 from berth.domain.placement import CloudPlacement
 from berth.domain.ports import BatchGateway, CircuitRepository, JobRepository, SubmitQueue, TaskTokens
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
+from berth.logic.cloud_gangs import on_node_event
+from berth.logic.job_update import Decision, JobKeptChanging, JobMissing, Keep, Save, Update, update_job
 
 Clock = Callable[[], datetime]
 S = JobStatus
-RETRIES = 8
 #: Group array-job ids remembered per sandbox (a group's later requests skip the ListJobs).
 PARENTS_KEPT = 1024
 ACTIVE = (S.STARTING, S.RUNNING, S.CANCELING)
@@ -89,25 +90,28 @@ class CloudDispatchService:
     def dispatch(self, job_id: str, attempt: int, token: str) -> None:
         """Keep the attempt's dispatch token on the job, then ask for the Batch submit. A retried
         task sends the request again: the submit is idempotent."""
-        for _ in range(RETRIES):
-            job = self.jobs.get(job_id)
-            if job is None or job.attempts != attempt or job.status.is_terminal:
-                self.tokens.fail(token, Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current")
-                return
-            if job.status is S.CANCELING and job.run.batch_job_id is None:
-                self.tokens.fail(token, Failure.CANCELED.error_name, "canceled before it was submitted")
-                return
+        stale = (Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current")
+
+        def park(job: Job) -> Decision[tuple[str, str] | None]:
+            """Keep: the (error, cause) the dispatch token fails with instead."""
+            if job.attempts != attempt or job.status.is_terminal:
+                return Keep(stale)
+            if job.status is S.CANCELING and job.run.attempt.batch_job_id is None:
+                return Keep((Failure.CANCELED.error_name, "canceled before it was submitted"))
             if cloud_attempt(job) is None:
-                self.tokens.fail(token, Failure.INVALID_SPEC.error_name, "the job has no cloud placement")
-                return
-            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
-            try:
-                self.jobs.update(job.updated(job.updated_at, run=run))
-            except Conflict:
-                continue
-            self.submits.send(submit_request(job))
+                return Keep((Failure.INVALID_SPEC.error_name, "the job has no cloud placement"))
+            run = job.run.with_attempt(dispatch_token=token).model_copy(update={"placement_token": None})
+            return Update(job.updated(job.updated_at, run=run))
+
+        try:
+            done = update_job(self.jobs, job_id, park, doing="dispatching")
+        except JobMissing:
+            self.tokens.fail(token, *stale)
             return
-        raise Conflict(f"job {job_id!r} kept changing while dispatching")
+        if done.outcome is not None:
+            self.tokens.fail(token, *done.outcome)
+            return
+        self.submits.send(submit_request(done.before))
 
     # -- the submit queue's consumer -------------------------------------------------------------
     def submit(self, request: SubmitRequest) -> str:
@@ -117,52 +121,62 @@ class CloudDispatchService:
         re-placed elsewhere), ``refused`` (the spec names a secret outside its tenant's prefix: the
         attempt fails as ``InvalidSpec``, nothing is submitted). Raises ``CloudThrottled`` or
         ``CloudOutcomeUnknown``: the request stays on the queue."""
-        for _ in range(RETRIES):
-            job = self.jobs.get(request.job_id)
-            placement = None if job is None else cloud_attempt(job)
-            if job is None or placement is None or job.attempts != request.attempt:
-                return "stale"
-            if job.run.batch_job_id:
-                return "exists"
-            token = job.run.dispatch_token
+
+        def submit(job: Job) -> Decision[str]:
+            placement = cloud_attempt(job)
+            if placement is None or job.attempts != request.attempt:
+                return Keep("stale")
+            if job.run.attempt.batch_job_id:
+                return Keep("exists")
             if job.status is S.CANCELING:
-                self.cancel_unrecorded(job)
-                return "canceled"
-            try:
-                batch_request = submission(job, placement, self.settings)
-            except SecretScopeError as exc:
-                if token:
-                    self.tokens.fail(token, Failure.INVALID_SPEC.error_name, exc.message)
-                return "refused"
-            called = True  # whether this request reached Batch (its success is the region's signal)
-            try:
-                if placement.group is not None:
-                    batch_id, called = self._group_child(job, placement)
-                else:
-                    found = self.batch.find(placement.region, placement.queue, batch_request.name)
-                    batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
-            except (CloudThrottled, CloudOutcomeUnknown):
-                # Still throttled after the adapter's backoff, or a SubmitJob that may or may not have
-                # taken effect: part of the region's live signal, and the request stays on the queue
-                # (redelivered later, never dropped; its redelivery looks the job up by name first).
-                self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
-                raise
-            except (CloudUnavailable, CloudRejected) as exc:
-                self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
-                if token:
-                    self.tokens.fail(
-                        token, Failure.CLOUD_API.error_name, f"{placement.region}: {exc.message}"
-                    )
-                return "failed"
-            if called:
-                self.circuits.record_success(placement.region, REGION_WIDE, self._now())
-            run = job.run.model_copy(update={"batch_job_id": batch_id, "submitted_at": self.clock()})
-            try:
-                self.jobs.update(job.updated(job.updated_at, run=run))
-            except Conflict:
-                continue  # re-read: the next round finds the Batch job by name
-            return "submitted"
-        raise Conflict(f"job {request.job_id!r} kept changing while submitting")
+                return Keep("canceled")
+            # Batch first, then its id on the job: a try that lost its race finds it by name.
+            submitted = self._submit_batch(job, placement)
+            if isinstance(submitted, Keep):
+                return submitted
+            run = job.run.with_attempt(batch_job_id=submitted, submitted_at=self.clock())
+            return Update(job.updated(job.updated_at, run=run), "submitted")
+
+        try:
+            done = update_job(self.jobs, request.job_id, submit, doing="submitting")
+        except JobMissing:
+            return "stale"
+        if done.outcome == "canceled":
+            self.cancel_unrecorded(done.before)
+        return done.outcome
+
+    def _submit_batch(self, job: Job, placement: CloudPlacement) -> str | Keep[str]:
+        """The attempt's Batch job id: found by name (an earlier try or delivery submitted it), else
+        submitted now. ``Keep("refused")`` or ``Keep("failed")`` when it cannot be (the attempt's
+        token failed). Raises ``CloudThrottled`` or ``CloudOutcomeUnknown``."""
+        token = job.run.attempt.dispatch_token
+        try:
+            batch_request = submission(job, placement, self.settings)
+        except SecretScopeError as exc:
+            if token:
+                self.tokens.fail(token, Failure.INVALID_SPEC.error_name, exc.message)
+            return Keep("refused")
+        called = True  # whether this request reached Batch (its success is the region's signal)
+        try:
+            if placement.group is not None:
+                batch_id, called = self._group_child(job, placement)
+            else:
+                found = self.batch.find(placement.region, placement.queue, batch_request.name)
+                batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
+        except (CloudThrottled, CloudOutcomeUnknown):
+            # Still throttled after the adapter's backoff, or a SubmitJob that may or may not have
+            # taken effect: part of the region's live signal, and the request stays on the queue
+            # (redelivered later, never dropped; its redelivery looks the job up by name first).
+            self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
+            raise
+        except (CloudUnavailable, CloudRejected) as exc:
+            self.circuits.record_failure(placement.region, REGION_WIDE, self._now())
+            if token:
+                self.tokens.fail(token, Failure.CLOUD_API.error_name, f"{placement.region}: {exc.message}")
+            return Keep("failed")
+        if called:
+            self.circuits.record_success(placement.region, REGION_WIDE, self._now())
+        return batch_id
 
     def _group_child(self, job: Job, placement: CloudPlacement) -> tuple[str, bool]:
         """The Batch job id of the attempt's child in its group's array job, which the first of the
@@ -211,9 +225,11 @@ class CloudDispatchService:
             raise
         except CloudError:
             return  # the next pass's sweep tries again
-        if job.run.dispatch_token:
+        if job.run.attempt.dispatch_token:
             self.tokens.fail(
-                job.run.dispatch_token, Failure.CANCELED.error_name, "canceled before it was submitted"
+                job.run.attempt.dispatch_token,
+                Failure.CANCELED.error_name,
+                "canceled before it was submitted",
             )
 
     # -- Batch Job State Change events -----------------------------------------------------------
@@ -238,11 +254,17 @@ class CloudDispatchService:
         if job is None:
             return "unknown"
         placement = cloud_attempt(job)
+        if parse_node_job_id(batch_job_id) is not None:  # a node of a gang (multi-node parallel job)
+            if placement is None or job.attempts != parsed[1]:
+                return "stale"
+            return on_node_event(
+                self.batch, job, placement, batch_job_id, reads.states, self.record_log_stream
+            )
         stale = (
             placement is None
             or job.attempts != parsed[1]
             or expected_batch_name(job) != name
-            or job.run.batch_job_id not in (None, batch_job_id)
+            or job.run.attempt.batch_job_id not in (None, batch_job_id)
         )
         if stale or placement is None:
             self._terminate_orphan(job, batch_job_id, reads)
@@ -250,7 +272,7 @@ class CloudDispatchService:
         bj = self._state(placement.region, batch_job_id, reads)
         if bj is None:
             return "unknown"
-        if job.run.batch_job_id is None:
+        if job.run.attempt.batch_job_id is None:
             job = self._adopt(job, batch_job_id)
             if job is None:
                 return "stale"
@@ -268,20 +290,20 @@ class CloudDispatchService:
 
     def _adopt(self, job: Job, batch_job_id: str) -> Job | None:
         """An event that beat the submit's own write: record the Batch job now (conditionally)."""
-        for _ in range(RETRIES):
-            run = job.run.model_copy(update={"batch_job_id": batch_job_id, "submitted_at": self.clock()})
-            nxt = job.updated(job.updated_at, run=run)
-            try:
-                self.jobs.update(nxt)
-                return nxt
-            except Conflict:
-                fresh = self.jobs.get(job.id)
-                if fresh is None or cloud_attempt(fresh) is None or fresh.attempts != job.attempts:
-                    return None
-                if fresh.run.batch_job_id is not None:
-                    return fresh if fresh.run.batch_job_id == batch_job_id else None
-                job = fresh
-        return None
+
+        def adopt(current: Job) -> Decision[Job | None]:
+            if cloud_attempt(current) is None or current.attempts != job.attempts:
+                return Keep(None)
+            if current.run.attempt.batch_job_id is not None:
+                return Keep(current if current.run.attempt.batch_job_id == batch_job_id else None)
+            run = current.run.with_attempt(batch_job_id=batch_job_id, submitted_at=self.clock())
+            nxt = current.updated(current.updated_at, run=run)
+            return Update(nxt, nxt)
+
+        try:
+            return update_job(self.jobs, job.id, adopt, doing="adopting its Batch job", current=job).outcome
+        except (JobMissing, JobKeptChanging):
+            return None  # the event is dropped as stale; the sweep reconciles the job
 
     def _terminate_orphan(self, job: Job, batch_job_id: str, reads: EventReads) -> None:
         region = region_of(job)
@@ -309,7 +331,7 @@ class CloudDispatchService:
             self.circuits.record_success(placement.region, placement.instance_type, self._now())
             return self._started(job, bj)  # the stream goes in with the move to RUNNING
         job = self.record_log_stream(job, bj)
-        token = job.run.dispatch_token
+        token = job.run.attempt.dispatch_token
         if bj.status is BatchStatus.SUCCEEDED:
             if token and self.tokens.succeed(token, {"result": "succeeded", "exit_code": 0}):
                 self.circuits.record_success(placement.region, placement.instance_type, self._now())
@@ -318,7 +340,7 @@ class CloudDispatchService:
         if bj.status is BatchStatus.FAILED:
             outcome = failed_outcome(bj, placement, launcher=not job.spec.image)
             if token and self.tokens.fail(token, outcome.failure.error_name, outcome.detail):
-                if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.stop:
+                if outcome.circuit is not None and job.status is not S.CANCELING and not job.run.attempt.stop:
                     self.circuits.record_failure(*outcome.circuit, self._now())
                 return "failed"
             return "answered"
@@ -333,52 +355,53 @@ class CloudDispatchService:
         if named is None:
             return job
         attempt, stream = named
-        current = job
-        for _ in range(RETRIES):
+
+        def record(current: Job) -> Decision:
             if current.run.log_stream_of(attempt) is not None:
-                break  # recorded already (a stream, once named, does not change)
-            run = current.run.with_log_stream(attempt, stream)
-            nxt = current.updated(current.updated_at, run=run)
-            try:
-                self.jobs.update(nxt)
-                current = nxt
-                break
-            except Conflict:
-                fresh = self.jobs.get(job.id)
-                if fresh is None:
-                    return job
-                current = fresh
-        same = (current.attempts, current.status, current.run.batch_job_id) == (
+                return Keep()  # recorded already (a stream, once named, does not change)
+            return Update(
+                current.updated(current.updated_at, run=current.run.with_log_stream(attempt, stream))
+            )
+
+        try:
+            current = update_job(
+                self.jobs, job.id, record, doing="recording its log stream", current=job
+            ).after
+        except (JobMissing, JobKeptChanging):
+            return job  # the next event or sweep of this Batch job records it
+        same = (current.attempts, current.status, current.run.attempt.batch_job_id) == (
             job.attempts,
             job.status,
-            job.run.batch_job_id,
+            job.run.attempt.batch_job_id,
         )
         return current if same else job
 
     def _started(self, job: Job, bj: BatchJob) -> str:
         """STARTING -> RUNNING, with the attempt's log stream if Batch names it, in one write."""
-        for _ in range(RETRIES):
-            if job.status is not S.STARTING:
-                self.record_log_stream(job, bj)
-                return "running"
+
+        def start(current: Job) -> Decision[str]:
+            placement = cloud_attempt(current)
+            if placement is None or current.attempts != job.attempts:
+                return Keep("stale")
+            if current.status is not S.STARTING:
+                return Keep("running")
             now = self.clock()
-            run = job.run.model_copy(update={"started_at": job.run.started_at or bj.started_at or now})
-            named = _stream_to_record(job, bj)
+            run = current.run.with_attempt(started_at=current.run.attempt.started_at or bj.started_at or now)
+            named = _stream_to_record(current, bj)
             if named is not None and run.log_stream_of(named[0]) is None:
                 run = run.with_log_stream(*named)
-            assert isinstance(job.placement, CloudPlacement)
-            nxt, event = job.transition(
-                S.RUNNING, f"running in {job.placement.region} (Batch job {bj.batch_job_id})", now, run=run
+            nxt, event = current.transition(
+                S.RUNNING, f"running in {placement.region} (Batch job {bj.batch_job_id})", now, run=run
             )
-            try:
-                self.jobs.save(nxt, event)
-                return "running"
-            except Conflict:
-                fresh = self.jobs.get(job.id)
-                if fresh is None or fresh.attempts != job.attempts or cloud_attempt(fresh) is None:
-                    return "stale"
-                job = fresh
-        raise Conflict(f"job {job.id!r} kept changing while starting")
+            return Save(nxt, event, "running")
+
+        try:
+            done = update_job(self.jobs, job.id, start, doing="starting", current=job)
+        except JobMissing:
+            return "stale"
+        if not done.written and done.outcome == "running":
+            self.record_log_stream(done.before, bj)
+        return done.outcome
 
 
 def _stream_to_record(job: Job, bj: BatchJob) -> tuple[int, str] | None:
@@ -387,7 +410,7 @@ def _stream_to_record(job: Job, bj: BatchJob) -> tuple[int, str] | None:
     parsed = batch_job_task(bj.batch_job_id, bj.name)
     if not is_log_stream_name(bj.log_stream) or parsed is None or parsed[0] != job.id:
         return None
-    if parsed[1] == job.attempts and job.run.batch_job_id not in (None, bj.batch_job_id):
+    if parsed[1] == job.attempts and job.run.attempt.batch_job_id not in (None, bj.batch_job_id):
         return None  # not the current attempt's Batch job (an orphan of the same name)
     return parsed[1], str(bj.log_stream)
 
@@ -403,9 +426,9 @@ def submit_request(job: Job) -> SubmitRequest:
 def _on_group(job: Job | None, name: str) -> Job | None:
     """The task, if its current attempt is still waiting for this group's array job, else None (its
     child runs nothing: it was canceled, moved on, or never placed here)."""
-    if job is None or job.status is not S.STARTING or job.run.stop or cloud_attempt(job) is None:
+    if job is None or job.status is not S.STARTING or job.run.attempt.stop or cloud_attempt(job) is None:
         return None
-    if job.run.batch_job_id is not None or expected_batch_name(job) != name:
+    if job.run.attempt.batch_job_id is not None or expected_batch_name(job) != name:
         return None
     return job
 

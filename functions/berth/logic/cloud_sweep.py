@@ -73,7 +73,7 @@ class CloudSweep:
                 by_region[placement.region].append(job)
         for region, placed in sorted(by_region.items()):
             report.watched += len(placed)
-            ids = [j.run.batch_job_id for j in placed if j.run.batch_job_id]
+            ids = [j.run.attempt.batch_job_id for j in placed if j.run.attempt.batch_job_id]
             try:
                 described = self._describe(region, ids)
             except CloudError:
@@ -99,7 +99,7 @@ class CloudSweep:
         reconciled once the region answers again."""
         moved = 0
         for job in placed:
-            token = job.run.dispatch_token
+            token = job.run.attempt.dispatch_token
             if job.status is S.STARTING and token:
                 cause = f"{region}: the region's Batch API is failing (circuit open)"
                 moved += int(self.service.tokens.fail(token, Failure.CLOUD_API.error_name, cause))
@@ -111,10 +111,10 @@ class CloudSweep:
         svc = self.service
         placement = job.placement
         assert isinstance(placement, CloudPlacement)
-        token = job.run.dispatch_token
-        batch_id = job.run.batch_job_id
+        token = job.run.attempt.dispatch_token
+        batch_id = job.run.attempt.batch_job_id
         bj = described.get(batch_id) if batch_id else None
-        if job.status is S.CANCELING or job.run.stop:
+        if job.status is S.CANCELING or job.run.attempt.stop:
             if batch_id is None and token and job.status is S.CANCELING:
                 # Canceled before its submit was recorded (its request may be lost): end it.
                 if (now - job.updated_at).total_seconds() >= svc.settings.submit_grace_s:
@@ -123,7 +123,7 @@ class CloudSweep:
                     except CloudError:
                         return
             elif bj is not None and not bj.status.is_terminal:
-                why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.stop}"
+                why = "canceled" if job.status is S.CANCELING else f"stopped: {job.run.attempt.stop}"
                 self._terminate(job, bj.batch_job_id, why, report)
             elif bj is not None and not self._event_due(bj, now):
                 report.reconciled += int(svc.reconcile(job, bj) in ("failed", "succeeded"))
@@ -137,7 +137,7 @@ class CloudSweep:
                 svc.submits.send(submit_request(job))
                 report.resubmitted += 1
             return
-        submitted = job.run.submitted_at or job.updated_at
+        submitted = job.run.attempt.submitted_at or job.updated_at
         waited = (now - submitted).total_seconds()
         if bj is None:
             if token and waited >= svc.settings.submit_grace_s:

@@ -157,12 +157,12 @@ class GpuFaultService:
                 job is None
                 or str(job.attempts) != attempt
                 or job.status not in (JobStatus.STARTING, JobStatus.RUNNING)
-                or job.run.stop
+                or job.run.attempt.stop
             ):
                 continue
             fault = rec.gpu_faults[bad[0]]
             reason = f"{gpu_label(rec, bad[0])} of host {rec.host_id} failed: {fault.reason}"
-            run = job.run.model_copy(update={"stop": reason, "stop_failure": Failure.GPU_FAILED})
+            run = job.run.with_attempt(stop=reason, stop_failure=Failure.GPU_FAILED)
             try:
                 self.jobs.update(job.updated(job.updated_at, run=run))
             except Conflict:

@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 
 from berth.domain.errors import (
     AlreadySubmitted,
-    Conflict,
     Forbidden,
     IdempotencyMismatch,
     InvalidRequest,
@@ -21,6 +20,7 @@ from berth.domain.job_spec import JobSpec
 from berth.domain.ports import JobRepository, Page, TenantRecord, TenantRepository
 from berth.domain.status import JobStatus, cancel_target
 from berth.domain.tenancy import Caller, Quota
+from berth.logic.job_update import Keep, Save, update_job
 
 Clock = Callable[[], datetime]
 #: Raises a domain error (Infeasible) when no site could ever run the spec for this tenant
@@ -32,7 +32,6 @@ FeasibilityCheck = Callable[[JobSpec, str, TenantRecord], None]
 AccessCheck = Callable[[JobSpec, str, TenantRecord], None]
 
 MAX_LIST_LIMIT = 100
-CONFLICT_RETRIES = 5
 #: How long an Idempotency-Key keeps designating its job (the same as Powertools' record by default).
 IDEMPOTENCY_TTL = timedelta(hours=24)
 
@@ -121,10 +120,12 @@ class JobService:
 
         Lost races (another writer moved the job) are retried against the fresh record.
         """
-        for _ in range(CONFLICT_RETRIES):
-            job = self.get(caller, job_id)
+
+        def cancel(job: Job) -> Save | Keep:
+            if job.tenant != caller.tenant and not caller.is_admin:
+                raise NotFound(f"job {job_id!r} not found")  # as get(): another tenant's is missing
             if job.status in (JobStatus.CANCELING, JobStatus.CANCELED):
-                return job
+                return Keep()
             target = cancel_target(job.status)
             if reason is not None:  # a bulk cancel of an array's tasks names its own
                 text = (
@@ -137,11 +138,9 @@ class JobService:
             else:
                 text = f"cancel requested by {caller.name}; waiting for the executor to stop it"
             nxt, event = job.transition(target, text, self.clock())
-            try:
-                self.jobs.save(nxt, event)
-            except Conflict:
-                continue
-            if self.on_canceled is not None:
-                self.on_canceled(job, nxt)
-            return nxt
-        raise Conflict(f"job {job_id!r} kept changing while canceling; try again")
+            return Save(nxt, event)
+
+        done = update_job(self.jobs, job_id, cancel, doing="canceling")
+        if done.written and self.on_canceled is not None:
+            self.on_canceled(done.before, done.after)
+        return done.after

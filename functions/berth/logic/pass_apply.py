@@ -38,6 +38,7 @@ from berth.domain.job import Job, JobEvent
 from berth.domain.placement import BatchGroup, HostGpus
 from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
+from berth.domain.workflow import AttemptState
 from berth.scheduler.decisions import Assignment, OnPremAssignment
 
 T = TypeVar("T")
@@ -168,21 +169,7 @@ def placed_job(
         if group is not None:
             where += f" (Batch array of tasks {group.first}-{group.first + group.size - 1})"
     attempt = job.attempts + 1
-    run = job.run.model_copy(
-        update={
-            "fencing_token": fencing_token,
-            "dispatch_token": None,
-            "claimed": (),
-            "started": (),
-            "succeeded": (),
-            "started_at": None,
-            "stop": None,
-            "stop_failure": None,
-            "cost_at": None,
-            "batch_job_id": None,
-            "submitted_at": None,
-        }
-    )
+    run = job.run.model_copy(update={"attempt": AttemptState(fencing_token=fencing_token)})  # a fresh part
     return job.transition(
         JobStatus.STARTING,
         f"placed {where} (attempt {attempt})",

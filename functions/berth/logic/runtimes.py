@@ -41,7 +41,7 @@ class RunObservation:
 
 def completed_run(job: Job, now: datetime) -> RunObservation | None:
     """What a job completing ``now`` teaches the predictor (None: its attempt never started)."""
-    started = job.run.started_at
+    started = job.run.attempt.started_at
     if started is None:
         return None
     spec = job.spec

@@ -13,7 +13,7 @@ answered; a pass that dies in between leaves a STARTING job whose token the next
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,17 +24,19 @@ from berth.domain.cost import CostRates, accrual_due, attempt_usage, cost_limit
 from berth.domain.errors import Conflict, StoreUnavailable
 from berth.domain.fleet import HoldRequest, attempt_key
 from berth.domain.job import Job
-from berth.domain.placement import BatchGroup, HostGpus, OnPremPlacement
+from berth.domain.placement import BatchGroup, HostGpus, OnPremPlacement, Site
 from berth.domain.ports import (
     Executions,
     HostRepository,
     JobRepository,
     PassTrigger,
     PlacementWriter,
+    QueueSummaries,
     TaskTokens,
     UsageLedger,
 )
 from berth.domain.queue import QueueEntry
+from berth.domain.queue_summary import QueueSummary, summarize
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.cloud_sweep import CloudSweep, SweepReport
@@ -51,6 +53,7 @@ from berth.logic.pass_apply import (
     placed_job,
     run_bounded,
 )
+from berth.logic.pass_figures import PassFigures, pass_figures
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowSettings, placement_output
 from berth.scheduler.circuit import CircuitBoard, CircuitState
@@ -77,6 +80,8 @@ class PassReport:
     running: int = 0
     hosts: int = 0
     placed: int = 0
+    placed_by_site: dict[str, int] = field(default_factory=dict)
+    """``placed`` per site (``onprem``, ``cloud``)."""
     skipped: int = 0
     """Placements lost to a race (GPUs or job taken meanwhile): decided again next pass."""
     deferred: int = 0
@@ -86,6 +91,8 @@ class PassReport:
     """Changed reasons left for the next pass by the deadline."""
     preempted: int = 0
     reasons_written: int = 0
+    queue_summaries_written: int = 0
+    """Tenants whose queue summary (positions, estimated starts) changed and was rewritten."""
     lost_hosts: list[str] = field(default_factory=list)
     orphans_released: int = 0
     executions_restarted: int = 0
@@ -99,10 +106,13 @@ class PassReport:
     load_s: float = 0.0
     decide_s: float = 0.0
     apply_s: float = 0.0
+    figures: PassFigures = field(default_factory=PassFigures)
+    """The queue per team and GPU type, and budget burn (published as metrics, not logged)."""
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
         out["cloud"] = None if self.cloud is None else dict(self.cloud.__dict__)
+        del out["figures"]
         return out
 
 
@@ -133,6 +143,12 @@ class SchedulerService:
     min_placements: int = MIN_PLACEMENTS
     #: Changed reasons a pass writes at most, heads of the tenants' queues first.
     max_reason_writes: int = MAX_REASON_WRITES
+    #: Where each tenant's queue as this pass saw it is kept (None: positions are not recorded).
+    queue_summaries: QueueSummaries | None = None
+    #: The summaries this warm process last wrote, per tenant (one is rewritten only when it changed).
+    _summaries_written: dict[str, QueueSummary] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.placements is None:
@@ -150,6 +166,7 @@ class SchedulerService:
         report.pending, report.running = len(inputs.pending), len(inputs.running_jobs)
         report.not_considered = sum(inputs.snapshot.unread.values())
         report.hosts = len(inputs.fleet.records)
+        report.figures = pass_figures(inputs.pending, inputs.snapshot.tenants, now)
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
         report.executions_restarted = self.repair_executions(inputs.pending, now)
         report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
@@ -159,7 +176,9 @@ class SchedulerService:
                 inputs.running_jobs, now, lambda r: board.state(r, "*") is CircuitState.OPEN
             )
         t1 = time.perf_counter()
-        decisions = schedule(inputs.snapshot, inputs.fleet.policy, now.timestamp())
+        decisions = schedule(
+            inputs.snapshot, inputs.fleet.policy, now.timestamp(), forecast=self.queue_summaries is not None
+        )
         t2 = time.perf_counter()
         by_id = {e.job_id: e for e in inputs.pending}
         rates = inputs.fleet.policy.accounting
@@ -177,6 +196,10 @@ class SchedulerService:
             placeable.append((job, assignment))
         outcomes = self.apply_placements(placeable, inputs.fleet.records, now, rates, deadline)
         report.placed = outcomes.count(Outcome.PLACED)
+        for (_, assignment), outcome in zip(placeable, outcomes, strict=True):
+            if outcome is Outcome.PLACED:
+                site = Site.ONPREM if isinstance(assignment, OnPremAssignment) else Site.CLOUD
+                report.placed_by_site[site.value] = report.placed_by_site.get(site.value, 0) + 1
         report.skipped += outcomes.count(Outcome.SKIPPED)
         report.deferred = outcomes.count(Outcome.DEFERRED)
         running = {j.id: j for j in inputs.running_jobs}
@@ -194,6 +217,7 @@ class SchedulerService:
             inputs.running_jobs, rates, now
         )
         report.reasons_written, report.reasons_deferred = self.write_reasons(by_id, decisions, deadline)
+        report.queue_summaries_written = self.write_queue_summaries(decisions, inputs.snapshot.unread, now)
         if report.deferred:
             self.trigger.request("deferred placements")
         elif Outcome.SKIPPED in outcomes:
@@ -228,7 +252,7 @@ class SchedulerService:
             for job in self.jobs.list_placed(status):
                 p = job.placement
                 if isinstance(p, OnPremPlacement) and any(h.host_id in lost for h in p.hosts):
-                    token = job.run.dispatch_token
+                    token = job.run.attempt.dispatch_token
                     gone = ", ".join(h.host_id for h in p.hosts if h.host_id in lost)
                     if token:
                         self.tokens.fail(token, Failure.HOST_LOST.error_name, f"host {gone} lost its lease")
@@ -278,7 +302,7 @@ class SchedulerService:
         for job in running:
             token = job.run.placement_token
             stale = (now - job.updated_at).total_seconds() >= self.settings.orphan_grace_s
-            if job.status is S.STARTING and token and job.run.dispatch_token is None and stale:
+            if job.status is S.STARTING and token and job.run.attempt.dispatch_token is None and stale:
                 answered += int(self.tokens.succeed(token, placement_output(job)))
         return answered
 
@@ -393,9 +417,9 @@ class SchedulerService:
     def stop_attempt(self, job: Job, reason: str, failure: Failure | None = None) -> bool:
         """Ask the running attempt's hosts to stop (a ``stop`` directive); the workflow requeues it,
         or, when ``failure`` says what the stop stands for, classifies it as that."""
-        if job.status is not S.RUNNING or job.run.stop:
+        if job.status is not S.RUNNING or job.run.attempt.stop:
             return False
-        run = job.run.model_copy(update={"stop": reason, "stop_failure": failure})
+        run = job.run.with_attempt(stop=reason, stop_failure=failure)
         try:
             self.jobs.update(job.updated(job.updated_at, run=run))
         except Conflict:
@@ -418,7 +442,7 @@ class SchedulerService:
                 continue
             limit = cost_limit(job, now, margin)
             if limit is not None and limit.stop_in_s <= 0:
-                if not job.run.stop:
+                if not job.run.attempt.stop:
                     stopped += int(self.stop_attempt(job, limit.reason, Failure.COST_LIMIT))
                 continue  # its final cost is written when the attempt ends
             if limit is not None and limit.stop_in_s < COST_WAKE_WITHIN_S:
@@ -426,7 +450,7 @@ class SchedulerService:
             cost = accrual_due(job, now, rates)
             if cost is None:
                 continue
-            run = job.run.model_copy(update={"cost_at": now})
+            run = job.run.with_attempt(cost_at=now)
             try:
                 self.jobs.update(job.updated(job.updated_at, cost_usd=cost, run=run))
             except Conflict:
@@ -469,6 +493,33 @@ class SchedulerService:
         tasks = [lambda e=e, reason=reason: self._set_reason(e, reason) for e, reason in now]
         results = run_bounded(tasks, self.apply_workers, deadline or Deadline(), None)
         return results.count(True), results.count(None) + max(0, later)
+
+    def write_queue_summaries(self, decisions: Any, unread: Mapping[str, int], now: datetime) -> int:
+        """Each tenant's queue as this pass saw it (positions and estimated starts from the core's
+        ``Decisions.queue``), one item per tenant, written only when it says something else than
+        what this process last wrote (a tenant whose queue emptied gets an empty one). Advisory: a
+        store that is down leaves it for the next pass. Returns how many were written."""
+        if self.queue_summaries is None:
+            return 0
+        rows: dict[str, list[tuple[str, int, float | None, str | None]]] = {}
+        for job_id, f in decisions.queue.items():
+            rows.setdefault(f.tenant, []).append((job_id, f.position, f.estimated_start, f.basis))
+        tenants = set(rows) | {t for t, n in unread.items() if n > 0} | set(self._summaries_written)
+        written = 0
+        for tenant in sorted(tenants):
+            summary = summarize(tenant, rows.get(tenant, []), unread.get(tenant, 0), now)
+            if summary.same_as(self._summaries_written.get(tenant)):
+                continue
+            try:
+                self.queue_summaries.put(summary)
+            except StoreUnavailable:
+                continue
+            written += 1
+            if summary.waiting:
+                self._summaries_written[tenant] = summary
+            else:
+                self._summaries_written.pop(tenant, None)
+        return written
 
     def _set_reason(self, entry: QueueEntry, reason: str) -> bool:
         """The reason alone (no new version, no event): the queue entry's copy is the only index

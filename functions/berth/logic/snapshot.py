@@ -315,6 +315,9 @@ def running_job(job: Job) -> RunningJob | None:
         "datasets": tuple(d.source for d in job.spec.data),
         "family": job.spec.name,
         "timeout_s": job.spec.timeout_minutes * 60.0,
+        "expected_duration_s": (
+            None if job.spec.expected_duration_minutes is None else job.spec.expected_duration_minutes * 60.0
+        ),
     }
     if isinstance(p, OnPremPlacement):
         return RunningJob(

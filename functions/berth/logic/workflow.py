@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from berth.domain.cost import attempt_usage
-from berth.domain.errors import Conflict, NotFound, StoreUnavailable
+from berth.domain.errors import StoreUnavailable
 from berth.domain.fleet import attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement, OnPremPlacement
@@ -42,10 +42,10 @@ from berth.domain.workflow import (
     failure_from_error,
     retry_decision,
 )
+from berth.logic.job_update import Decision, Keep, Save, Update, update_job
 from berth.logic.runtimes import record_completed_run
 
 Clock = Callable[[], datetime]
-RETRIES = 8
 
 S = JobStatus
 
@@ -161,94 +161,91 @@ class WorkflowService:
     #: Where completed runs are learnt for the scheduler's predictor (None: not recorded).
     runtimes: RuntimeHistory | None = None
 
-    def _job(self, job_id: str) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise NotFound(f"job {job_id!r} not found")
-        return job
-
     # -- WaitForPlacement ------------------------------------------------------------------------
     def await_placement(self, job_id: str, token: str, execution: str | None = None) -> None:
         """Park the execution's placement token on the queued job and ask for a pass. A job already
         placed (the pass won the race with this write) or ended answers the token at once."""
-        for _ in range(RETRIES):
-            job = self._job(job_id)
-            if job.status is S.QUEUED:
-                run = job.run.model_copy(update={"placement_token": token, "execution": execution})
-                try:
-                    self.jobs.update(job.updated(job.updated_at, run=run))
-                except Conflict:
-                    continue
-                if job.spec.array_task is None or job.attempts > 0:
-                    # An array task's first wait needs no poke of its own: the expander that created
-                    # it asks for one pass per chunk of tasks (logic/arrays.py).
-                    self.trigger.request(f"job {job_id} queued")
-                return
+
+        def park(job: Job) -> Decision:
+            if job.status is not S.QUEUED:
+                return Keep()
+            run = job.run.model_copy(update={"placement_token": token, "execution": execution})
+            return Update(job.updated(job.updated_at, run=run))
+
+        done = update_job(self.jobs, job_id, park, doing="waiting for placement")
+        job = done.before
+        if not done.written:
             self.tokens.succeed(token, placement_output(job))
-            return
-        raise Conflict(f"job {job_id!r} kept changing while waiting for placement")
+        elif job.spec.array_task is None or job.attempts > 0:
+            # An array task's first wait needs no poke of its own: the expander that created
+            # it asks for one pass per chunk of tasks (logic/arrays.py).
+            self.trigger.request(f"job {job_id} queued")
 
     # -- DispatchOnPrem --------------------------------------------------------------------------
     def dispatch_onprem(self, job_id: str, attempt: int, token: str) -> None:
         """Keep the attempt's dispatch token on the job and put one work message on each placed
         host's queue (rank = position in the placement). Sent again on a retried task: a host
         claims an attempt once."""
-        for _ in range(RETRIES):
-            job = self._job(job_id)
+
+        def park(job: Job) -> Decision[tuple[str, str] | None]:
+            """Keep: the (error, cause) the dispatch token fails with instead."""
             if job.attempts != attempt or job.status.is_terminal:
-                self.tokens.fail(token, Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current")
-                return
-            if job.status is S.CANCELING and not job.run.claimed:
-                self.tokens.fail(token, Failure.CANCELED.error_name, "canceled before any host claimed it")
-                return
-            placement = job.placement
-            if not isinstance(placement, OnPremPlacement) or job.run.fencing_token is None:
-                self.tokens.fail(token, Failure.INVALID_SPEC.error_name, "the job has no on-prem placement")
-                return
-            run = job.run.model_copy(update={"dispatch_token": token, "placement_token": None})
-            try:
-                self.jobs.update(job.updated(job.updated_at, run=run))
-            except Conflict:
-                continue
-            claim_by = self.clock() + timedelta(seconds=self.settings.claim_s)
-            for rank, h in enumerate(placement.hosts):
-                message = WorkMessage(
-                    job_id=job.id,
-                    attempt=attempt,
-                    fencing_token=job.run.fencing_token,
-                    rank=rank,
-                    world_size=len(placement.hosts),
-                    gpu_ids=h.gpu_ids,
-                    claim_by=claim_by,
-                )
-                self.queues.send(h.host_id, message.model_dump_json())
+                return Keep((Failure.AGENT_ERROR.error_name, f"attempt {attempt} is not current"))
+            if job.status is S.CANCELING and not job.run.attempt.claimed:
+                return Keep((Failure.CANCELED.error_name, "canceled before any host claimed it"))
+            if not isinstance(job.placement, OnPremPlacement) or job.run.attempt.fencing_token is None:
+                return Keep((Failure.INVALID_SPEC.error_name, "the job has no on-prem placement"))
+            run = job.run.with_attempt(dispatch_token=token).model_copy(update={"placement_token": None})
+            return Update(job.updated(job.updated_at, run=run))
+
+        done = update_job(self.jobs, job_id, park, doing="dispatching")
+        if done.outcome is not None:
+            self.tokens.fail(token, *done.outcome)
             return
-        raise Conflict(f"job {job_id!r} kept changing while dispatching")
+        job, placement = done.before, done.before.placement
+        assert isinstance(placement, OnPremPlacement) and job.run.attempt.fencing_token is not None
+        claim_by = self.clock() + timedelta(seconds=self.settings.claim_s)
+        for rank, h in enumerate(placement.hosts):
+            message = WorkMessage(
+                job_id=job.id,
+                attempt=attempt,
+                fencing_token=job.run.attempt.fencing_token,
+                rank=rank,
+                world_size=len(placement.hosts),
+                gpu_ids=h.gpu_ids,
+                claim_by=claim_by,
+            )
+            self.queues.send(h.host_id, message.model_dump_json())
 
     # -- ClassifyFailure -------------------------------------------------------------------------
     def classify_failure(
         self, job_id: str, attempt: int, error: str | None, cause: str | None
     ) -> dict[str, Any]:
         """Name the failure, free the attempt's GPUs and move the job: RETRYING (with the backoff to
-        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``."""
-        for _ in range(RETRIES):
-            job = self._job(job_id)
+        wait), FAILED, or CANCELED. Returns ``{"action", "backoff_s"}``, and ``failure`` (the cause's
+        name) when this call classified it."""
+
+        def classify(job: Job) -> Decision[dict[str, Any]]:
             if job.status in (S.QUEUED, S.RETRYING):
                 # Classified already (this task is being retried): carry on with the retry.
-                return {"action": "retry", "backoff_s": 1}
+                return Keep({"action": "retry", "backoff_s": 1})
             if job.status.is_terminal:
-                return {"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0}
+                return Keep({"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0})
             now = self.clock()
-            ran = None if job.run.started_at is None else (now - job.run.started_at).total_seconds()
+            ran = (
+                None
+                if job.run.attempt.started_at is None
+                else (now - job.run.attempt.started_at).total_seconds()
+            )
             failure = failure_from_error(error, ran, job.spec.timeout_minutes * 60)
             canceling = job.status is S.CANCELING
-            if job.run.stop and failure in _STOPPED:
+            if job.run.attempt.stop and failure in _STOPPED:
                 # The scheduler stopped it: what the stop stands for (a preemption unless it says).
-                failure = job.run.stop_failure or Failure.PREEMPTED
+                failure = job.run.attempt.stop_failure or Failure.PREEMPTED
             elif failure is Failure.CANCELED and not canceling:
                 failure = Failure.AGENT_ERROR
             stopped = failure in (Failure.PREEMPTED, Failure.COST_LIMIT, Failure.GPU_FAILED)
-            detail = (job.run.stop or _short(cause)) if stopped else _short(cause)
+            detail = (job.run.attempt.stop or _short(cause)) if stopped else _short(cause)
             decision = retry_decision(
                 failure,
                 detail,
@@ -261,15 +258,13 @@ class WorkflowService:
                 free_api_failures=job.run.free_api_failures,
             )
             free_api = failure is Failure.CLOUD_API and not decision.counted
-            cost = self._end_attempt(job, now)
-            run = job.run.model_copy(
+            cost = self._end_attempt(job, now)  # its usage record first, on every try
+            # The attempt's record stays (its hosts, its Batch job) until the next placement replaces it.
+            ended = job.run.with_attempt(dispatch_token=None, stop=None, stop_failure=None, cost_at=None)
+            run = ended.model_copy(
                 update={
-                    "dispatch_token": None,
                     "placement_token": None,
-                    "stop": None,
-                    "stop_failure": None,
                     "cost_done_usd": cost,
-                    "cost_at": None,
                     "last_failure": decision.reason,
                     "counted_failures": job.run.counted_failures + (1 if decision.counted else 0),
                     "free_api_failures": job.run.free_api_failures + (1 if free_api else 0),
@@ -281,22 +276,25 @@ class WorkflowService:
                 decision.action
             ]
             nxt, event = job.transition(target, decision.reason, now, run=run, cost_usd=cost)
-            try:
-                self.jobs.save(nxt, event)
-            except Conflict:
-                continue
-            release_holds(self.hosts, job, attempt)
+            return Save(
+                nxt,
+                event,
+                {"action": decision.action.value, "backoff_s": decision.backoff_s, "failure": failure.value},
+            )
+
+        done = update_job(self.jobs, job_id, classify, doing="classifying its failure")
+        if done.written:
+            release_holds(self.hosts, done.before, attempt)
             self.trigger.request(f"job {job_id} attempt {attempt} ended")
-            return {"action": decision.action.value, "backoff_s": decision.backoff_s}
-        raise Conflict(f"job {job_id!r} kept changing while classifying its failure")
+        return done.outcome
 
     # -- Requeue ---------------------------------------------------------------------------------
     def requeue(self, job_id: str) -> dict[str, Any]:
         """After the backoff: RETRYING -> QUEUED, unplaced, for the next pass."""
-        for _ in range(RETRIES):
-            job = self._job(job_id)
+
+        def requeue(job: Job) -> Decision[dict[str, Any]]:
             if job.status is not S.RETRYING:
-                return {"outcome": "queued" if job.status is S.QUEUED else "ended"}
+                return Keep({"outcome": "queued" if job.status is S.QUEUED else "ended"})
             nxt, event = job.transition(
                 S.QUEUED,
                 f"waiting for placement (attempt {job.attempts + 1})",
@@ -304,41 +302,41 @@ class WorkflowService:
                 placement=None,
                 site=None,
             )
-            try:
-                self.jobs.save(nxt, event)
-            except Conflict:
-                continue
-            return {"outcome": "queued"}
-        raise Conflict(f"job {job_id!r} kept changing while requeueing")
+            return Save(nxt, event, {"outcome": "queued"})
+
+        return update_job(self.jobs, job_id, requeue, doing="requeueing").outcome
 
     # -- Finalize --------------------------------------------------------------------------------
     def finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
-        """Every rank succeeded: COMPLETED (a job being canceled that finished first completes too)."""
-        for _ in range(RETRIES):
-            job = self._job(job_id)
+        """Every rank succeeded: COMPLETED (a job being canceled that finished first completes too).
+        A job whose start was never reported moves to RUNNING first, with its own event."""
+
+        def run(job: Job) -> Decision:
+            if job.status is not S.STARTING:
+                return Keep()
+            nxt, event = job.transition(S.RUNNING, "running", self.clock())
+            return Save(nxt, event)
+
+        def complete(job: Job) -> Decision:
             if job.status.is_terminal:
-                return {"status": str(job.status)}
+                return Keep()
             now = self.clock()
-            if job.status is S.STARTING:
-                job, event = job.transition(S.RUNNING, "running", now)
-                try:
-                    self.jobs.save(job, event)
-                except Conflict:
-                    continue
-            cost = self._end_attempt(job, now)
-            run = job.run.model_copy(update={"dispatch_token": None, "cost_done_usd": cost, "cost_at": None})
+            cost = self._end_attempt(job, now)  # its usage record first, on every try
+            run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(
+                update={"cost_done_usd": cost}
+            )
             nxt, event = job.transition(
                 S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost
             )
-            try:
-                self.jobs.save(nxt, event)
-            except Conflict:
-                continue
-            release_holds(self.hosts, job, attempt)
-            record_completed_run(self.runtimes, job, now)
+            return Save(nxt, event)
+
+        running = update_job(self.jobs, job_id, run, doing="finalizing")
+        done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
+        if done.written:
+            release_holds(self.hosts, done.before, attempt)
+            record_completed_run(self.runtimes, done.before, done.after.updated_at)
             self.trigger.request(f"job {job_id} completed")
-            return {"status": str(nxt.status)}
-        raise Conflict(f"job {job_id!r} kept changing while finalizing")
+        return {"status": str(done.after.status)}
 
     def _end_attempt(self, job: Job, now: datetime) -> float:
         """The job's cost with its current attempt ended ``now``. The attempt's final usage record is

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
 
 if TYPE_CHECKING:
+    from berth.scheduler.forecast import QueueForecast
     from berth.scheduler.outcomes import JobOutcome
 
 
@@ -111,6 +112,9 @@ class Decisions:
     """Each tenant's weighted dominant share at the end of the pass."""
     wake_at: float | None = None
     """The earliest time a pending job's eligibility changes by the clock alone (run a pass then)."""
+    queue: dict[str, QueueForecast] = field(default_factory=dict)
+    """With ``schedule(..., forecast=True)``: every job left waiting, in the pass's order, with its
+    position in its tenant's queue and an estimated start."""
 
     @property
     def reasons(self) -> dict[str, str]:

@@ -78,11 +78,15 @@ def quota_exclusion(job: PendingJob, tenant: TenantState, model: str, used: int)
 
 def wants_spot(job: PendingJob, policy: SchedulingPolicy, likely_run_s: float | None = None) -> bool | None:
     """True: spot only; False: on-demand only; None: spot where sold, else on-demand.
-    ``likely_run_s``: a high quantile of its predicted run time (``runtime.spot_q``)."""
+    ``likely_run_s``: a high quantile of its predicted run time (``runtime.spot_q``). A gang
+    (``nodes`` > 1) runs in the cloud as an AWS Batch multi-node parallel job, which Batch does not
+    run on spot compute environments: on-demand only (``spot: required`` keeps it off every offer)."""
     if job.spot is SpotPolicy.NEVER:
         return False
     if job.spot is SpotPolicy.REQUIRED:
         return True
+    if job.nodes > 1:
+        return False
     use = policy.spot.use
     if use == "never":
         return False
@@ -93,7 +97,14 @@ def wants_spot(job: PendingJob, policy: SchedulingPolicy, likely_run_s: float | 
 
 
 def instances_for(job: PendingJob, offer: CloudOffer) -> int | None:
-    """Instances of ``offer`` that hold the whole gang, or None when it cannot be shaped."""
+    """Instances of ``offer`` that hold the whole gang, or None when it cannot be shaped. A gang runs
+    as a Batch multi-node parallel job: one node per instance (Batch runs one node's container per
+    instance), so ``nodes`` instances that each hold a node's GPUs, vCPUs and memory."""
+    if job.nodes > 1:
+        fits = (
+            offer.gpus >= job.gpus_per_node and offer.vcpus >= job.cpu and offer.memory_gib >= job.memory_gib
+        )
+        return job.nodes if fits else None
     if offer.gpus >= job.gpus:
         n = 1
     elif job.gpus % offer.gpus == 0:
@@ -186,6 +197,10 @@ def price_offer(
     if n is None:
         return Exclusion(
             Rule.SHAPE, f"{where} ({offer.gpus} GPUs) cannot hold {job.gpus} GPUs x {job.nodes} nodes"
+        )
+    if mode is True and job.nodes > 1:
+        return Exclusion(
+            Rule.SPOT, f"{where}: a multi-node job cannot run on spot (AWS Batch multi-node parallel)"
         )
     if mode is True and offer.spot_usd_h is None:
         return Exclusion(Rule.SPOT, f"{where} sells no spot and the job requires spot")

@@ -12,6 +12,7 @@ from berth.scheduler.cloud_step import cloud_candidates
 from berth.scheduler.core import SchedulingPass
 from berth.scheduler.decisions import CloudAssignment, OnPremAssignment
 from berth.scheduler.eligibility import cloud_job_exclusion, onprem_job_exclusion, pool_exclusion
+from berth.scheduler.forecast import forecast_queue
 from berth.scheduler.outcomes import Exclusion, JobOutcome, Rule
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.snapshot import PendingJob, Snapshot
@@ -47,6 +48,12 @@ class JobExplanation:
     without them."""
     tenant_not_considered: int = 0
     """Of those, the job's own tenant's (queued behind the head the pass read)."""
+    queue_position: int | None = None
+    """A waiting job's 1-based place in its tenant's queue in this pass (``forecast.py``)."""
+    estimated_start: float | None = None
+    """An estimate (epoch seconds) of when it starts, None when none can be made."""
+    estimate_basis: str | None = None
+    """``onprem`` (capacity predicted free) or ``burst`` (its burst wait ends)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +66,7 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
         raise KeyError(job_id)
     p = SchedulingPass(snapshot, policy, now)
     decisions = p.run()
+    place = forecast_queue(p.ctx).get(job_id) if decisions.outcomes[job_id].placed is None else None
     outcome = decisions.outcomes[job_id]
     ranked = sorted(decisions.shares.items(), key=lambda kv: (kv[1], kv[0]))
     rank = next((i + 1 for i, (t, _) in enumerate(ranked) if t == job.tenant), len(ranked) + 1)
@@ -90,6 +98,9 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
         preempts=[pr.job_id for pr in decisions.preemptions if pr.for_job == job_id],
         not_considered=sum(snapshot.unread.values()),
         tenant_not_considered=snapshot.unread.get(job.tenant, 0),
+        queue_position=None if place is None else place.position,
+        estimated_start=None if place is None else place.estimated_start,
+        estimate_basis=None if place is None else place.basis,
     )
 
 

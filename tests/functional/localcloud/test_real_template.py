@@ -75,3 +75,26 @@ def test_tenants_are_seeded_in_the_tenants_table(real_cloud: LocalCloud) -> None
 
 def test_cdk_out_path_is_the_repo_one() -> None:
     assert Path(__file__).resolve().parents[3] / "cdk.out" / "Berth.template.json" == REAL_TEMPLATE
+
+
+def test_operations_resources_exist_locally(real_cloud: LocalCloud) -> None:
+    """The alarms (created through the CloudWatch API), the dashboard and the alarm topic."""
+    stack = real_cloud.stack
+    assert stack is not None
+    session = real_cloud.session()
+    cloudwatch = session.client("cloudwatch", endpoint_url=real_cloud.endpoint_url)
+    alarms = cloudwatch.describe_alarms(AlarmNamePrefix="Berth-", MaxRecords=100)["MetricAlarms"]
+    by_name = {a["AlarmName"]: a for a in alarms}
+    assert "Berth-OldestQueuedJob" in by_name and "Berth-SchedulerTriggerDlqDepth" in by_name
+    assert all(a["AlarmActions"] == [stack.outputs["AlarmTopicArn"]] for a in alarms)
+    dlq = {d["Name"]: d["Value"] for d in by_name["Berth-SchedulerTriggerDlqDepth"]["Dimensions"]}
+    queues = session.client("sqs", endpoint_url=real_cloud.endpoint_url)
+    assert queues.get_queue_url(QueueName=dlq["QueueName"])["QueueUrl"]
+    errors = {d["Name"]: d["Value"] for d in by_name["Berth-SchedulerErrors"]["Dimensions"]}
+    lam = session.client("lambda", endpoint_url=real_cloud.endpoint_url)
+    assert lam.get_function(FunctionName=errors["FunctionName"])["Configuration"]["Handler"] == (
+        "berth.handlers.scheduler.lambda_handler"
+    )
+    body = cloudwatch.get_dashboard(DashboardName=stack.outputs["DashboardName"])["DashboardBody"]
+    assert "arn:aws:cloudwatch:" in body and ":alarm:Berth-OldestQueuedJob" in body
+    assert "AWS::CloudWatch::Alarm" not in stack.skipped_types

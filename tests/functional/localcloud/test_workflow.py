@@ -365,3 +365,46 @@ def test_agent_credentials_are_the_attempts_and_fenced(cloud: LocalCloud, hosts:
     with pytest.raises(AgentApiError) as forged:
         owner.call("credentials", {**ref, "fencing_token": "guess"})
     assert forged.value.status == 409
+
+
+def _emf_points(cloud: LocalCloud, function_prefix: str, metric: str) -> list[dict[str, Any]]:
+    """The EMF blobs of ``metric`` in the log group of the function whose logical id starts so."""
+    stack = cloud.stack
+    assert stack is not None
+    (group,) = [
+        physical
+        for logical, (kind, physical) in stack.resources.items()
+        if kind == "AWS::Logs::LogGroup" and logical.startswith(function_prefix + "LogGroup")
+    ]
+    session = cloud.session()
+    logs = session.client("logs", endpoint_url=cloud.endpoint_url)
+    blobs = []
+    for page in logs.get_paginator("filter_log_events").paginate(logGroupName=group, filterPattern=metric):
+        for event in page["events"]:
+            message = event["message"].strip()
+            if message.startswith("{") and '"_aws"' in message:
+                blob = json.loads(message)
+                if any(m["Name"] == metric for d in blob["_aws"]["CloudWatchMetrics"] for m in d["Metrics"]):
+                    blobs.append(blob)
+    return blobs
+
+
+def test_operational_metrics_land_in_the_functions_log_groups(cloud: LocalCloud, hosts: Hosts) -> None:
+    """The dashboard's and alarms' metrics, as the deployed functions print them (EMF)."""
+    hosts.add(2)
+    job_id = submit(cloud, spec(env={"SCRIPTED_FAIL_ATTEMPTS": "1", "SCRIPTED_RUN_S": "0.2"}))
+    assert wait_for(cloud, job_id, status_in(*TERMINAL))["status"] == "COMPLETED"
+    deadline = time.monotonic() + 20
+    while True:  # log delivery follows the invocation
+        retried = _emf_points(cloud, "WorkflowWorkflowFunction", "AttemptsRetried")
+        placed = [b for b in _emf_points(cloud, "WorkflowSchedulerFunction", "JobsPlaced") if "Site" in b]
+        requests = _emf_points(cloud, "ApiFunction", "Requests")
+        if (retried and placed and requests) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert {(b["service"], b["Cause"]) for b in retried} >= {("berth-workflow", "AgentError")}
+    assert {(b["service"], b["Site"]) for b in placed} >= {("berth-scheduler", "onprem")}
+    assert ("berth-api", "POST /v1/jobs", "2xx") in {
+        (b["service"], b["Route"], b["StatusClass"]) for b in requests
+    }
+    assert all("/v1/jobs/" + job_id not in b["Route"] for b in requests)  # routes are templates

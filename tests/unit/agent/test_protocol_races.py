@@ -338,7 +338,7 @@ def test_another_hosts_agent_gets_404_deletes_and_runs_nothing(tmp_path: Path) -
     _until(stray.idle)
     assert stray.queue.deleted == ["r1"] and stray.executor.starts == []
     assert [(o.ran, o.reason) for o in stray.outcomes] == [(False, "NotFound")]
-    assert w.job(job.id).run.claimed == ()
+    assert w.job(job.id).run.attempt.claimed == ()
 
 
 def test_duplicate_delivery_to_one_agent_runs_once(tmp_path: Path) -> None:
@@ -452,7 +452,7 @@ def test_sigterm_drains_the_running_job_finishes_nothing_new_is_taken(tmp_path: 
     assert [m[0] for m in _marks(marker)] == ["start", "end"]
     assert [c[1] for c in _dispatch(w, "succeed")] == [f"dispatch-{job.id}-1"]
     assert a.executor.starts == [(job.id, 1)] and not (tmp_path / "later").exists()
-    assert w.job(later.id).run.claimed == ()  # its message stays for another agent
+    assert w.job(later.id).run.attempt.claimed == ()  # its message stays for another agent
     assert w.hosts.hosts["h0"].draining  # its heartbeats said so: no new placements here
     nxt = w.submit(**_spec(tmp_path / "next", 0.1))
     w.workflow.await_placement(nxt.id, "t-next")

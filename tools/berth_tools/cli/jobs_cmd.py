@@ -15,6 +15,7 @@ from rich.text import Text
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.cli.queue_info import queue_rows
 from berth_tools.cli.safe_text import literal
 from berth_tools.client import BerthClient, ClientError, load_config
 
@@ -74,6 +75,7 @@ def _job_table(job: dict[str, Any]) -> None:
         ("name", job["spec"]["name"]),
         ("status", _status(job["status"])),
         ("reason", literal(job["reason"])),
+        *queue_rows(job),
         ("tenant", job["tenant"]),
         ("owner", job["owner"]),
         ("resources", f"{res.get('gpus', 1)}x {res.get('gpu_type', '?')}"),
@@ -113,6 +115,16 @@ def submit(
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait until it ends (an array: a progress bar of its tasks)")
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Validate, show where it would run now and its price; store no job"),
+    ] = False,
+    follow_job: Annotated[
+        bool,
+        typer.Option(
+            "--follow", help="Then print its status changes and output until it ends (exit 0: COMPLETED)"
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -136,6 +148,10 @@ def submit(
                 f"packed in {result.pack_s:.2f}s, upload {result.upload_s:.2f}s)",
                 err=True,
             )
+        if dry_run or follow_job:
+            from berth_tools.cli import follow
+
+            raise typer.Exit(follow.submit_and_follow(client, spec, idempotency_key, dry_run, output))
         job = client.submit(spec, idempotency_key)
         if output is not OutputFormat.JSON:
             console.print(f"submitted [bold]{job['id']}[/] ({_status(job['status'])})")
@@ -186,8 +202,12 @@ def status(
 ) -> None:
     """Show a job."""
     with api_errors(output):
-        job = client_for(api_url, profile).get(job_id)
+        client = client_for(api_url, profile)
+        job = client.get(job_id)
     render(output, job, _job_table)
+    from berth_tools.cli.outputs_cmd import location_line
+
+    location_line(client, job, output)
 
 
 def ls(

@@ -13,7 +13,17 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from berth_tools.cli import bench_cmd, fleet_cmd, jobs_cmd, loadtest_cmd, observe_cmd, prices_cmd, sim_cmd
+    from berth_tools.cli import (
+        bench_cmd,
+        fleet_cmd,
+        jobs_cmd,
+        loadtest_cmd,
+        observe_cmd,
+        outputs_cmd,
+        prices_cmd,
+        sim_cmd,
+        ui_cmd,
+    )
     from berth_tools.localcloud import cli as local_cli
 
     bench = typer.Typer(
@@ -27,7 +37,9 @@ def _register() -> None:
     bench_cmd.register(bench)
     local_cli.register(app)
     observe_cmd.register(app)
+    outputs_cmd.register(app)
     prices_cmd.register(app)
+    ui_cmd.register(app)
 
 
 _register()

@@ -24,12 +24,22 @@ from typing import Any
 import boto3
 
 from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud.cfn_alarms import ALARM, create_alarms, take_alarms
 
 DEFAULT_STACK_NAME = "Berth"
 DEFAULT_REGION = "us-east-1"
 DEFAULT_ACCOUNT_ID = "123456789012"  # moto's default account
 #: The CheckBootstrapVersion rule of CDK's default synthesizer wants version >= 6.
 BOOTSTRAP_VERSION = "30"
+
+#: The stack's operations resources (docs/operations.md, "Operations resources on the local cloud")
+#: that moto's CloudFormation does not implement and the local cloud skips, and why that changes
+#: nothing a local run does. The dashboard, the alarm topic and its KMS key deploy; the alarms are
+#: created through the CloudWatch API (fix "cloudwatch-alarms").
+NOT_EMULATED_OPERATIONS: dict[str, str] = {
+    "AWS::SNS::TopicPolicy": "the alarm topic's TLS-only policy; nothing publishes to the topic locally",
+    "AWS::SNS::Subscription": "an alarm e-mail subscription (berth:alarmEmail); no mail leaves the machine",
+}
 
 FIXES: dict[str, str] = {
     "bootstrap-version-parameter": (
@@ -82,6 +92,11 @@ FIXES: dict[str, str] = {
         "A Batch compute environment without ServiceRole uses Batch's service-linked role "
         "(AWSServiceRoleForBatch, created on first use); moto's CloudFormation requires the property and "
         "an existing role, so the service-linked role is created (CreateServiceLinkedRole) and named."
+    ),
+    "cloudwatch-alarms": (
+        "moto's CloudFormation does not implement AWS::CloudWatch::Alarm: the alarms are taken out of the "
+        "template (references become the ARNs CloudFormation would give them) and created with "
+        "PutMetricAlarm after the stack (berth_tools/localcloud/cfn_alarms.py)."
     ),
     "unsupported-resources": (
         "Resource types moto's CloudFormation does not implement (e.g. AWS::ApiGateway::Account, which "
@@ -194,6 +209,8 @@ class PreparedTemplate:
     stage_variables: dict[str, dict[str, str]]
     skipped_types: list[str]
     event_source_mappings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The template's alarms (logical id -> properties), created through the CloudWatch API.
+    alarms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _fix_event_bus_refs(template: dict[str, Any]) -> bool:
@@ -250,6 +267,9 @@ def prepare_template(template: dict[str, Any], environment: dict[str, str] | Non
     mappings = _take_event_source_mappings(fixed)
     if mappings:
         applied.append("event-source-mappings")
+    alarms = take_alarms(fixed)
+    if alarms:
+        applied.append("cloudwatch-alarms")
     if environment and _override_function_environment(fixed, environment):
         applied.append("local-timings")
     has_stage = any(r.get("Type") == "AWS::ApiGateway::Stage" for r in fixed.get("Resources", {}).values())
@@ -261,7 +281,7 @@ def prepare_template(template: dict[str, Any], environment: dict[str, str] | Non
     skipped = unsupported_resource_types(fixed)
     if skipped:
         applied.append("unsupported-resources")
-    return PreparedTemplate(fixed, applied, stage_variables, skipped, mappings)
+    return PreparedTemplate(fixed, applied, stage_variables, skipped, mappings, alarms)
 
 
 # -- account preparation (what `cdk bootstrap` would have done) ------------------------------------
@@ -405,6 +425,10 @@ def deploy_stack(
         deployed.applied_fixes.append("executable-state-machines")
     if _apply_lambda_log_groups(prepared.template, deployed):
         deployed.applied_fixes.append("lambda-logging-config")
+    alarms = create_alarms(
+        session, endpoint_url, prepared.alarms, lambda node: _resolve(node, session, endpoint_url, deployed)
+    )
+    deployed.resources.update({lid: (ALARM, name) for lid, name in alarms.items()})
     deployed.deploy_seconds = time.monotonic() - started
     return deployed
 
@@ -436,6 +460,8 @@ def _resolve(node: Any, session: boto3.session.Session, endpoint_url: str, deplo
             return lam.get_function(FunctionName=physical)["Configuration"]["FunctionArn"]
         if attr == "Arn" and kind == "AWS::IAM::Role":
             return session.client("iam", endpoint_url=endpoint_url).get_role(RoleName=physical)["Role"]["Arn"]
+        if attr == "QueueName" and kind == "AWS::SQS::Queue":
+            return physical.rsplit("/", 1)[-1]  # a queue's physical id is its URL
         return physical
     return {k: _resolve(v, session, endpoint_url, deployed) for k, v in node.items()}
 

@@ -39,6 +39,10 @@ an execution role, not allowed to it, or missing fails the job before it runs, w
 `ResourceInitializationError: unable to pull secrets or registry auth: ...` as its reason (names,
 never values).
 
+A multi-node parallel job (a gang: a ``type: multinode`` definition) runs as one process per node,
+each a Batch job of its own ``<job id>#<index>`` with the AWS_BATCH_JOB_*NODE* variables, reaching
+each other over 127.0.0.1 (``local_batch_gang``).
+
 Each job runs in a fresh work dir under `work_root` (the run's job root, outside the state dir). When
 the local cloud runs as root it runs under a uid of its own from `JOB_UIDS` (gid = uid, no
 supplementary groups; its work dir chowned to it, 0700, in a 0711 root), so it cannot read the state
@@ -76,7 +80,7 @@ from berth_agent import containment
 from berth_agent.executors.base import SAFE_PATH, FailureKind, JobResult
 from berth_agent.executors.process import ProcessRun, UidPool
 from berth_agent.logship import LogShipper
-from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud import local_batch_gang, moto_compat
 from berth_tools.localcloud.faults import FAULTS, FaultState
 from berth_tools.localcloud.moto_transport import InProcessTransport
 
@@ -105,6 +109,8 @@ _POLL_S = 0.05
 SUBMIT_JOB = "moto.batch_simple.models:BatchSimpleBackend.submit_job"
 JOB_RUN = "moto.batch.models:Job.run"
 CONTAINER_DETAILS = "moto.batch.models:Job._container_details"
+SUBMIT_JOB_RESPONSE = "moto.batch.responses:BatchResponse.submitjob"
+DESCRIBE_JOBS = "moto.batch.models:BatchBackend.describe_jobs"
 #: moto's Batch iterates its live jobs dict in DescribeJobs and ListJobs while SubmitJob adds to it
 #: ("dictionary changed size during iteration", a 500, under a burst): the three share one lock.
 SERIALISED = tuple(
@@ -226,6 +232,8 @@ class LocalBatch:
     _running: int = 0
     _clients: dict[tuple[str, str], Any] = field(default_factory=dict)
     _stopping: bool = False
+    #: The nodes of gangs (``<job id>#<index>``), for DescribeJobs: moto does not store them.
+    _nodes: dict[str, Any] = field(default_factory=dict)
 
     # -- clients into moto, in this thread --------------------------------------------------------
     def _client(self, service: str, region: str) -> Any:
@@ -266,6 +274,12 @@ class LocalBatch:
         if job.log_stream_name:
             container["logStreamName"] = job.log_stream_name
         detail["container"] = container
+        index = getattr(job, local_batch_gang.NODE_INDEX_ATTR, None)
+        if index is not None:
+            detail["nodeDetails"] = {
+                "nodeIndex": index,
+                "isMainNode": index == local_batch_gang.main_node(job),
+            }
         return detail
 
     def _set_status(self, job: Any, status: str) -> None:
@@ -290,6 +304,9 @@ class LocalBatch:
 
     # -- the job's thread -------------------------------------------------------------------------
     def execute(self, job: Any) -> None:
+        if local_batch_gang.is_gang(job):
+            self._execute_gang(job)
+            return
         env = self._environment(job)
         task = batch_job_task(str(job.job_id), str(job.job_name))  # a group's child runs one task
         run = _Run(job, task[0] if task else None, task[1] if task else 1)
@@ -303,6 +320,25 @@ class LocalBatch:
         finally:
             with self._lock:
                 self._runs.pop(job.job_id, None)
+
+    def _execute_gang(self, job: Any) -> None:
+        with _JOBS_LOCK:  # SubmitJob sets the overrides before it lets go of the lock
+            overrides = dict(getattr(job, local_batch_gang.NODE_OVERRIDES_ATTR, None) or {})
+        try:
+            local_batch_gang.run_gang(self, job, overrides)
+        except Exception as exc:  # a bug here fails the gang visibly rather than leaving it RUNNING
+            print(f"berth local batch: gang {job.job_id} failed in the runner: {exc!r}", file=sys.__stderr__)
+            self._finish(job, success=False, exit_code=None, reason=f"local Batch runner error: {exc}")
+
+    def add_nodes(self, nodes: list[Any]) -> None:
+        with self._lock:
+            self._nodes.update({n.job_id: n for n in nodes})
+
+    def describe_nodes(self, ids: list[str]) -> list[dict[str, Any]]:
+        """DescribeJobs of gang nodes (``<job id>#<index>``) this runner ran or runs."""
+        with self._lock:
+            found = [self._nodes[i] for i in ids if i in self._nodes]
+        return [n.describe() for n in found]
 
     def _execute(self, job: Any, run: _Run, env: dict[str, str]) -> None:
         self._emit(job)  # SUBMITTED
@@ -486,6 +522,7 @@ class LocalBatch:
                 "AWS_BATCH_JQ_NAME": job.job_queue.name,
                 "AWS_BATCH_JOB_ATTEMPT": str(len(job.attempts)),
                 **self._array_env(job),
+                **getattr(job, local_batch_gang.NODE_ENV_ATTR, {}),
                 "AWS_REGION": region,
                 "AWS_DEFAULT_REGION": region,
                 "AWS_ENDPOINT_URL": self.endpoint_url,
@@ -752,6 +789,7 @@ def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
             details["reason"] = job.latest_attempt["container"]["reason"]
         return details
 
+    _install_gang_patches()
     container_details.__wrapped__ = original_details  # type: ignore[attr-defined]
     _PATCHES.append(moto_compat.replace(CONTAINER_DETAILS, container_details))
     submit_job.__wrapped__ = original_submit  # type: ignore[attr-defined]
@@ -768,6 +806,37 @@ def install(endpoint_url: str, runner: LocalBatch | None = None) -> LocalBatch:
         functools.update_wrapper(serialised, original)
         _PATCHES.append(moto_compat.replace(path, serialised))
     return local
+
+
+def _install_gang_patches() -> None:
+    """SubmitJob keeps a gang's ``nodeOverrides`` on its job (moto drops them); DescribeJobs answers
+    for gang nodes (``<job id>#<index>``) too."""
+    original_submitjob = moto_compat.surface(SUBMIT_JOB_RESPONSE)
+    get_param = moto_compat.surface("moto.batch.responses:BatchResponse._get_param")
+
+    def submitjob(self: Any) -> str:
+        overrides = get_param(self, "nodeOverrides")
+        with _JOBS_LOCK:  # the job's thread reads them under the same lock
+            body = str(original_submitjob(self))
+            if overrides:
+                job = self.batch_backend.get_job_by_id(json.loads(body)["jobId"])
+                if job is not None:
+                    setattr(job, local_batch_gang.NODE_OVERRIDES_ATTR, overrides)
+        return body
+
+    original_describe = moto_compat.surface(DESCRIBE_JOBS)
+
+    def describe_jobs(self: Any, jobs: list[str] | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = original_describe(self, jobs)
+        nodes = [j for j in jobs or [] if "#" in j]
+        if nodes and _RUNNER:
+            found.extend(_RUNNER[0].describe_nodes(nodes))
+        return found
+
+    submitjob.__wrapped__ = original_submitjob  # type: ignore[attr-defined]
+    describe_jobs.__wrapped__ = original_describe  # type: ignore[attr-defined]
+    _PATCHES.append(moto_compat.replace(SUBMIT_JOB_RESPONSE, submitjob))
+    _PATCHES.append(moto_compat.replace(DESCRIBE_JOBS, describe_jobs))
 
 
 def current() -> LocalBatch | None:

@@ -377,6 +377,35 @@ SURFACES: tuple[Surface, ...] = (
         "DescribeJobs' container: exitCode and reason added, the submit's env no longer grows per call",
     ),
     Surface("moto.batch.models:Job.status", "written", "the job's status (ManagedState's setter), driven"),
+    # -- Batch multi-node parallel jobs (local_batch_gang) ----------------------------------------------
+    Surface(
+        "moto.batch.responses:BatchResponse.submitjob",
+        "wrapped",
+        "SubmitJob's nodeOverrides (moto drops them) kept on the job for the local gang run",
+    ),
+    Surface(
+        "moto.batch.responses:BatchResponse._get_param",
+        "called",
+        "the request's nodeOverrides",
+        ("param_name",),
+    ),
+    Surface(
+        "moto.batch.models:Job",
+        "called",
+        "a gang's node: a job of its own (<job id>#<index>) driven like any other, never stored by moto",
+        ("name", "job_def", "job_queue", "backend", "log_backend", "container_overrides"),
+    ),
+    Surface(
+        "moto.batch.models:JobDefinition",
+        "called",
+        "a node's container definition: the multi-node definition's node range for it",
+        ("name", "parameters", "_type", "container_properties", "node_properties"),
+    ),
+    Surface(
+        "moto.batch.models:JobDefinition#node_properties", "read", "a multi-node definition's node ranges"
+    ),
+    Surface("moto.batch.models:JobDefinition#type", "read", "container or multinode"),
+    Surface("moto.batch.models:JobQueue#jobs", "written", "a gang's node, listed by moto's Job, taken out"),
     Surface("moto.batch.models:Job._start_attempt", "called", "appends attempts[] at STARTING"),
     Surface("moto.batch.models:Job._mark_stopped", "called", "SUCCEEDED/FAILED with stoppedAt", ("success",)),
     Surface("moto.batch.models:Job._get_attempt_duration", "called", "attemptDurationSeconds"),
