@@ -43,6 +43,17 @@ from berth_agent.usage import JobUsage, UsageSampler
 
 log = logging.getLogger(__name__)
 
+#: While an attempt stops (SIGTERM sent), its checkpoints are synced this often until the kill.
+STOP_SYNC_S = 1.0
+#: ... and once more this long before the executor's SIGKILL at the end of the grace.
+PRE_KILL_SYNC_S = 0.5
+
+
+def checkpoint_info(sync: DirSync) -> dict[str, Any]:
+    """A checkpoint sync's last upload as the wire says it: ``{at, size_bytes}``."""
+    assert sync.last_upload_at is not None
+    return {"at": sync.last_upload_at.isoformat(), "size_bytes": sync.total_bytes}
+
 
 class AgentApi(ReportApi, Protocol):
     """The part of ``client.AgentClient`` an attempt uses (its reports: ``reports.ReportApi``)."""
@@ -211,6 +222,12 @@ class AttemptRunner:
         self._running: dict[tuple[str, int], tuple[str, RunHandle | None]] = {}
         self._cancel: dict[tuple[str, int], float] = {}
         self._fenced: set[tuple[str, int]] = set()
+        #: The spec's ``checkpoint.grace_seconds`` per attempt (None: the agent's ``cancel_grace_s``).
+        self._grace: dict[tuple[str, int], float | None] = {}
+        #: When the executor kills a stopping attempt (monotonic): its last checkpoint sync is just before.
+        self._kill_at: dict[tuple[str, int], float] = {}
+        #: Each running attempt's checkpoint sync (its last upload: time and size).
+        self._ckpt: dict[tuple[str, int], DirSync] = {}
 
     # -- what the daemon's heartbeat needs ---------------------------------------------------------
     def running(self) -> list[dict[str, Any]]:
@@ -219,14 +236,47 @@ class AttemptRunner:
                 {"job_id": j, "attempt": a, "fencing_token": t} for (j, a), (t, _) in self._running.items()
             ]
 
-    def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
-        """A cancel/stop directive: the job gets SIGTERM now (or as soon as it starts), SIGKILL later."""
-        grace = float(self.config.cancel_grace_s if grace_s is None else grace_s)
+    def checkpoints(self) -> list[dict[str, Any]]:
+        """Each running attempt's last synced checkpoint, for the heartbeat's ``checkpoints``."""
         with self._lock:
-            self._cancel[(job_id, attempt)] = grace
-            entry = self._running.get((job_id, attempt))
+            out = []
+            for key, sync in self._ckpt.items():
+                entry = self._running.get(key)
+                if entry is None or sync.last_upload_at is None:
+                    continue
+                out.append(
+                    {
+                        "job_id": key[0],
+                        "attempt": key[1],
+                        "fencing_token": entry[0],
+                        **checkpoint_info(sync),
+                    }
+                )
+            return out
+
+    def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None:
+        """A cancel/stop directive: the job gets SIGTERM now (or as soon as it starts) and SIGKILL
+        after its grace: ``grace_s``, else the spec's ``checkpoint.grace_seconds``, else the agent's
+        ``cancel_grace_s``. Its checkpoints are synced while it stops and once more before the kill."""
+        key = (job_id, attempt)
+        with self._lock:
+            spec_grace = self._grace.get(key)
+        default = self.config.cancel_grace_s if spec_grace is None else spec_grace
+        grace = float(default if grace_s is None else grace_s)
+        with self._lock:
+            self._cancel[key] = grace
+            entry = self._running.get(key)
         if entry is not None and entry[1] is not None:
-            entry[1].cancel(grace)
+            self._stop(entry[1], key, grace)
+
+    def _stop(self, handle: RunHandle, key: tuple[str, int], grace: float) -> None:
+        """SIGTERM now, SIGKILL after ``grace`` (the executor's); the supervision loop syncs the
+        checkpoints while it stops and once more just before the kill."""
+        if grace > 0:
+            with self._lock:
+                due = time.monotonic() + grace
+                self._kill_at[key] = min(self._kill_at.get(key, due), due)
+        handle.cancel(grace)
 
     # -- one attempt --------------------------------------------------------------------------
     def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Outcome:
@@ -260,6 +310,9 @@ class AttemptRunner:
             report_end(self.api, job_id, attempt, token, JobResult(None, FailureKind.AGENT_ERROR, str(exc)))
             return Outcome(job_id, attempt, False, None, "bad claim")
         key = (job_id, attempt)
+        policy = claim.spec.checkpoint
+        with self._lock:
+            self._grace[key] = None if policy is None else float(policy.grace_seconds)
         entry = AttemptEntry(
             job_id,
             attempt,
@@ -281,13 +334,19 @@ class AttemptRunner:
                 return Outcome(job_id, attempt, ran, result, "Fenced")
             if self.metrics is not None:  # while the token still admits them
                 self.metrics.flush(key)
-            report_end(self.api, job_id, attempt, token, result)
+            with self._lock:
+                ckpt = self._ckpt.get(key)
+            last = None if ckpt is None or ckpt.last_upload_at is None else checkpoint_info(ckpt)
+            report_end(self.api, job_id, attempt, token, result, checkpoint=last)
             return Outcome(job_id, attempt, ran, result)
         finally:
             with self._lock:
                 self._running.pop(key, None)
                 self._cancel.pop(key, None)
                 self._fenced.discard(key)
+                self._grace.pop(key, None)
+                self._kill_at.pop(key, None)
+                self._ckpt.pop(key, None)
             if self.metrics is not None:
                 self.metrics.forget(key)
             self.ledger.remove(entry)
@@ -356,13 +415,10 @@ class AttemptRunner:
         def put(fh: BinaryIO, key: str, size: int) -> None:
             current["io"].put(fh, key, size)
 
-        syncs = PeriodicSync(
-            [
-                DirSync(dirs.outputs, keys.outputs, put),
-                DirSync(dirs.checkpoints, keys.checkpoints, put),
-            ],
-            self.sync_interval_s,
-        )
+        ckpt = DirSync(dirs.checkpoints, keys.checkpoints, put)
+        with self._lock:
+            self._ckpt[key] = ckpt
+        syncs = PeriodicSync([DirSync(dirs.outputs, keys.outputs, put), ckpt], self.sync_interval_s)
         refresher: AttemptCredentials | None = None
         if creds is not None:
 
@@ -411,7 +467,7 @@ class AttemptRunner:
         if handle.pid is not None:
             self.ledger.started(entry, handle.pid, cgroup=handle.cgroup_path)
         if pending_cancel is not None:
-            handle.cancel(pending_cancel)
+            self._stop(handle, key, pending_cancel)
         started = StartedReport(
             lambda: self.api.report(entry.job_id, entry.attempt, token, "started"),
             retry_s=self.started_retry_s,
@@ -439,9 +495,22 @@ class AttemptRunner:
         started: StartedReport | None = None,
     ) -> JobResult:
         next_sample = time.monotonic()
+        next_stop_sync = 0.0
         try:
             while (result := handle.wait(self.tick_s)) is None:
                 now = time.monotonic()
+                with self._lock:
+                    kill_at = self._kill_at.get(key)
+                if kill_at is not None:
+                    last = now >= kill_at - PRE_KILL_SYNC_S
+                    if last or now >= next_stop_sync:
+                        # Stopping: what the job checkpoints in its grace is uploaded as it lands,
+                        # and once more just before the kill.
+                        syncs.now()
+                        next_stop_sync = now + STOP_SYNC_S
+                    if last:
+                        with self._lock:
+                            self._kill_at.pop(key, None)
                 if started is not None and started.retry_due():
                     self._act_on(started.send(), handle, key)
                 if refresher is not None:

@@ -89,8 +89,10 @@ class BotocoreIO:
         except (ClientError, BotoCoreError) as exc:
             raise StagingError(f"s3://{ref.bucket}/{ref.key}: {exc}") from exc
 
-    def _link(self, ref: ObjectRef, dest: Path) -> None:
+    def _link(self, ref: ObjectRef, dest: Path, staged: list[ObjectRef] | None = None) -> None:
         src = self.cache.acquire(ref, self._fetch)
+        if staged is not None:
+            staged.append(ref)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -113,19 +115,23 @@ class BotocoreIO:
 
     def stage_s3(self, uri: str, dest: Path) -> Path:
         bucket, _, key = uri.removeprefix("s3://").partition("/")
+        staged: list[ObjectRef] = []
         try:
             if key and not key.endswith("/"):
                 head = self._s3.head_object(Bucket=bucket, Key=key)
                 target = dest / key.rsplit("/", 1)[-1]
-                self._link(ObjectRef(bucket, key, _version(head), int(head["ContentLength"])), target)
+                self._link(ObjectRef(bucket, key, _version(head), int(head["ContentLength"])), target, staged)
+                self.cache.note_dataset(uri, staged)
                 return dest
             for obj in self._list(bucket, key):
                 if obj["Key"].endswith("/"):
                     continue
                 ref = ObjectRef(bucket, obj["Key"], f"etag:{obj['ETag']}", int(obj["Size"]))
-                self._link(ref, safe_join(dest, obj["Key"][len(key) :]))
+                self._link(ref, safe_join(dest, obj["Key"][len(key) :]), staged)
         except (ClientError, BotoCoreError) as exc:
             raise StagingError(f"{uri}: {exc}") from exc
+        # Staged whole: the host's cache now holds this source (its heartbeat says so).
+        self.cache.note_dataset(uri, staged)
         dest.mkdir(parents=True, exist_ok=True)
         return dest
 

@@ -165,9 +165,15 @@ class AgentClient:
         healthy: bool,
         draining: bool,
         attempts: list[dict[str, Any]],
+        cached_datasets: list[dict[str, Any]] | None = None,
+        checkpoints: list[dict[str, Any]] | None = None,
         gpu_faults: list[dict[str, Any]] | None = None,
     ) -> Any:
         body: dict[str, Any] = {"healthy": healthy, "draining": draining, "attempts": attempts}
+        if cached_datasets is not None:  # None: unchanged since the last beat that carried it
+            body["cached_datasets"] = cached_datasets
+        if checkpoints:
+            body["checkpoints"] = checkpoints
         if gpu_faults:
             body["gpu_faults"] = gpu_faults
         return self.post("heartbeat", body)
@@ -185,6 +191,7 @@ class AgentClient:
         exit_code: int | None = None,
         failure: str | None = None,
         message: str = "",
+        checkpoint: dict[str, Any] | None = None,
     ) -> Any:
         body = {
             **_attempt(job_id, attempt, fencing_token),
@@ -193,6 +200,8 @@ class AgentClient:
             "failure": failure,
             "message": message[:MAX_MESSAGE],
         }
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint
         return self.post("report", body)
 
     def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any:

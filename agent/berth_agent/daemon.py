@@ -94,6 +94,7 @@ class Runner(Protocol):
     def run(self, message: Mapping[str, Any], on_claim_answered: Callable[[], None] | None = None) -> Any: ...
     def cancel(self, job_id: str, attempt: int, grace_s: float | None = None) -> None: ...
     def running(self) -> list[dict[str, Any]]: ...
+    def checkpoints(self) -> list[dict[str, Any]]: ...
 
 
 class Api(ReportApi, Protocol):
@@ -104,6 +105,8 @@ class Api(ReportApi, Protocol):
         healthy: bool,
         draining: bool,
         attempts: list[dict[str, Any]],
+        cached_datasets: list[dict[str, Any]] | None = None,
+        checkpoints: list[dict[str, Any]] | None = None,
         gpu_faults: list[dict[str, Any]] | None = None,
     ) -> Any: ...
 
@@ -126,6 +129,7 @@ class Daemon:
         gpu_isolation: str | None = None,
         poll_wait_s: int = 20,
         clock: Callable[[], float] = time.monotonic,
+        cache_report: Callable[[], list[dict[str, Any]]] | None = None,
         health: GpuHealthWatcher | None = None,
     ) -> None:
         self.config, self.inventory, self.api, self.runner = config, inventory, api, runner
@@ -137,6 +141,10 @@ class Daemon:
         self.gpu_isolation = gpu_isolation or isolation.gpu_isolation(config.executor)[0]
         self.poll_wait_s = poll_wait_s
         self._clock = clock
+        #: What the object cache holds (``ObjectCache.cached_datasets`` as JSON): sent in a heartbeat
+        #: when it differs from what the last accepted beat carried (None: nothing sent yet).
+        self.cache_report = cache_report
+        self._cache_sent: list[dict[str, Any]] | None = None
         self._lock = threading.Lock()
         self._busy: dict[str, tuple[str, int]] = {}  # GPU uuid -> attempt using it
         self._taken: set[tuple[str, int]] = set()  # attempts this agent has taken (running threads)
@@ -181,6 +189,7 @@ class Daemon:
 
     def register(self) -> RegisterAnswer:
         inv = self.inventory
+        self._cache_sent = None  # the next beat tells a (possibly new) host record what is cached
         inventory = {
             "host_id": self.config.host_id,
             "pool": self.config.pool,
@@ -240,15 +249,24 @@ class Daemon:
             self.directed_drain.clear()
 
     def heartbeat_once(self) -> None:
+        extra: dict[str, Any] = {}
+        cached = self._cache_changes()
+        if cached is not None:
+            extra["cached_datasets"] = cached
+        checkpoints = self.runner.checkpoints()
+        if checkpoints:  # each running attempt's last synced checkpoint (time and size)
+            extra["checkpoints"] = checkpoints
         faults = [] if self.health is None else self.health.reports()
-        # The GPU faults only when there are some: a healthy agent's heartbeat is what it always was.
-        extra = {"gpu_faults": [f.model_dump(mode="json") for f in faults]} if faults else {}
+        if faults:  # the GPU faults only when there are some (docs/agent-protocol.md)
+            extra["gpu_faults"] = [f.model_dump(mode="json") for f in faults]
         answer = self.api.heartbeat(
             healthy=True,
             draining=self.draining.is_set() or self.directed_drain.is_set(),
             attempts=self.runner.running(),
             **extra,
         )
+        if cached is not None:
+            self._cache_sent = cached
         self._last_beat_ok = self._clock()
         self.lease_lost = False
         self._outage_logged = False
@@ -259,6 +277,17 @@ class Daemon:
             # the directives above): register again to get new work.
             log.warning("host was marked lost: registering again")
             self.register()
+
+    def _cache_changes(self) -> list[dict[str, Any]] | None:
+        """The cache's datasets when they changed since the last accepted beat, else None."""
+        if self.cache_report is None:
+            return None
+        try:
+            now = self.cache_report()
+        except Exception as exc:  # a preference only: never a reason to miss a beat
+            log.warning("could not read the cache's datasets", extra={"error": str(exc)})
+            return None
+        return None if now == self._cache_sent else now
 
     def _heartbeats(self, done: threading.Event) -> None:
         while not done.wait(self.heartbeat_s):

@@ -108,6 +108,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         ledger=ledger,
         host_facts={**facts, "containment": executor.containment},
         gpu_isolation=level,
+        cache_report=lambda: [c.model_dump(mode="json") for c in cache.cached_datasets()],
         health=health,
     )
 

@@ -24,6 +24,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -62,6 +63,13 @@ class DirSync:
         self.key_prefix = key_prefix
         self._put = put
         self._seen: dict[str, tuple[int, int]] = {}
+        self.last_upload_at: datetime | None = None
+        """When a sync last uploaded something (UTC): a checkpoint's time, for the control plane."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every file uploaded so far, at its last uploaded size (a checkpoint's size)."""
+        return sum(size for size, _ in self._seen.values())
 
     def sync(self) -> SyncResult:
         result = SyncResult()
@@ -72,6 +80,8 @@ class DirSync:
             for name in filenames:
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
                 self._one(dirfd, name, rel, result)
+        if result.uploaded:
+            self.last_upload_at = datetime.now(UTC)
         return result
 
     def _one(self, dirfd: int, name: str, rel: str, result: SyncResult) -> None:
@@ -139,3 +149,8 @@ class PeriodicSync:
 
     def final(self) -> list[SyncResult]:
         return [sync.sync() for sync in self.syncs]
+
+    def now(self) -> list[SyncResult]:
+        """Sync at once (before a kill), and restart the interval."""
+        self._next = self._clock() + self.interval_s
+        return self.final()

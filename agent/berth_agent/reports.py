@@ -39,6 +39,7 @@ class ReportApi(Protocol):
         exit_code: int | None = None,
         failure: str | None = None,
         message: str = "",
+        checkpoint: dict[str, Any] | None = None,
     ) -> Any: ...
 
 
@@ -91,7 +92,15 @@ class StartedReport:
         return self.answer is Answer.PENDING and self._clock() >= self._next
 
 
-def report_end(api: ReportApi, job_id: str, attempt: int, token: str, result: JobResult) -> None:
+def report_end(
+    api: ReportApi,
+    job_id: str,
+    attempt: int,
+    token: str,
+    result: JobResult,
+    checkpoint: dict[str, Any] | None = None,
+) -> None:
+    """The attempt's final report; ``checkpoint``: its last synced checkpoint ``{at, size_bytes}``."""
     event = (
         "succeeded"
         if result.succeeded
@@ -99,6 +108,7 @@ def report_end(api: ReportApi, job_id: str, attempt: int, token: str, result: Jo
         if result.failure is FailureKind.CANCELED
         else "failed"
     )
+    extra = {} if checkpoint is None else {"checkpoint": checkpoint}
     try:
         api.report(
             job_id,
@@ -108,6 +118,7 @@ def report_end(api: ReportApi, job_id: str, attempt: int, token: str, result: Jo
             exit_code=result.exit_code,
             failure=None if result.failure in (None, FailureKind.CANCELED) else result.failure.value,
             message=result.message,
+            **extra,
         )
     except Fenced:
         log.warning("final report fenced: the attempt is no longer ours", extra={"job_id": job_id})

@@ -11,7 +11,9 @@
   second job waits for the first one's download instead of repeating it, downloads into a temporary
   file renamed into place, and an ``flock`` on the cache dir around index changes for a second
   process sharing it. The download itself is the caller's ``fetch`` (it holds the attempt's scoped
-  credentials; this module never sees credentials).
+  credentials; this module never sees credentials). It also remembers which data sources
+  (``note_dataset``) it holds in full, by version, for the heartbeat's ``cached_datasets``
+  (``cached_datasets()``: data locality, docs/data.md), in ``datasets.json`` so a restart keeps it.
 - ``unpack_bundle``: verify a code bundle's SHA-256 (the ``sha256:<hex>`` of ``berth.domain.storage``;
   the bundle lives at ``bundle_key(tenant, digest)`` in the artifacts bucket) and unpack it
   (``.tar.gz`` as ``berth_tools.bundle`` packs it, any tar or zip) into the per-job dir, refusing
@@ -26,6 +28,7 @@ import contextlib
 import fcntl
 import gzip
 import hashlib
+import json
 import logging
 import lzma
 import os
@@ -40,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from berth.domain.agent_wire import MAX_CACHED_DATASETS, MAX_CACHED_SOURCE_CHARS, CachedDataset
 from berth.domain.storage import bundle_key, parse_digest
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,8 @@ __all__ = [
 ]
 
 DATASET_SCHEME = "dataset://"
+#: Data sources the cache's index remembers (more than it reports: some may be partly evicted).
+_DATASETS_KEPT = 4 * MAX_CACHED_DATASETS
 MAX_UNPACKED_BYTES = 8 * 1024**3
 MAX_FILES = 200_000
 
@@ -159,6 +165,9 @@ class ObjectCache:
         for p in entries:
             self._lru[p.name] = p.stat().st_size
         self.hits = self.misses = self.evictions = 0
+        #: source -> (version, cache names of its objects, bytes), least recently staged first.
+        self._datasets: OrderedDict[str, tuple[str, tuple[str, ...], int]] = OrderedDict()
+        self._load_datasets()
 
     @property
     def used_bytes(self) -> int:
@@ -249,6 +258,57 @@ class ObjectCache:
                 self.evictions += 1
             if total > self.max_bytes:
                 log.warning("object cache over its bound: all entries in use", extra={"bytes": total})
+
+    # -- which data sources it holds (data locality) -------------------------------------------
+    @property
+    def _datasets_file(self) -> Path:
+        return self.root / "datasets.json"
+
+    def _load_datasets(self) -> None:
+        try:
+            rows = json.loads(self._datasets_file.read_text())
+            for source, version, names, size in rows[-_DATASETS_KEPT:]:
+                self._datasets[str(source)] = (str(version), tuple(str(n) for n in names), int(size))
+        except (OSError, ValueError, TypeError):
+            self._datasets.clear()  # absent or unreadable: it only costs a preference
+
+    def _save_datasets(self) -> None:
+        rows = [[s, v, list(n), b] for s, (v, n, b) in self._datasets.items()]
+        tmp = self._tmp / f"datasets.{uuid.uuid4().hex}"
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, self._datasets_file)
+
+    def note_dataset(self, source: str, refs: list[ObjectRef]) -> None:
+        """Remember that ``source`` (a job's ``s3://`` data source) was staged whole from ``refs``.
+        Its version is a digest of its objects' keys and versions, so a changed object is a new one."""
+        if not refs or len(source) > MAX_CACHED_SOURCE_CHARS or not source.startswith("s3://"):
+            return
+        digest = hashlib.sha256()
+        for ref in sorted(refs, key=lambda r: (r.bucket, r.key)):
+            digest.update(f"{ref.bucket}\0{ref.key}\0{ref.version}\n".encode())
+        names = tuple(r.cache_name for r in refs)
+        with self._lock:
+            size = sum(self._lru.get(n, 0) for n in names)
+            self._datasets[source] = (digest.hexdigest()[:32], names, size)
+            self._datasets.move_to_end(source)
+            while len(self._datasets) > _DATASETS_KEPT:
+                self._datasets.popitem(last=False)
+            try:
+                self._save_datasets()
+            except OSError as exc:
+                log.warning("could not save the cache's dataset index", extra={"error": str(exc)})
+
+    def cached_datasets(self, limit: int = MAX_CACHED_DATASETS) -> list[CachedDataset]:
+        """The data sources whose objects are all still cached, most recently staged first (at most
+        ``limit``): what the heartbeat reports."""
+        out: list[CachedDataset] = []
+        with self._lock:
+            for source, (version, names, size) in reversed(self._datasets.items()):
+                if len(out) >= limit:
+                    break
+                if all(n in self._lru for n in names):
+                    out.append(CachedDataset(source=source, version=version, size_bytes=size))
+        return out
 
     @contextlib.contextmanager
     def staged(self, refs: list[tuple[ObjectRef, str]], dest: Path, fetch: Fetch) -> Iterator[list[Path]]:

@@ -148,9 +148,20 @@ def test_submit_refuses_an_infeasible_job_naming_the_rule(fleet: Invoke, spec: d
     # on-prem only, larger than any host, on one node
     big = {**spec, "resources": {"gpu_type": "V100", "gpus": 16}, "constraints": {"placement": "onprem"}}
     status, err = fleet("POST", "/v1/jobs", body=big)
-    assert status == 422 and err["error"]["details"]["rule"] == Rule.CAPACITY
-    # nothing was stored
-    assert fleet("GET", "/v1/jobs")[1]["jobs"] == []
+    assert status == 422 and err["error"]["details"]["rule"] == Rule.SHAPE, err
+    assert err["error"]["details"]["largest_shape"]["onprem"]["gpus"] == 8
+    # 64 A100s on one node: no host or instance holds it (not eight p4d instances for one container)
+    huge = {**spec, "resources": {"gpu_type": "A100", "gpus": 64, "nodes": 1}}
+    status, err = fleet("POST", "/v1/jobs", body=huge)
+    assert status == 422 and err["error"]["details"]["rule"] == Rule.SHAPE, err
+    assert "the largest A100 shape is 8 GPUs" in err["error"]["message"]
+    assert "(p4d.24xlarge)" in err["error"]["message"] and "per on-prem host" in err["error"]["message"]
+    assert err["error"]["details"]["largest_shape"]["cloud"]["where"] == "p4d.24xlarge"
+    # two nodes of two hosts' size: on-prem has two V100 hosts in one pool
+    two = {**big, "resources": {"gpu_type": "V100", "gpus": 16, "nodes": 2}}
+    assert fleet("POST", "/v1/jobs", body=two)[0] == 201
+    # nothing was stored but the feasible gang
+    assert len(fleet("GET", "/v1/jobs")[1]["jobs"]) == 1
     # a job the fleet can take is accepted
     ok = {**spec, "constraints": {"placement": "onprem"}}
     assert fleet("POST", "/v1/jobs", body=ok)[0] == 201

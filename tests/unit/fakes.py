@@ -11,10 +11,11 @@ from __future__ import annotations
 import copy
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from berth.domain.agent_wire import CachedDataset
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotFound, QuotaExceeded
 from berth.domain.fleet import (
@@ -213,15 +214,25 @@ class FakeHosts:
             return record
 
     def heartbeat(
-        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+        self,
+        host_id: str,
+        lease_expires_at: datetime,
+        healthy: bool = True,
+        draining: bool = False,
+        cached_datasets: Sequence[CachedDataset] | None = None,
     ) -> None:
         with self.lock:
             current = self.hosts.get(host_id)
             if current is None:
                 raise NotFound(f"host {host_id!r} is not registered")
-            self.hosts[host_id] = current.model_copy(
-                update={"lease_expires_at": lease_expires_at, "healthy": healthy, "draining": draining}
-            )
+            update: dict[str, Any] = {
+                "lease_expires_at": lease_expires_at,
+                "healthy": healthy,
+                "draining": draining,
+            }
+            if cached_datasets is not None:
+                update["cached_datasets"] = tuple(cached_datasets)
+            self.hosts[host_id] = current.model_copy(update=update)
 
     def get(self, host_id: str) -> HostRecord | None:
         return self.hosts.get(host_id)

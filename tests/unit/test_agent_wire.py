@@ -116,6 +116,99 @@ def test_a_claim_answer_round_trips() -> None:
     assert again == answer and again.world_size == 1 and again.master_port is None
 
 
+def test_a_heartbeat_tells_the_host_record_what_its_cache_holds() -> None:
+    from berth.domain.agent_wire import MAX_CACHED_DATASETS, CachedDataset
+    from berth.logic.snapshot import scheduler_host
+
+    w = World(hosts=1)
+    caller = HostCaller("h0", "arn:host/h0")
+    entry = {"source": "s3://data/vision/imagenet/", "version": "ab12", "size_bytes": 10**9}
+    # what the agent sends (its client's JSON) is what the API's model takes
+    w.agent.heartbeat(caller, HeartbeatRequest.model_validate({"cached_datasets": [entry]}))
+    rec = w.hosts.get("h0")
+    assert rec is not None and rec.cached_datasets == (CachedDataset.model_validate(entry),)
+    assert scheduler_host(rec, w.clock()).cached_datasets == frozenset({entry["source"]})
+    # a beat without the field leaves it as stored; an empty list clears it
+    w.agent.heartbeat(caller, HeartbeatRequest())
+    assert w.hosts.get("h0").cached_datasets != ()  # type: ignore[union-attr]
+    w.agent.heartbeat(caller, HeartbeatRequest(cached_datasets=[]))
+    assert w.hosts.get("h0").cached_datasets == ()  # type: ignore[union-attr]
+    # bounded and strict: too many entries, a non-S3 source, an unknown field are refused (422)
+    for bad in (
+        [entry] * (MAX_CACHED_DATASETS + 1),
+        [{**entry, "source": "dataset://glue"}],
+        [{**entry, "source": "s3://" + "x" * 2000}],
+        [{**entry, "size_bytes": -1}],
+        [{**entry, "extra": 1}],
+    ):
+        with pytest.raises(ValidationError):
+            HeartbeatRequest.model_validate({"cached_datasets": bad})
+
+
+def test_checkpoints_in_heartbeats_and_the_final_report_reach_the_job() -> None:
+    from datetime import timedelta
+
+    from berth.domain.job import iso
+    from berth.domain.workflow import AttemptReport
+
+    w = World(hosts=1)
+    job = w.submit()
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    (host, _), *_ = w.queues.sent
+    caller = HostCaller(host, "")
+    ref = _ref(w.job(job.id))
+    w.agent.claim(caller, ref)
+    assert w.job(job.id).public()["checkpoint"] is None
+    now = w.clock()
+
+    def beat(at: datetime, size: int, **change: object) -> None:
+        ck = {**ref.model_dump(), "at": at.isoformat(), "size_bytes": size, **change}
+        w.agent.heartbeat(
+            caller, HeartbeatRequest.model_validate({"attempts": [ref.model_dump()], "checkpoints": [ck]})
+        )
+
+    beat(now - timedelta(seconds=30), 1000)
+    assert w.job(job.id).public()["checkpoint"] == {
+        "at": iso(now - timedelta(seconds=30)),
+        "size_bytes": 1000,
+        "attempt": 1,
+    }
+    version = w.job(job.id).version
+    beat(now - timedelta(seconds=60), 5)  # older than the stored one: nothing written
+    beat(now - timedelta(seconds=30), 1000)  # the same: nothing written either
+    assert w.job(job.id).version == version and w.job(job.id).run.checkpoint_bytes == 1000
+    beat(now + timedelta(hours=1), 2000)  # a host clock ahead is clamped to the control plane's
+    assert w.job(job.id).run.checkpoint_at == now and w.job(job.id).run.checkpoint_bytes == 2000
+    beat(now + timedelta(hours=2), 9, fencing_token="not-the-token")  # another token's: ignored
+    assert w.job(job.id).run.checkpoint_bytes == 2000
+    # the final report carries the checkpoint synced after the job stopped
+    w.clock.now = now + timedelta(seconds=10)
+    w.agent.report(
+        caller,
+        AttemptReport.model_validate(
+            {
+                **ref.model_dump(),
+                "event": "failed",
+                "failure": "preempted",
+                "checkpoint": {"at": w.clock().isoformat(), "size_bytes": 3000},
+            }
+        ),
+    )
+    assert w.job(job.id).run.checkpoint_bytes == 3000 and w.job(job.id).public()["checkpoint"]["attempt"] == 1
+    # bounded and strict on the wire
+    for bad in ({"size_bytes": -1}, {"size_bytes": 2**60}, {"extra": 1}):
+        with pytest.raises(ValidationError):
+            AttemptReport.model_validate(
+                {
+                    **ref.model_dump(),
+                    "event": "failed",
+                    "checkpoint": {"at": now.isoformat(), "size_bytes": 1, **bad},
+                }
+            )
+
+
 def test_gpu_fields_of_a_directive_appear_only_on_gpu_directives() -> None:
     """``clear-gpu-fault`` carries ``gpu_id`` and ``fault_id``; the other directives are written as
     before, so an older agent's view is unchanged (and it logs and ignores ``clear-gpu-fault``)."""

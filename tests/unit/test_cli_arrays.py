@@ -68,3 +68,13 @@ def test_status_table_shows_size_and_counts(capsys: pytest.CaptureFixture[str]) 
     jobs_cmd._job_table(_array({"RUNNING": 1, "QUEUED": 3}))
     out = capsys.readouterr().out
     assert "4 (4 created)" in out and "RUNNING" in out and "QUEUED" in out
+
+
+def test_status_table_shows_the_last_checkpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    job = {**_array({"RUNNING": 1}), "array": None}
+    jobs_cmd._job_table({**job, "checkpoint": None})
+    assert "checkpoint" not in capsys.readouterr().out
+    ckpt = {"at": "2026-12-03T17:00:00Z", "size_bytes": 3 * 1024**3, "attempt": 2}
+    jobs_cmd._job_table({**job, "checkpoint": ckpt})
+    out = capsys.readouterr().out
+    assert "checkpoint" in out and "2026-12-03T17:00:00Z (3.0 GiB, attempt 2)" in out

@@ -65,6 +65,9 @@ class Client:
             "updated_at": "2026-12-01T10:05:00Z",
         }
 
+    def outputs(self, job_id: str, **_: Any) -> Any:
+        return {"location": f"s3://data/vision/jobs/{job_id}/", "objects": []}
+
     def events(self, job_id: str) -> Any:
         return {
             "events": [{"at": "2026-12-01T10:05:00Z", "from": "RUNNING", "to": "FAILED", "reason": HOSTILE}]

@@ -117,3 +117,18 @@ def test_a_command_that_sets_a_reserved_variable_is_refused(command: list[str]) 
 )
 def test_a_command_that_only_reads_them_is_accepted(command: list[str]) -> None:
     assert list(JobSpec.model_validate(spec(command=command)).command) == command
+
+
+@pytest.mark.parametrize("grace", [0, 901, -1, "30", 1.5, True])
+def test_checkpoint_grace_is_bounded_and_strict(grace: object) -> None:
+    with pytest.raises(ValidationError) as exc:
+        JobSpec.model_validate(spec(checkpoint={"grace_seconds": grace}))
+    assert "checkpoint" in str(exc.value) and "grace_seconds" in str(exc.value)
+
+
+def test_checkpoint_grace_defaults_to_todays_cancel_grace() -> None:
+    assert JobSpec.model_validate(spec()).checkpoint is None  # the agent's cancel_grace_s (30 s)
+    assert JobSpec.model_validate(spec(checkpoint={})).checkpoint.grace_seconds == 30  # type: ignore[union-attr]
+    assert JobSpec.model_validate(spec(checkpoint={"grace_seconds": 900})).checkpoint.grace_seconds == 900  # type: ignore[union-attr]
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(spec(checkpoint={"grace": 5}))

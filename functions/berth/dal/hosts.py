@@ -20,6 +20,7 @@ from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
+from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Conflict, NotFound
 from berth.domain.fleet import Admission, Containment, Hold, HostInventory, HostRecord, admission_for
 from berth.domain.gpu_health import CLEARED_KEPT, GpuFault
@@ -81,6 +82,7 @@ class DynamoHostRepository:
             admitted=None
             if row.admitted_gpu_type is None or row.admitted_gpus is None
             else Admission(gpu_type=row.admitted_gpu_type, gpus=int(row.admitted_gpus)),
+            cached_datasets=tuple(CachedDataset.model_validate(c) for c in row.cached_datasets or ()),
             gpu_faults=_faults(row.gpu_faults),
             gpu_warnings=_faults(row.gpu_warnings),
             cleared_faults=tuple(row.cleared_faults or ()),
@@ -144,10 +146,17 @@ class DynamoHostRepository:
         raise Conflict(f"host {inventory.host_id!r} kept changing while registering; try again")
 
     def heartbeat(
-        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+        self,
+        host_id: str,
+        lease_expires_at: datetime,
+        healthy: bool = True,
+        draining: bool = False,
+        cached_datasets: Sequence[CachedDataset] | None = None,
     ) -> None:
         R = self._Row
         actions = [R.lease_expires_at.set(lease_expires_at), R.healthy.set(healthy), R.draining.set(draining)]
+        if cached_datasets is not None:
+            actions.append(R.cached_datasets.set([c.model_dump(mode="json") for c in cached_datasets]))
         self._update_existing(host_id, f"heartbeat host {host_id}", actions)
 
     def _update_existing(self, host_id: str, what: str, actions: Sequence[Action]) -> None:

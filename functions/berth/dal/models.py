@@ -185,6 +185,8 @@ class HostRow(Model):
     drain_requested = BooleanAttribute(null=True)
     admitted_gpu_type = UnicodeAttribute(null=True)
     admitted_gpus = NumberAttribute(null=True)
+    cached_datasets = JSONAttribute(null=True)
+    """``[{source, version, size_bytes}]``: what the host's object cache holds (data locality)."""
     #: GPU UUID -> fatal fault / current warning (``berth.domain.gpu_health.GpuFault`` as JSON).
     gpu_faults = JSONAttribute(null=True)
     gpu_warnings = JSONAttribute(null=True)

@@ -103,6 +103,27 @@ class ClaimAnswer(_FromControlPlane):
     heartbeat_s: float | None = None
 
 
+# -- what an agent says of its host's object cache (in its heartbeat; docs/agent-protocol.md) ----------
+
+#: At most this many entries in one heartbeat's ``cached_datasets`` (the most recently used first):
+#: the host record stays small (DynamoDB reads it on every pass) whatever the cache holds.
+MAX_CACHED_DATASETS = 64
+#: The longest data source an entry names (a spec's ``data[].source`` is shorter in practice).
+MAX_CACHED_SOURCE_CHARS = 1024
+
+
+class CachedDataset(BaseModel):
+    """One data source whose objects the host's cache holds in full: the source as a job spec names
+    it (``s3://bucket/prefix/`` or ``s3://bucket/key``), the version the agent staged last (a digest
+    of its objects' keys and S3 versions or ETags) and its size. Sent by agents, so strict."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Annotated[str, Field(min_length=6, max_length=MAX_CACHED_SOURCE_CHARS, pattern=r"^s3://")]
+    version: Annotated[str, Field(min_length=1, max_length=128)]
+    size_bytes: Annotated[int, Field(ge=0)]
+
+
 # -- the Batch launcher's document (``BERTH_LAUNCH``; docs/cloud.md) ----------------------------------
 
 

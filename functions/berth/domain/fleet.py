@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Forbidden
 from berth.domain.gpu_health import GpuFault, Severity
 
@@ -156,6 +157,9 @@ class HostRecord(_Frozen):
     """An operator asked it to drain: heartbeats answer a ``drain`` directive; survives registration."""
     admitted: Admission | None = None
     """What it may register at most (``admission_for``); None: a host stored before admissions were."""
+    cached_datasets: tuple[CachedDataset, ...] = ()
+    """What its agent last said its object cache holds (data locality; at most
+    ``MAX_CACHED_DATASETS``)."""
     gpu_faults: dict[str, GpuFault] = Field(default_factory=dict)
     """GPU UUID -> its fatal fault (``berth.domain.gpu_health``): out of placement until an admin
     clears it; survives registration."""

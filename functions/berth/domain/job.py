@@ -93,6 +93,18 @@ class Job(BaseModel):
             "attempts": self.attempts,
             "cost_usd": round(self.cost_usd, 4),
             "started_at": None if self.run.attempt.started_at is None else iso(self.run.attempt.started_at),
+            "checkpoint": self.checkpoint(),
+        }
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        """The last synced checkpoint ``{at, size_bytes, attempt}`` (None: none reported yet)."""
+        run = self.run
+        if run.checkpoint_at is None:
+            return None
+        return {
+            "at": iso(run.checkpoint_at),
+            "size_bytes": run.checkpoint_bytes,
+            "attempt": run.checkpoint_attempt,
         }
 
     def transition(self, to: JobStatus, reason: str, now: datetime, **changes: Any) -> tuple[Job, JobEvent]:

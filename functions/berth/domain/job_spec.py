@@ -214,6 +214,28 @@ class RetryPolicy(Strict):
     max_attempts: Annotated[int, Field(strict=True, ge=1, le=10), INTEGRAL] = 3
 
 
+#: The grace between SIGTERM and SIGKILL when a spec says nothing: the agent's ``cancel_grace_s``
+#: default, today's cancel grace.
+DEFAULT_GRACE_SECONDS = 30
+MAX_GRACE_SECONDS = 900
+
+
+class CheckpointPolicy(Strict):
+    """How a job is stopped (preemption, cancel): SIGTERM, ``grace_seconds`` to write its checkpoint
+    into ``BERTH_CHECKPOINT_DIR`` (synced while it does, and before the SIGKILL), then SIGKILL."""
+
+    grace_seconds: Annotated[
+        int,
+        Field(
+            strict=True,
+            ge=1,
+            le=MAX_GRACE_SECONDS,
+            description="Seconds between SIGTERM and SIGKILL when the attempt is preempted or canceled",
+        ),
+        INTEGRAL,
+    ] = DEFAULT_GRACE_SECONDS
+
+
 MAX_ARRAY_SIZE = 10_000
 #: A parameter's name: it becomes ``BERTH_PARAM_<NAME>`` (upper-cased) and ``{name}`` in the command.
 PARAM_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
@@ -378,6 +400,13 @@ class JobSpec(Strict):
     ) = None
     array_task: SkipJsonSchema[ArrayTask | None] = None
     """Set by Berth on each task of an array; a submitted spec that sets it is refused."""
+    checkpoint: (
+        Annotated[
+            CheckpointPolicy,
+            Field(description="How the job is stopped: SIGTERM, then grace_seconds to checkpoint"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
 
     @field_validator("expected_duration_minutes")
     @classmethod

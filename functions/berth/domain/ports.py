@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from berth.domain.agent_wire import CachedDataset
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import Admission, HoldRequest, HostInventory, HostRecord, StoredDocument
@@ -120,10 +121,15 @@ class HostRepository(Protocol):
         host. Its current inventory is left as it is (the next registration is checked against it)."""
 
     def heartbeat(
-        self, host_id: str, lease_expires_at: datetime, healthy: bool = True, draining: bool = False
+        self,
+        host_id: str,
+        lease_expires_at: datetime,
+        healthy: bool = True,
+        draining: bool = False,
+        cached_datasets: Sequence[CachedDataset] | None = None,
     ) -> None:
         """Extend the host's lease and set its health and whether it is draining; NotFound for an
-        unknown host."""
+        unknown host. ``cached_datasets``: what its cache holds now (None: leave it as stored)."""
 
     def get(self, host_id: str) -> HostRecord | None: ...
 

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.domain.agent_wire import MAX_CACHED_DATASETS, CachedDataset
+
 # The dispatch protocol's messages to agents live with the wire (both deployables import them).
 from berth.domain.agent_wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from berth.domain.agent_wire import Directive as Directive
@@ -285,6 +287,11 @@ class RunState(_Model):
     last_failure: str | None = None
     cost_done_usd: float = 0.0
     """The cost of the job's attempts that ended (``berth.domain.cost``)."""
+    checkpoint_at: datetime | None = None
+    checkpoint_bytes: int | None = None
+    checkpoint_attempt: int | None = None
+    """The job's last synced checkpoint (any attempt; its agent says so in heartbeats and its final
+    report): when, how many bytes, which attempt. Public as the job's ``checkpoint``."""
     log_streams: tuple[AttemptLogStream, ...] = ()
     """The CloudWatch Logs streams AWS Batch named for the job's cloud attempts (one per attempt,
     kept across attempts: ``GET /v1/jobs/{id}/logs?attempt=N`` reads an earlier one)."""
@@ -382,17 +389,36 @@ def agent_failure(name: str | None) -> Failure:
     return _AGENT_FAILURE_NAMES.get(name or "", Failure.AGENT_ERROR)
 
 
+class CheckpointInfo(_Model):
+    """An attempt's last checkpoint synced to the job's prefix: when (the agent's clock; the control
+    plane clamps it to its own) and the checkpoint directory's size."""
+
+    at: datetime
+    size_bytes: Annotated[int, Field(ge=0, le=2**53)]
+
+
+class AttemptCheckpoint(AttemptRef, CheckpointInfo):
+    """A running attempt's last checkpoint, in a heartbeat."""
+
+
 class AttemptReport(AttemptRef):
     event: ReportEvent
     exit_code: Annotated[int, Field(ge=-255, le=255)] | None = None
     failure: AgentFailureName | None = None
     message: Annotated[str, Field(max_length=2000)] = ""
+    checkpoint: CheckpointInfo | None = None
+    """Its last synced checkpoint (after the final sync), if it wrote any."""
 
 
 class HeartbeatRequest(_Model):
     healthy: bool = True
     draining: bool = False
     attempts: Annotated[list[AttemptRef], Field(max_length=256)] = Field(default_factory=list)
+    cached_datasets: Annotated[list[CachedDataset], Field(max_length=MAX_CACHED_DATASETS)] | None = None
+    """What the host's object cache holds (data locality); None: unchanged since the last beat (an
+    agent sends it when it changed, and on its first beat), so a beat costs no more write."""
+    checkpoints: Annotated[list[AttemptCheckpoint], Field(max_length=256)] = Field(default_factory=list)
+    """The last synced checkpoint of running attempts (those that wrote one)."""
     #: The host's GPU faults (``berth.domain.gpu_health``): its latched fatal ones and its warnings now.
     #: An agent sends the field only when it has some, so it still talks to a control plane without it.
     gpu_faults: Annotated[list[GpuFaultReport], Field(max_length=128)] = Field(default_factory=list)

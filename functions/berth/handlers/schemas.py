@@ -21,6 +21,12 @@ class ArrayOut(BaseModel):
     created: int = Field(description="How many tasks exist as jobs so far")
 
 
+class CheckpointOut(BaseModel):
+    at: str = Field(description="When the agent last synced the job's checkpoint directory (ISO time)")
+    size_bytes: int | None = Field(default=None, description="The checkpoint directory's size then")
+    attempt: int | None = Field(default=None, description="The attempt that wrote it")
+
+
 class JobOut(BaseModel):
     id: str
     tenant: str
@@ -39,6 +45,9 @@ class JobOut(BaseModel):
     cost_usd: float
     started_at: str | None = Field(
         default=None, description="When the current (or last) attempt started running (null before)"
+    )
+    checkpoint: CheckpointOut | None = Field(
+        default=None, description="The last synced checkpoint (on-prem attempts); null before the first"
     )
     array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
     queue_position: int | None = Field(

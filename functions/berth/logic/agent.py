@@ -35,6 +35,7 @@ from berth.domain.workflow import (
     PROTOCOL_VERSION,
     AttemptRef,
     AttemptReport,
+    CheckpointInfo,
     Directive,
     Failure,
     HeartbeatRequest,
@@ -124,13 +125,20 @@ class AgentService:
             ]
             return HeartbeatAnswer(reregister=True, directives=tuple(stops)).model_dump(mode="json")
         lease = now + timedelta(seconds=self.settings.lease_s)
-        self.hosts.heartbeat(host.host_id, lease, healthy=request.healthy, draining=request.draining)
+        self.hosts.heartbeat(
+            host.host_id,
+            lease,
+            healthy=request.healthy,
+            draining=request.draining,
+            cached_datasets=request.cached_datasets,
+        )
         # Its GPU faults first: an attempt on a GPU that just failed gets its stop in this answer.
         directives = GpuFaultService(self.jobs, self.hosts, self.clock).on_heartbeat(rec, request.gpu_faults)
         if rec.drain_requested:
             # Level-triggered: every answer carries it while the drain is requested; the agent takes
             # no new work while it does and resumes once an answer comes without it.
             directives.append(Directive(action="drain", reason="an operator asked this host to drain"))
+        checkpoints = {(c.job_id, c.attempt, c.fencing_token): c for c in request.checkpoints}
         for ref in request.attempts:
             job = self.jobs.get(ref.job_id)
             if job is None or not _is_current(job, host.host_id, ref):
@@ -138,6 +146,9 @@ class AgentService:
                     Directive(job_id=ref.job_id, attempt=ref.attempt, action="stop", reason="fenced")
                 )
                 continue
+            ckpt = checkpoints.get((ref.job_id, ref.attempt, ref.fencing_token))
+            if ckpt is not None:
+                job = self._note_checkpoint(job, ref.attempt, ckpt)
             if job.run.attempt.dispatch_token:
                 self.tokens.heartbeat(job.run.attempt.dispatch_token)
             if job.status is S.CANCELING:
@@ -203,6 +214,11 @@ class AgentService:
         ).model_dump(mode="json", exclude_none=True)
 
     def report(self, host: HostCaller, report: AttemptReport) -> dict[str, Any]:
+        if report.checkpoint is not None:
+            current = self._current(host, report)
+            if host.host_id in current.run.attempt.claimed:
+                self._note_checkpoint(current, report.attempt, report.checkpoint)
+
         def record(job: Job) -> Decision:
             """Note this rank's start or success on the attempt (once); Keep: nothing new to note."""
             job = _current_attempt(job, host.host_id, report)
@@ -299,6 +315,24 @@ class AgentService:
         if job is None:
             raise _not_this_hosts(ref)
         return _current_attempt(job, host.host_id, ref)
+
+    def _note_checkpoint(self, job: Job, attempt: int, ckpt: CheckpointInfo) -> Job:
+        """Keep the attempt's last checkpoint on the job's run state when it is newer than the one
+        stored: one conditional write per new checkpoint (every 30 s at most per running job),
+        best effort (a lost race leaves it to the next heartbeat). The time is clamped to now."""
+        at = min(ckpt.at, self.clock())
+        stored = job.run.checkpoint_at
+        if stored is not None and at <= stored:
+            return job
+        run = job.run.model_copy(
+            update={"checkpoint_at": at, "checkpoint_bytes": ckpt.size_bytes, "checkpoint_attempt": attempt}
+        )
+        nxt = job.updated(job.updated_at, run=run)
+        try:
+            self.jobs.update(nxt)
+        except Conflict:
+            return job
+        return nxt
 
     @staticmethod
     def _answer(job: Job) -> dict[str, Any]:

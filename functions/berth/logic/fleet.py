@@ -153,6 +153,7 @@ class FleetService:
                     for ex in verdict.details
                 ],
                 "policy_version": fleet.policy_version,
+                **({} if verdict.largest is None else {"largest_shape": verdict.largest.to_dict()}),
             },
         )
 

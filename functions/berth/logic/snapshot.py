@@ -253,6 +253,7 @@ def scheduler_host(record: HostRecord, now: datetime) -> Host:
         free_memory_gib=record.free_memory_gib,
         healthy=record.schedulable(now),
         labels=dict(inv.labels),
+        cached_datasets=frozenset(c.source for c in record.cached_datasets),
     )
 
 

@@ -25,6 +25,8 @@ class OnPremAssignment:
     memory_gib: float
     borrowed: bool = False
     site: Site = Site.ONPREM
+    data_cached_on: tuple[str, ...] = ()
+    """Those of its hosts whose object cache holds the job's data (data locality)."""
 
     def record(self) -> OnPremPlacement:
         """The placement as the job stores it and the API returns it."""

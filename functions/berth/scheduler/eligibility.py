@@ -96,26 +96,27 @@ def wants_spot(job: PendingJob, policy: SchedulingPolicy, likely_run_s: float | 
     return None if (job.checkpointing or short) else False
 
 
+def nodes_per_instance(job: PendingJob, gpus: int, vcpus: float, memory_gib: float) -> int:
+    """How many of the job's nodes one instance of this shape holds whole (0: not even one).
+    A node's share (GPUs, CPU, memory) is never split across instances."""
+    k = min(job.nodes, gpus // job.gpus_per_node if job.gpus_per_node > 0 else job.nodes)
+    return max(0, min(_whole(vcpus, job.cpu, k), _whole(memory_gib, job.memory_gib, k)))
+
+
+def _whole(room: float, need: float, cap: int) -> int:
+    """How many times ``need`` fits in ``room``, at most ``cap`` (a tiny ``need`` may overflow)."""
+    if need <= 0:
+        return cap
+    return int(min(float(cap), room / need + 1e-9))
+
+
 def instances_for(job: PendingJob, offer: CloudOffer) -> int | None:
-    """Instances of ``offer`` that hold the whole gang, or None when it cannot be shaped. A gang runs
-    as a Batch multi-node parallel job: one node per instance (Batch runs one node's container per
-    instance), so ``nodes`` instances that each hold a node's GPUs, vCPUs and memory."""
-    if job.nodes > 1:
-        fits = (
-            offer.gpus >= job.gpus_per_node and offer.vcpus >= job.cpu and offer.memory_gib >= job.memory_gib
-        )
-        return job.nodes if fits else None
-    if offer.gpus >= job.gpus:
-        n = 1
-    elif job.gpus % offer.gpus == 0:
-        n = job.gpus // offer.gpus
-    elif offer.gpus >= job.gpus_per_node:
-        n = job.nodes
-    else:
+    """Instances of ``offer`` that hold the whole gang, or None when one node's share (GPUs, CPU,
+    memory per node) does not fit one instance. A gang runs as a Batch multi-node parallel job: one
+    node per instance (Batch runs one node's container per instance), so ``nodes`` instances."""
+    if nodes_per_instance(job, offer.gpus, offer.vcpus, offer.memory_gib) == 0:
         return None
-    if n * offer.vcpus < job.cpu * job.nodes or n * offer.memory_gib < job.memory_gib * job.nodes:
-        return None
-    return n
+    return job.nodes
 
 
 @dataclass(slots=True, frozen=True)
@@ -196,7 +197,9 @@ def price_offer(
     n = instances_for(job, offer)
     if n is None:
         return Exclusion(
-            Rule.SHAPE, f"{where} ({offer.gpus} GPUs) cannot hold {job.gpus} GPUs x {job.nodes} nodes"
+            Rule.SHAPE,
+            f"{where} ({offer.gpus} GPUs, {offer.vcpus:g} vCPUs, {offer.memory_gib:g} GiB) cannot hold "
+            f"one node's share ({job.gpus_per_node} GPUs, {job.cpu:g} CPUs, {job.memory_gib:g} GiB)",
         )
     if mode is True and job.nodes > 1:
         return Exclusion(

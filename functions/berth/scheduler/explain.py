@@ -54,6 +54,8 @@ class JobExplanation:
     """An estimate (epoch seconds) of when it starts, None when none can be made."""
     estimate_basis: str | None = None
     """``onprem`` (capacity predicted free) or ``burst`` (its burst wait ends)."""
+    data_cached_on: list[str] = field(default_factory=list)
+    """Healthy hosts whose object cache holds the job's data (the pass prefers them when free)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +87,8 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
         )
     else:
         kind, summary = "pending", outcome.reason()
+    holders = list(p.ctx.index.holding(job.datasets)) if job.datasets else []
+    summary += _locality_note(placed, holders, p.ctx.policy.data_locality != "off")
     return JobExplanation(
         job_id=job_id,
         tenant=job.tenant,
@@ -101,7 +105,23 @@ def explain_job(snapshot: Snapshot, policy: SchedulingPolicy, now: float, job_id
         queue_position=None if place is None else place.position,
         estimated_start=None if place is None else place.estimated_start,
         estimate_basis=None if place is None else place.basis,
+        data_cached_on=holders,
     )
+
+
+def _locality_note(placed: object, holders: list[str], enabled: bool) -> str:
+    """A clause on data locality for the summary ("" when no host caches the job's data)."""
+    if not holders:
+        return ""
+    names = ", ".join(holders[:5]) + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
+    if isinstance(placed, OnPremAssignment) and placed.data_cached_on:
+        there = ", ".join(placed.data_cached_on)
+        return f"; its data is cached there ({there}): its objects are not downloaded again"
+    if not enabled:
+        return f"; its data is cached on {names} (data locality is off in this policy)"
+    if isinstance(placed, OnPremAssignment | CloudAssignment):
+        return f"; its data is cached on {names}, which had no room: it did not wait for them"
+    return f"; its data is cached on {names} (preferred when they have room; it never waits for them)"
 
 
 def not_considered(snapshot: Snapshot, tenant: str) -> dict[str, Any] | None:

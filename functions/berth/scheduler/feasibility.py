@@ -25,6 +25,7 @@ from berth.scheduler.fits import fits
 from berth.scheduler.outcomes import SHORTAGE_RULES, Exclusion, Rule
 from berth.scheduler.policy import SchedulingPolicy
 from berth.scheduler.predictor import fallback_runtime
+from berth.scheduler.shapes import LargestShapes, largest_shapes
 from berth.scheduler.snapshot import CloudOffer, Host, PendingJob, TenantState
 
 
@@ -35,6 +36,8 @@ class Infeasible:
     rule: Rule
     message: str
     details: tuple[Exclusion, ...] = ()
+    largest: LargestShapes | None = None
+    """Where a node's share fits nowhere (rule ``shape``): the largest shapes of its model."""
 
 
 def _onprem_exclusion(
@@ -58,22 +61,32 @@ def _onprem_exclusion(
     per_pool: dict[str, int] = {}
     pool_ex: Exclusion | None = None
     any_model = False
+    any_shape = False
     for h in hosts:
         if h.gpu_type not in quota_ok:
             continue
         any_model = True
+        # A node's share must fit one host whole: nodes are never split across hosts.
+        if not fits(h.gpus, h.cpu, h.memory_gib, job.gpus_per_node, job.cpu, job.memory_gib):
+            continue
+        any_shape = True
         pex = pool_exclusion(h.pool, residency)
         if pex is not None:
             pool_ex = pool_ex or pex
             continue
-        if fits(h.gpus, h.cpu, h.memory_gib, job.gpus_per_node, job.cpu, job.memory_gib):
-            per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
+        per_pool[h.pool] = per_pool.get(h.pool, 0) + 1
     if any(n >= job.nodes for n in per_pool.values()):
         return None
     if pool_ex is not None and not per_pool:
         return pool_ex
     if not any_model:
         return Exclusion(Rule.GPU_TYPE, f"the fleet has no {' or '.join(quota_ok)} hosts")
+    if not any_shape:
+        return Exclusion(
+            Rule.SHAPE,
+            f"no {' or '.join(quota_ok)} host holds one node's share ({job.gpus_per_node} GPUs, "
+            f"{job.cpu:g} CPUs, {job.memory_gib:g} GiB)",
+        )
     return Exclusion(
         Rule.CAPACITY,
         f"no pool has {job.nodes} host(s) with {job.gpus_per_node} {job.gpu_type} GPUs, "
@@ -117,6 +130,7 @@ def check_feasible(
 ) -> Infeasible | None:
     """None when some site could take the job some day; else the rule that forbids it."""
     t = tenant if isinstance(tenant, TenantState) else TenantState(name=tenant)
+    hosts, offers = tuple(hosts), tuple(offers)
     pj = pending_from_spec("feasibility-check", t.name, job, 0.0) if isinstance(job, JobSpec) else job
     onprem = _onprem_exclusion(pj, t, policy, hosts)
     if onprem is None:
@@ -135,4 +149,8 @@ def check_feasible(
     else:
         decisive = onprem
     message = f"on-prem: {onprem.message}; cloud: {cloud.message}"
-    return Infeasible(rule=decisive.rule, message=message, details=details)
+    largest = None
+    if Rule.SHAPE in (onprem.rule, cloud.rule):
+        largest = largest_shapes(pj.gpu_type, policy.accepted_gpus(pj.gpu_type), hosts, offers)
+        message += f"; {largest.describe()}"
+    return Infeasible(rule=decisive.rule, message=message, details=details, largest=largest)

@@ -52,7 +52,11 @@ def try_onprem(
     fit = None
     known = ctx.no_fit.get(key)
     if job.avoid_hosts or known is None:
-        fit = ctx.index.find(models, gpn, job.nodes, job.cpu, job.memory_gib, pools, job.avoid_hosts)
+        mode = ctx.policy.data_locality
+        prefer = ctx.index.holding(job.datasets) if mode != "off" and job.datasets else ()
+        fit = ctx.index.find(
+            models, gpn, job.nodes, job.cpu, job.memory_gib, pools, job.avoid_hosts, prefer, mode == "ties"
+        )
     if fit is None:
         if known is None and not job.avoid_hosts:
             known = ctx.no_fit[key] = shortage(ctx, key)
@@ -105,6 +109,7 @@ def assign_onprem(
         cpu=job.cpu,
         memory_gib=job.memory_gib,
         borrowed=used > tenant.guaranteed_gpus.get(model, 0),
+        data_cached_on=cached_on(ctx, job, host_ids),
     )
     if record:
         ctx.decisions.placements.append(a)
@@ -113,3 +118,11 @@ def assign_onprem(
         job.tenant, resource_amounts(model, job.gpus, job.cpu * job.nodes, job.memory_gib * job.nodes)
     )
     return a
+
+
+def cached_on(ctx: PassContext, job: PendingJob, host_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The hosts among ``host_ids`` whose cache holds the job's data."""
+    if not job.datasets:
+        return ()
+    holders = set(ctx.index.holding(job.datasets))
+    return tuple(h for h in host_ids if h in holders)

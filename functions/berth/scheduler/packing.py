@@ -137,9 +137,9 @@ def _alone_usd_h(led: SlotLedger, ctx: PassContext, gpus: int, kind: Kind) -> fl
         price = o.spot_usd_h if spot else o.on_demand_usd_h
         if o.region != region or price is None:
             continue
-        n = 1 if o.gpus >= gpus else (gpus // o.gpus if gpus % o.gpus == 0 else 0)
-        if n:
-            best = min(best, price * n)
+        # A single-node job: one instance holds it whole or it does not fit (never split).
+        if o.gpus >= gpus:
+            best = min(best, price)
     led.alone_memo[key] = best
     return best
 

@@ -4,6 +4,10 @@ Hosts are indexed by (pool, GPU model) and, within that, bucketed by free GPUs, 
 found by looking at the smallest bucket that can hold the job (best fit) instead of scanning
 the fleet. Best fit keeps whole free hosts intact for 8-GPU and multi-node jobs. A multi-node
 job takes ``nodes`` hosts of one pool, each with ``gpus_per_node`` free GPUs, or nothing.
+
+Data locality: ``find(..., prefer=hosts)`` takes the hosts that hold the job's data first among
+those with room now (``ties_only``: only among hosts of the same fit). It never makes a job wait for
+a busy caching host.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class OnPremIndex:
         "free_mem",
         "free_total",
         "group_of",
+        "holders",
         "hosts",
     )
 
@@ -50,6 +55,8 @@ class OnPremIndex:
         self.free_total: dict[str, int] = {}
         self._groups: dict[tuple[str, str], _Group] = {}
         self._pools_by_model: dict[str, list[str]] = {}
+        self.holders: dict[str, list[str]] = {}
+        """Data source -> healthy hosts whose cache holds it (data locality)."""
         sizes: dict[tuple[str, str], int] = {}
         healthy = [h for h in hosts if h.healthy]
         for h in healthy:
@@ -72,6 +79,18 @@ class OnPremIndex:
             self.capacity["cpu"] += h.cpu
             self.capacity["memory"] += h.memory_gib
             self.free_total[h.gpu_type] = self.free_total.get(h.gpu_type, 0) + free
+            for source in h.cached_datasets:
+                self.holders.setdefault(source, []).append(h.host_id)
+
+    def holding(self, datasets: Iterable[str]) -> tuple[str, ...]:
+        """The healthy hosts whose cache holds any of ``datasets`` (sorted, no repeats)."""
+        if not self.holders:
+            return ()
+        found = {hid for d in datasets for hid in self.holders.get(d, ())}
+        return tuple(sorted(found))
+
+    def _room(self, hid: str, gpus: int, cpu: float, memory_gib: float) -> bool:
+        return self.free_gpus[hid] >= gpus and self.free_cpu[hid] >= cpu and self.free_mem[hid] >= memory_gib
 
     @property
     def pools_by_model(self) -> dict[str, list[str]]:
@@ -109,28 +128,53 @@ class OnPremIndex:
         memory_gib: float,
         pools: Collection[str] | None = None,
         avoid: Collection[str] = (),
+        prefer: Collection[str] = (),
+        ties_only: bool = False,
     ) -> tuple[str, str, tuple[str, ...]] | None:
         """Best fit: (pool, model, host ids) for ``nodes`` hosts with room, or None.
 
         Models are tried in the given order of preference; within a model the pool whose
-        chosen hosts have the least free GPUs wins (tightest fit)."""
+        chosen hosts have the least free GPUs wins (tightest fit). ``prefer``: hosts that hold the
+        job's data, taken first among those with room (tightest first), the rest of a gang by best
+        fit, and the pool with more of them wins; with ``ties_only`` they only break best fit's
+        ties (same free GPUs; between pools of equal fit, more of them wins)."""
         need_total = gpus_per_node * nodes
         for model in gpu_types:
             if self.free_total.get(model, 0) < need_total:
                 continue
-            best: tuple[int, str, tuple[str, ...]] | None = None
+            best: tuple[int, int, str, tuple[str, ...]] | None = None
             for pool in self._pools_by_model.get(model, ()):
                 if pools is not None and pool not in pools:
                     continue
                 group = self._groups[(pool, model)]
                 if group.size < gpus_per_node:
                     continue
+                first = self._local(group, prefer, gpus_per_node, cpu, memory_gib, avoid)
                 chosen: list[str] = []
-                slack = 0
+                slack = local = 0
+                if not ties_only:  # the caching hosts with room first, whatever their fit
+                    for b in sorted(first):
+                        for hid in first[b][: nodes - len(chosen)]:
+                            chosen.append(hid)
+                            slack += b - gpus_per_node
+                            local += 1
+                taken = set(chosen)
                 for b in range(gpus_per_node, group.size + 1):
+                    if len(chosen) == nodes:
+                        break
                     bucket = group.buckets[b]
                     if not bucket:
                         continue
+                    mine = first.get(b, ()) if ties_only else ()
+                    for hid in mine:
+                        chosen.append(hid)
+                        taken.add(hid)
+                        slack += b - gpus_per_node
+                        local += 1
+                        if len(chosen) == nodes:
+                            break
+                    if len(chosen) == nodes:
+                        break
                     tried = 0
                     for hid in bucket:
                         tried += 1
@@ -138,19 +182,42 @@ class OnPremIndex:
                             break
                         if self.free_cpu[hid] < cpu or self.free_mem[hid] < memory_gib or hid in avoid:
                             continue
+                        if hid in taken:
+                            continue
                         chosen.append(hid)
                         slack += b - gpus_per_node
                         if len(chosen) == nodes:
                             break
                     if len(chosen) == nodes:
                         break
-                if len(chosen) == nodes and (best is None or slack < best[0]):
-                    best = (slack, pool, tuple(chosen))
-                    if slack == 0:
+                rank = (slack, -local) if ties_only else (-local, slack)
+                if len(chosen) == nodes and (best is None or rank < (best[0], best[1])):
+                    best = (*rank, pool, tuple(chosen))
+                    if slack == 0 and (not prefer or local == nodes):
                         break
             if best is not None:
-                return best[1], model, best[2]
+                return best[2], model, best[3]
         return None
+
+    def _local(
+        self,
+        group: _Group,
+        prefer: Collection[str],
+        gpus_per_node: int,
+        cpu: float,
+        memory_gib: float,
+        avoid: Collection[str],
+    ) -> dict[int, list[str]]:
+        """The preferred hosts of ``group`` with room now, by free GPUs."""
+        out: dict[int, list[str]] = {}
+        for hid in sorted(prefer):
+            if (
+                self.group_of.get(hid) is group
+                and hid not in avoid
+                and self._room(hid, gpus_per_node, cpu, memory_gib)
+            ):
+                out.setdefault(self.free_gpus[hid], []).append(hid)
+        return out
 
     def _move(self, hid: str, new_free: int) -> None:
         group = self.group_of[hid]

@@ -188,6 +188,11 @@ class SchedulingPolicy(_Rule):
     runtime: RuntimeRule = Field(default_factory=RuntimeRule)
     accounting: CostRates = Field(default_factory=CostRates)
     """The on-prem internal rate and how often running jobs' cost is written (``berth.domain.cost``)."""
+    data_locality: Literal["prefer", "ties", "off"] = "prefer"
+    """Hosts whose object cache holds a job's data (``Host.cached_datasets``): ``prefer`` takes them
+    first among the hosts that can take the job now (before best fit); ``ties`` only among hosts of
+    equal fit; ``off`` ignores caches. Always after fairness, quotas and placement rules, and never a
+    reason to wait (docs/scheduling.md, "Data locality")."""
 
     def accepted_gpus(self, gpu_type: str) -> tuple[str, ...]:
         """The job's own model first, then its equivalents in order of preference."""

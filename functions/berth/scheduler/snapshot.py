@@ -115,6 +115,8 @@ class Host:
     free_memory_gib: float
     healthy: bool = True
     labels: Mapping[str, str] = field(default_factory=dict)
+    cached_datasets: frozenset[str] = frozenset()
+    """Data sources (``s3://...`` as a job spec names them) whose objects its agent's cache holds."""
 
 
 @dataclass(slots=True, frozen=True)

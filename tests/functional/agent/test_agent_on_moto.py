@@ -61,7 +61,7 @@ class FakeAgentApi:
             "lease_s": 60,
         }
 
-    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
+    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]], **kw: Any) -> Any:
         return {"directives": []}
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:

@@ -55,6 +55,24 @@ def test_heartbeat_moves_only_lease_and_health(store: Store) -> None:
         store.hosts.heartbeat("nope", T0)
 
 
+def test_heartbeat_keeps_what_the_cache_holds(store: Store) -> None:
+    from berth.domain.agent_wire import CachedDataset
+
+    store.hosts.register(_inventory(), T0)
+    held = (CachedDataset(source="s3://data/vision/ds/", version="v1", size_bytes=123),)
+    store.hosts.heartbeat("h1", T0, cached_datasets=held)
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.cached_datasets == held
+    store.hosts.heartbeat("h1", T0 + timedelta(minutes=1))  # None: left as stored
+    rec = store.hosts.get("h1")
+    assert (
+        rec is not None and rec.cached_datasets == held and rec.lease_expires_at == T0 + timedelta(minutes=1)
+    )
+    store.hosts.heartbeat("h1", T0, cached_datasets=())
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.cached_datasets == ()
+
+
 def test_hold_and_release(store: Store) -> None:
     store.hosts.register(_inventory(), T0)
     a, b = attempt_key("j-a", 1), attempt_key("j-b", 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -99,7 +100,7 @@ def _bundle(tmp_path: Path, script: str) -> tuple[str, bytes]:
     return b.digest, b.data
 
 
-def _runner(tmp_path: Path, api: FakeApi, io: FakeIO) -> AttemptRunner:
+def _runner(tmp_path: Path, api: FakeApi, io: FakeIO, sync_interval_s: float = 0.2) -> AttemptRunner:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     work.chmod(0o711)
@@ -123,7 +124,7 @@ def _runner(tmp_path: Path, api: FakeApi, io: FakeIO) -> AttemptRunner:
         executor=ProcessExecutor(),
         ledger=AttemptLedger(work),
         io_for=io_for,
-        sync_interval_s=0.2,
+        sync_interval_s=sync_interval_s,
         tick_s=0.05,
     )
 
@@ -418,3 +419,112 @@ def test_a_flood_through_the_runner_arrives_whole_with_the_buffer_bounded(
     bound = shipper.max_buffer_bytes
     assert bound == 8 * 1024 * 1024 and shipper.stats.dropped_lines == 0
     assert 0 < shipper.stats.peak_buffered_bytes <= bound
+
+
+class _WitnessIO(FakeIO):
+    """Records, for each checkpoint upload, whether the job's process was still alive then."""
+
+    def __init__(self, bundles: dict[str, bytes]) -> None:
+        super().__init__(bundles)
+        self.alive_at_put: dict[str, bool] = {}
+
+    def put(self, fh: BinaryIO, key: str, size: int) -> None:
+        super().put(fh, key, size)
+        if key.endswith("/on-term"):
+            pid = int(self.objects[key])
+            try:
+                os.kill(pid, 0)
+                self.alive_at_put[key] = True
+            except ProcessLookupError:
+                self.alive_at_put.setdefault(key, False)
+
+
+def test_the_last_synced_checkpoint_is_offered_to_the_heartbeat(tmp_path: Path) -> None:
+    script = (
+        "import os, pathlib, time\n"
+        "(pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR']) / 'step-1').write_text('x' * 10)\n"
+        "time.sleep(60)\n"
+    )
+    digest, data = _bundle(tmp_path, script)
+    api, io = FakeApi(_spec(digest)), FakeIO({digest: data})
+    runner = _runner(tmp_path, api, io)
+    outcomes: list[Any] = []
+    t = threading.Thread(target=lambda: outcomes.append(runner.run(MSG)))
+    t.start()
+    deadline = time.monotonic() + 20
+    while not runner.checkpoints() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [ckpt] = runner.checkpoints()
+    assert (ckpt["job_id"], ckpt["attempt"], ckpt["fencing_token"], ckpt["size_bytes"]) == (
+        "j-1",
+        1,
+        "tok",
+        10,
+    )
+    runner.cancel("j-1", 1, grace_s=0)
+    t.join(30)
+    assert api.reports[-1]["checkpoint"] == {"at": ckpt["at"], "size_bytes": 10}
+    assert runner.checkpoints() == []
+
+
+def test_a_stopped_job_gets_its_grace_and_its_checkpoint_is_synced_before_the_kill(tmp_path: Path) -> None:
+    # The job checkpoints 1.5 s after SIGTERM (longer than the agent's cancel_grace_s of 1 s, well
+    # within the spec's 5 s) and then ignores the signal: only the spec's grace lets it write, and
+    # (no periodic sync in this test) only the syncs while it stops upload it while it still lives.
+    script = (
+        "import os, pathlib, signal, time\n"
+        "d = pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'])\n"
+        "def term(*a):\n"
+        "    time.sleep(1.5)\n"
+        "    (d / 'on-term').write_text(str(os.getpid()))\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "(d / 'step-1').write_text('x' * 10)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    digest, data = _bundle(tmp_path, script)
+    api, io = FakeApi(_spec(digest, checkpoint={"grace_seconds": 5})), _WitnessIO({digest: data})
+    runner = _runner(tmp_path, api, io, sync_interval_s=3600)
+    outcomes: list[Any] = []
+    t = threading.Thread(target=lambda: outcomes.append(runner.run(MSG)))
+    t.start()
+    deadline = time.monotonic() + 20
+    ready = tmp_path / "work" / "j-1-1" / "checkpoints" / "step-1"  # written once its handler is set
+    while not (ready.exists() and runner.running()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    runner.cancel("j-1", 1)  # a directive: no grace of its own, so the spec's
+    t.join(30)
+    assert outcomes and outcomes[0].result.failure is FailureKind.CANCELED
+    key = "vision/jobs/j-1/checkpoints/on-term"
+    assert io.alive_at_put.get(key) is True, io.alive_at_put
+    final = api.reports[-1]
+    assert final["event"] == "canceled"
+    assert final["checkpoint"]["size_bytes"] == 10 + len(io.objects[key])
+
+
+def test_without_a_checkpoint_policy_the_agents_grace_applies(tmp_path: Path) -> None:
+    script = (
+        "import os, pathlib, signal, time\n"
+        "d = pathlib.Path(os.environ['BERTH_CHECKPOINT_DIR'])\n"
+        "def term(*a):\n"
+        "    time.sleep(4)\n"
+        "    (d / 'on-term').write_text(str(os.getpid()))\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('up', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    digest, data = _bundle(tmp_path, script)
+    api, io = FakeApi(_spec(digest)), _WitnessIO({digest: data})
+    runner = _runner(tmp_path, api, io)  # cancel_grace_s=1: killed before it writes
+    outcomes: list[Any] = []
+    t = threading.Thread(target=lambda: outcomes.append(runner.run(MSG)))
+    t.start()
+    deadline = time.monotonic() + 20
+    while not (api.reports and runner.running()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    runner.cancel("j-1", 1)
+    t.join(30)
+    assert outcomes and outcomes[0].result.failure is FailureKind.CANCELED
+    assert "vision/jobs/j-1/checkpoints/on-term" not in io.objects
+    assert "checkpoint" not in api.reports[-1]  # nothing was ever checkpointed

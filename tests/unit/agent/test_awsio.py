@@ -88,6 +88,19 @@ def test_prefix_listed_and_keyed_by_etag(aws: tuple[BotocoreIO, dict[str, Stubbe
         )
     out = aio.stage_s3("s3://data-b/vision/ds/", tmp_path / "d")
     assert (out / "a.txt").read_bytes() == b"A" and (out / "sub" / "b.txt").read_bytes() == b"B"
+    # the cache now says it holds the whole source (the heartbeat's cached_datasets)
+    [held] = aio.cache.cached_datasets()
+    assert held.source == "s3://data-b/vision/ds/" and held.size_bytes == 2 and len(held.version) == 32
+
+
+def test_a_source_that_failed_to_stage_is_not_reported_cached(
+    aws: tuple[BotocoreIO, dict[str, Stubber]], tmp_path: Path
+) -> None:
+    aio, stubs = aws
+    stubs["s3"].add_client_error("head_object", "403", http_status_code=403)
+    with pytest.raises(StagingError):
+        aio.stage_s3("s3://nlp-data/nlp/secret.csv", tmp_path / "d")
+    assert aio.cache.cached_datasets() == []
 
 
 def test_access_denied_is_a_staging_error(aws: tuple[BotocoreIO, dict[str, Stubber]], tmp_path: Path) -> None:

@@ -91,6 +91,9 @@ class FakeRunner:
             if job_id in self._events:
                 self._events[job_id].set()
 
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return []
+
     def running(self) -> list[dict[str, Any]]:
         with self.lock:
             return list(self._running.values())
@@ -107,17 +110,8 @@ class FakeApi:
         self.registered.append(inventory)
         return {"host_id": "h1", "queue_url": "https://sqs/q", "heartbeat_s": 0.05, "lease_s": 90}
 
-    def heartbeat(
-        self,
-        *,
-        healthy: bool,
-        draining: bool,
-        attempts: list[dict[str, Any]],
-        gpu_faults: list[dict[str, Any]] | None = None,
-    ) -> Any:
-        self.heartbeats.append({"draining": draining, "attempts": attempts})
-        if gpu_faults is not None:
-            self.heartbeats[-1]["gpu_faults"] = gpu_faults
+    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]], **kw: Any) -> Any:
+        self.heartbeats.append({"draining": draining, "attempts": attempts, **kw})
         directives, self.directives = self.directives, []
         return {"directives": directives}
 
@@ -506,6 +500,34 @@ def test_an_agent_started_during_an_outage_waits_to_register(tmp_path: Path) -> 
             d.register_at_start()
     finally:
         daemon_module.REGISTER_RETRY_S = before
+
+
+def test_heartbeats_carry_the_cache_only_when_it_changed(tmp_path: Path) -> None:
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    held: list[dict[str, Any]] = []
+    d.cache_report = lambda: list(held)
+    d.heartbeat_once()  # the first beat says what is cached, even when nothing is
+    d.heartbeat_once()
+    held.append({"source": "s3://data/ds/", "version": "v1", "size_bytes": 3})
+    d.heartbeat_once()
+    d.heartbeat_once()
+    assert [h.get("cached_datasets") for h in api.heartbeats] == [[], None, held, None]
+    # a failed beat is sent again; so is the cache after registering again (a new host record)
+    beat = api.heartbeat
+    held.append({"source": "s3://data/other/", "version": "v1", "size_bytes": 1})
+
+    def failing(**kw: Any) -> Any:
+        raise OSError("down")
+
+    api.heartbeat = failing  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        d.heartbeat_once()
+    api.heartbeat = beat  # type: ignore[method-assign]
+    d.heartbeat_once()
+    d.register()
+    d.heartbeat_once()
+    assert [h.get("cached_datasets") for h in api.heartbeats[4:]] == [held, held]
 
 
 def test_heartbeats_carry_gpu_faults_and_a_clear_directive_forgets_one(tmp_path: Path) -> None:

@@ -91,9 +91,9 @@ class HostApi:
     def register(self, inventory: dict[str, Any], agent_version: str = "test") -> Any:
         return self._call(self.w.agent.register, HostInventory.model_validate(inventory))
 
-    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]]) -> Any:
-        request = HeartbeatRequest(
-            healthy=healthy, draining=draining, attempts=[AttemptRef(**a) for a in attempts]
+    def heartbeat(self, *, healthy: bool, draining: bool, attempts: list[dict[str, Any]], **kw: Any) -> Any:
+        request = HeartbeatRequest.model_validate(
+            {"healthy": healthy, "draining": draining, "attempts": attempts, **kw}
         )
         return self._call(self.w.agent.heartbeat, request)
 

@@ -136,6 +136,47 @@ def test_cache_survives_restart_in_lru_order(tmp_path: Path) -> None:
     assert not (tmp_path / "c" / "objects" / _ref("a").cache_name).exists()
 
 
+def test_cache_reports_the_sources_it_holds_whole_by_version(tmp_path: Path) -> None:
+    store = Store({("data", k): k.encode() * 40 for k in "abcd"})
+    cache = ObjectCache(tmp_path / "c", max_bytes=100)
+
+    def stage(source: str, *keys: str, version: str = "v1") -> None:
+        refs = [_ref(k, version) for k in keys]
+        for r in refs:
+            cache.acquire(r, store.fetch)
+            cache.release(r)
+        cache.note_dataset(source, refs)
+
+    stage("s3://data/ds1/", "a")
+    stage("s3://data/ds2/", "b")
+    held = cache.cached_datasets()
+    assert [c.source for c in held] == ["s3://data/ds2/", "s3://data/ds1/"]  # most recent first
+    assert held[0].size_bytes == 40 and held[0].version != held[1].version
+    # the same source staged again at another version is the same entry, with a new version
+    before = held[1].version
+    stage("s3://data/ds1/", "a", version="v2")
+    assert {c.source: c.version for c in cache.cached_datasets()}["s3://data/ds1/"] != before
+    # a restart keeps the index
+    assert [c.source for c in ObjectCache(tmp_path / "c", max_bytes=100).cached_datasets()] == [
+        "s3://data/ds1/",
+        "s3://data/ds2/",
+    ]
+    # once one of its objects is evicted, a source is no longer reported
+    stage("s3://data/ds3/", "c", "d")
+    assert [c.source for c in cache.cached_datasets()] == ["s3://data/ds3/"]
+    # bounded: at most ``limit`` entries; nothing for a source that is not s3:// or held no object
+    assert len(cache.cached_datasets(limit=0)) == 0
+    cache.note_dataset("dataset://glue", [_ref("c")])
+    cache.note_dataset("s3://data/empty/", [])
+    assert [c.source for c in cache.cached_datasets()] == ["s3://data/ds3/"]
+
+
+def test_an_unreadable_dataset_index_costs_only_the_preference(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "datasets.json").write_text("{not json")
+    assert ObjectCache(tmp_path / "c", max_bytes=100).cached_datasets() == []
+
+
 def test_concurrent_jobs_download_once(tmp_path: Path) -> None:
     store = Store({("data", "big"): b"z" * 50}, delay=0.2)
     cache = ObjectCache(tmp_path / "c", max_bytes=1000)

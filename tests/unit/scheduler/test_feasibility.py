@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from berth.domain.job_spec import JobSpec
-from berth.scheduler import check_feasible
-from berth.scheduler.outcomes import Rule
-from berth.scheduler.snapshot import TenantState
+from typing import Any
 
-from .helpers import host, job, offer, policy
+import pytest
+
+from berth.domain.job_spec import JobSpec, PlacementConstraint
+from berth.scheduler import check_feasible, schedule
+from berth.scheduler.decisions import CloudAssignment
+from berth.scheduler.eligibility import instances_for
+from berth.scheduler.outcomes import Rule
+from berth.scheduler.snapshot import CloudOffer, Host, TenantState
+
+from .helpers import NOW, host, job, offer, policy, snap
 
 
 def spec(**kw: object) -> JobSpec:
@@ -64,3 +70,79 @@ def test_quota_smaller_than_job() -> None:
 
 def test_pending_job_accepted_directly() -> None:
     assert check_feasible(job("x", gpus=2), "a", policy(), [host("h1")], []) is None
+
+
+# -- shapes that exist: a node's share fits one host or one instance ----------------------------------
+
+P4D = CloudOffer("us-east-1", "use1-az1", "p4d.24xlarge", "A100", 8, 96.0, 1152.0, 32.77, 9.8)
+A100_HOST = Host("a1", "p1", "A100", 8, 8, 128.0, 128.0, 1024.0, 1024.0)
+A100_HOST_2 = Host("a2", "p1", "A100", 8, 8, 128.0, 128.0, 1024.0, 1024.0)
+
+
+@pytest.mark.parametrize(
+    ("resources", "placement", "rule"),
+    [
+        # fits on-prem only (CPU per node above any instance's vCPUs)
+        ({"gpus": 8, "cpu": 120, "memory_gib": 500}, "auto", None),
+        ({"gpus": 8, "cpu": 120, "memory_gib": 500}, "cloud", Rule.SHAPE),
+        # fits the cloud only (memory per node above any host's)
+        ({"gpus": 8, "cpu": 64, "memory_gib": 1100}, "auto", None),
+        ({"gpus": 8, "cpu": 64, "memory_gib": 1100}, "onprem", Rule.SHAPE),
+        # fits neither: 64 GPUs on one node (was: eight p4d instances for one container)
+        ({"gpus": 64, "nodes": 1}, "auto", Rule.SHAPE),
+        ({"gpus": 16, "nodes": 1}, "cloud", Rule.SHAPE),
+        # multi-node: 8 nodes of 8 fit the cloud (one instance each); on-prem has 2 hosts
+        ({"gpus": 64, "nodes": 8, "cpu": 64, "memory_gib": 512}, "auto", None),
+        ({"gpus": 64, "nodes": 8, "cpu": 64, "memory_gib": 512}, "onprem", Rule.CAPACITY),
+        ({"gpus": 16, "nodes": 2, "cpu": 64, "memory_gib": 512}, "onprem", None),
+        # multi-node whose node is bigger than anything
+        ({"gpus": 32, "nodes": 2}, "auto", Rule.SHAPE),
+    ],
+)
+def test_a_nodes_share_must_fit_one_host_or_instance(
+    resources: dict[str, Any], placement: str, rule: Rule | None
+) -> None:
+    s = spec(resources={"gpu_type": "A100", **resources}, constraints={"placement": placement})
+    res = check_feasible(s, "a", policy(), [A100_HOST, A100_HOST_2], [P4D])
+    assert (None if res is None else res.rule) == rule, res
+
+
+def test_shape_refusal_names_the_largest_shape() -> None:
+    s = spec(resources={"gpu_type": "A100", "gpus": 64, "nodes": 1})
+    res = check_feasible(s, "a", policy(), [A100_HOST], [P4D])
+    assert res is not None and res.rule is Rule.SHAPE and res.largest is not None
+    assert (
+        "the largest A100 shape is 8 GPUs, 96 vCPUs, 1152 GiB per node (p4d.24xlarge) / "
+        "8 GPUs, 128 CPUs, 1024 GiB per on-prem host" in res.message
+    )
+    assert res.largest.to_dict()["cloud"]["where"] == "p4d.24xlarge"
+    # no shape exists at all for the model: GPU type, and no largest shape is named
+    res = check_feasible(spec(resources={"gpu_type": "H200", "gpus": 1}), "a", policy(), [A100_HOST], [P4D])
+    assert res is not None and res.rule is Rule.GPU_TYPE and res.largest is None
+
+
+def test_instances_hold_whole_nodes() -> None:
+    assert instances_for(job("x", gpu_type="A100", gpus=64), P4D) is None
+    assert instances_for(job("x", gpu_type="A100", gpus=64, nodes=8, cpu=64, memory_gib=512), P4D) == 8
+    # a gang is an AWS Batch multi-node parallel job: one instance per node, even where one would
+    # hold two nodes
+    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=48, memory_gib=512), P4D) == 2
+    assert instances_for(job("x", gpu_type="A100", gpus=8, nodes=2, cpu=97, memory_gib=512), P4D) is None
+    assert instances_for(job("x", gpu_type="A100", gpus=8, cpu=97, memory_gib=10), P4D) is None
+
+
+def test_the_pass_never_spreads_a_node_across_instances() -> None:
+    big = job("big", gpu_type="A100", gpus=64, placement=PlacementConstraint.CLOUD)
+    gang = job("gang", gpu_type="A100", gpus=16, nodes=2, cpu=64, memory_gib=512)
+    d = schedule(snap([big, gang], offers=[P4D], tenants={"a": TenantState("a")}), policy(), NOW)
+    placed_ids = {a.job_id for a in d.placements}
+    assert "big" not in placed_ids and d.outcomes["big"].steps[-1].rule is Rule.SHAPE
+    placed = d.outcomes["gang"].placed
+    assert isinstance(placed, CloudAssignment) and placed.instances == 2
+
+
+def test_a_tiny_cpu_or_memory_request_does_not_overflow() -> None:
+    tiny = job("x", gpu_type="A100", gpus=8, cpu=5e-324, memory_gib=5e-324)
+    assert instances_for(tiny, P4D) == 1
+    s = spec(resources={"gpu_type": "A100", "gpus": 8, "cpu": 5e-324, "memory_gib": 5e-324})
+    assert check_feasible(s, "a", policy(), [A100_HOST], [P4D]) is None

@@ -84,10 +84,32 @@ def _job_table(job: dict[str, Any]) -> None:
         ("cost", f"${job['cost_usd']:.2f}" if not array else "per task (berth ls --array)"),
         ("created", job["created_at"]),
         ("updated", job["updated_at"]),
+        *_checkpoint_row(job),
         *extra,
     ]:
         t.add_row(f"[bold]{k}[/]", v)
     console.print(t)
+
+
+def _checkpoint_row(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """``checkpoint: <time> (<size>, attempt N)`` once the job's agent synced one."""
+    ckpt = job.get("checkpoint")
+    if not ckpt:
+        return []
+    size = ckpt.get("size_bytes")
+    what = [] if size is None else [_bytes(int(size))]
+    if ckpt.get("attempt") is not None:
+        what.append(f"attempt {ckpt['attempt']}")
+    return [("checkpoint", f"{ckpt['at']}" + (f" ({', '.join(what)})" if what else ""))]
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def _read_spec(path: Path, output: OutputFormat) -> Any:

@@ -77,6 +77,37 @@ def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
                 )
             )
         console.print(t)
+        if "data_locality" in r:
+            _render_locality(r, console)
+
+
+def _tib(n: Any) -> str:
+    return f"{n / 1024**4:,.2f} TiB"
+
+
+def _render_locality(r: dict[str, Any], console: Console) -> None:
+    loc = r["data_locality"]
+    t = Table(title=f"data locality ({r['policy']}; datasets: {loc['with']['datasets']})")
+    t.add_column("metric")
+    t.add_column("with preference", justify="right")
+    t.add_column("without", justify="right")
+    for key in (
+        "bytes_staged",
+        "bytes_staged_onprem",
+        "bytes_staged_cloud",
+        "cache_hits",
+        "cache_misses",
+        "staging_hours",
+        "second_job_holder_free",
+        "second_job_staging_ratio_p50",
+        "second_job_staging_ratio_p90",
+        "avg_wait_s",
+        "total_cost_usd",
+    ):
+        fmt = _tib if key.startswith("bytes") else str
+        t.add_row(key, fmt(loc["with"][key]), fmt(loc["without"][key]))
+    t.add_row("bytes_saved", f"{_tib(loc['bytes_saved'])} ({loc['bytes_saved_fraction']:.1%})", "")
+    console.print(t)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
@@ -95,6 +126,12 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         estimate_noise: float | None = typer.Option(
             None, "--estimate-noise", min=0.0, help="Users give estimates: true run time x lognormal(sigma)"
         ),
+        data_locality: bool = typer.Option(
+            False,
+            "--data-locality",
+            help="Model datasets and host caches (the cluster's data: section; synthetic datasets when "
+            "the trace has no dataset column) and replay with and without the locality preference",
+        ),
         output: str = typer.Option("table", "--output", "-o", help="json or table"),
     ) -> None:
         """Replay a workload trace through the scheduler core and print the metrics."""
@@ -109,7 +146,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
         results = []
         for pol in policies:
-            result = simulate(jobs, spec, pol, EstimateMode(estimates), estimate_noise)
+            result = simulate(jobs, spec, pol, EstimateMode(estimates), estimate_noise, data_locality)
             results.append(result)
             if output == "json":
                 typer.echo(json.dumps(result))

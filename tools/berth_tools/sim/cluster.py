@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from berth.pricing.catalog import load_offers
 from berth.scheduler.snapshot import CloudOffer, TenantState
+from berth_tools.sim.data import DataSpec
 
 
 class _M(BaseModel):
@@ -65,6 +66,8 @@ class ClusterSpec(_M):
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     pass_interval_s: Annotated[float, Field(ge=0)] = 60.0
     """Scheduling passes run on events, at most once per this interval (0: on every event)."""
+    data: DataSpec = Field(default_factory=DataSpec)
+    """Datasets, host caches and staging (used by ``berth sim --data-locality``; ``sim/data.py``)."""
 
     def offers(self) -> tuple[CloudOffer, ...]:
         if not self.cloud.regions:

@@ -21,6 +21,7 @@ Model (docs/scheduling.md, "Simulator"):
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Any
 
 from berth.domain.placement import Site
@@ -32,6 +33,7 @@ from berth.scheduler.snapshot import PendingJob, RunningJob, Snapshot
 from berth_tools.sim.accounting import TenantLedger
 from berth_tools.sim.cloud_fleet import CloudFleet, circuit_records, interruption_at
 from berth_tools.sim.cluster import ClusterSpec
+from berth_tools.sim.data import DataModel
 from berth_tools.sim.estimates import EstimateMode, ServiceKnowledge, UserEstimates
 from berth_tools.sim.fleet import OnPremFleet
 from berth_tools.sim.records import SimJob, SimState
@@ -48,8 +50,10 @@ class Simulator:
         policy: SchedulingPolicy,
         estimates: EstimateMode = EstimateMode.PREDICTOR,
         estimate_noise: float | None = None,
+        data: DataModel | None = None,
     ) -> None:
         self.cluster = cluster
+        self.data = data
         self.policy = policy
         self.trace = trace
         self.mode = estimates
@@ -161,7 +165,7 @@ class Simulator:
         if job.trace.duration_s <= 0:
             job.first_start_s = job.end_s = now
             return
-        self.pending[job_id] = self.knows.pending_job(job)
+        self.pending[job_id] = self._pending_job(job)
         self.knows.predict_at_submit(job)
         self._arrived_min_gpn = min(self._arrived_min_gpn, job.trace.gpus // job.nodes)
 
@@ -195,6 +199,7 @@ class Simulator:
         return end
 
     def _start_onprem(self, job: SimJob, a: OnPremAssignment, now: float) -> None:
+        self._stage_onprem(job, a)
         self.fleet.take(a.hosts, a.cpu, a.memory_gib, job.trace.job_id)
         job.site, job.hosts, job.placed_at, job.work_start, job.hourly_usd = (
             Site.ONPREM,
@@ -246,6 +251,8 @@ class Simulator:
             hourly_usd=a.hourly_usd,
         )
         self._cloud_jobs += 1
+        if self.data is not None:
+            self.data.stage_cloud(job.trace.job_id, job.nodes)
         if a.spot:
             t_int = interruption_at(
                 self.cluster.cloud.spot, job.trace.job_id, job.interruptions, start, a.instances
@@ -292,7 +299,26 @@ class Simulator:
         self.ledger.charge(job.trace.tenant, usd, now)
 
     def _requeue(self, job: SimJob) -> None:
-        self.pending[job.trace.job_id] = self.knows.pending_job(job)
+        self.pending[job.trace.job_id] = self._pending_job(job)
+
+    def _pending_job(self, job: SimJob) -> PendingJob:
+        pj = self.knows.pending_job(job)
+        return pj if self.data is None else replace(pj, datasets=self.data.datasets(job.trace.job_id))
+
+    def _stage_onprem(self, job: SimJob, a: OnPremAssignment) -> None:
+        """Before the fleet is taken: was a host caching its data free for one node? Then stage."""
+        if self.data is None:
+            return
+        src = self.data.source[job.trace.job_id]
+        gpn = job.trace.gpus // job.nodes
+        holder_free = any(
+            src in cached and self.fleet.has_room(hid, gpn, job.cpu, job.memory_gib)
+            for hid, cached in self.fleet.cached.items()
+        )
+        hosts = [hid for hid, _ in a.hosts]
+        self.data.stage_onprem(job.trace.job_id, hosts, holder_free)
+        for hid in hosts:
+            self.fleet.set_cached(hid, self.data.cached(hid))
 
     def _interrupt(self, job: SimJob, now: float) -> None:
         key = self._interrupt_at.pop(job.trace.job_id, None)

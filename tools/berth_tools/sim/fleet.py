@@ -19,6 +19,8 @@ class OnPremFleet:
             hid: [h.gpus, h.cpu, h.memory_gib] for hid, h in self.specs.items()
         }
         self._view: tuple[Host, ...] | None = None
+        #: What each host's object cache holds (``sim/data.py``), as its agent would report it.
+        self.cached: dict[str, frozenset[str]] = {}
 
     @property
     def max_gpus_per_host(self) -> int:
@@ -28,10 +30,29 @@ class OnPremFleet:
         """The hosts as their agents would report them (rebuilt only after a change)."""
         if self._view is None:
             self._view = tuple(
-                Host(h.host_id, h.pool, h.gpu_type, h.gpus, int(f[0]), h.cpu, f[1], h.memory_gib, f[2])
-                for h, f in ((h, self.free[hid]) for hid, h in self.specs.items())
+                Host(
+                    h.host_id,
+                    h.pool,
+                    h.gpu_type,
+                    h.gpus,
+                    int(f[0]),
+                    h.cpu,
+                    f[1],
+                    h.memory_gib,
+                    f[2],
+                    cached_datasets=self.cached.get(hid, frozenset()),
+                )
+                for hid, h, f in ((hid, h, self.free[hid]) for hid, h in self.specs.items())
             )
         return self._view
+
+    def has_room(self, host_id: str, gpus: int, cpu: float, memory_gib: float) -> bool:
+        f = self.free[host_id]
+        return fits(f[0], f[1], f[2], gpus, cpu, memory_gib)
+
+    def set_cached(self, host_id: str, sources: frozenset[str]) -> None:
+        self.cached[host_id] = sources
+        self._view = None
 
     def largest_free_block(self) -> float:
         return max((f[0] for f in self.free.values()), default=0)

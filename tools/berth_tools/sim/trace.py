@@ -1,4 +1,5 @@
-"""Workload traces: CSV ``job_id, submit_s, tenant, gpus, gpu_type, duration_s[, model, estimate_s]``."""
+"""Workload traces: CSV ``job_id, submit_s, tenant, gpus, gpu_type, duration_s[, model, estimate_s,
+dataset, dataset_gib]``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class TraceJob:
     model: str = ""
     estimate_s: float | None = None
     """The user's estimate of the run time, when the trace has one (column ``estimate_s``)."""
+    dataset: str = ""
+    """The data source it reads (column ``dataset``); absent: ``berth sim --data-locality`` assigns one."""
+    dataset_gib: float | None = None
 
 
 REQUIRED = ("job_id", "submit_s", "tenant", "gpus", "gpu_type", "duration_s")
@@ -42,6 +46,8 @@ def parse_trace(text: str) -> list[TraceJob]:
                 duration_s=float(row["duration_s"]),
                 model=row.get("model") or "",
                 estimate_s=float(row["estimate_s"]) if row.get("estimate_s") else None,
+                dataset=row.get("dataset") or "",
+                dataset_gib=float(row["dataset_gib"]) if row.get("dataset_gib") else None,
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"trace line {n}: {exc}") from exc
