@@ -36,6 +36,8 @@ def test_submit_get_list_cancel_events(api: Invoke, spec: dict[str, Any]) -> Non
     assert job["spec"]["resources"]["gpus"] == 4
 
     status, got = api("GET", f"/v1/jobs/{job['id']}")
+    # The submit answer also says which resource defaults it applied (a fact of the submit only).
+    assert job.pop("defaults_applied") == ["resources.cpu", "resources.memory_gib"]
     assert status == 200 and got == job
 
     status, page = api("GET", "/v1/jobs")

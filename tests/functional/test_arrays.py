@@ -130,8 +130,8 @@ def test_other_tenant_gets_404(arrays_api: Invoke, spec: dict[str, Any]) -> None
 @pytest.mark.parametrize(
     ("array", "needle"),
     [
-        ({"size": 0}, "greater than or equal to 1"),
-        ({"size": 10_001}, "less than or equal to 10000"),
+        ({"size": 0}, "array.size: must be at least 1"),
+        ({"size": 10_001}, "array.size: must be at most 10000"),
         ({"size": 2, "parameters": [{"a": 1}, {"a": 2}]}, "exactly one of"),
         ({}, "exactly one of"),
         ({"parameters": []}, "at least 1"),

@@ -110,10 +110,21 @@ class FakeJobs:
         return self.jobs.get(job_id)
 
     def list_for_tenant(
-        self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
+        self,
+        tenant: str,
+        status: JobStatus | None,
+        limit: int,
+        next_token: str | None,
+        since: datetime | None = None,
     ) -> Page:
         rows = sorted(
-            (j for j in self.jobs.values() if j.tenant == tenant and (status is None or j.status == status)),
+            (
+                j
+                for j in self.jobs.values()
+                if j.tenant == tenant
+                and (status is None or j.status == status)
+                and (since is None or j.created_at >= since)
+            ),
             key=lambda j: (j.created_at, j.id),
             reverse=True,
         )
@@ -127,6 +138,29 @@ class FakeJobs:
         page = rows[start : start + limit]
         more = start + limit < len(rows)
         return Page(jobs=page, next_token=f"{tenant}|{status}||{start + limit}" if more else None)
+
+    def list_all_tenants(
+        self, status: JobStatus | None, limit: int, next_token: str | None, since: datetime | None = None
+    ) -> Page:
+        rows = sorted(
+            (
+                j
+                for j in self.jobs.values()
+                if (status is None or j.status == status) and (since is None or j.created_at >= since)
+            ),
+            key=lambda j: (j.created_at, j.id),
+            reverse=True,
+        )
+        start = 0
+        if next_token:
+            a, s, pos = [*next_token.split("|"), "", ""][:3]
+            if a != "*ALL*" or s != str(status) or not pos.isdigit():
+                raise InvalidRequest("next_token is not valid for this query; start again without it")
+            start = int(pos)
+        more = start + limit < len(rows)
+        return Page(
+            jobs=rows[start : start + limit], next_token=f"*ALL*|{status}|{start + limit}" if more else None
+        )
 
     def events(self, job_id: str) -> list[JobEvent]:
         return list(self.history.get(job_id, []))

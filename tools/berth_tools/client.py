@@ -171,9 +171,12 @@ class BerthClient:
         limit: int = 50,
         next_token: str | None = None,
         array: str | None = None,
+        **filters: str | None,
     ) -> Any:
-        """A page of the tenant's jobs (an array is one row), or with ``array`` of that array's tasks."""
-        query = {"status": status, "limit": limit, "next_token": next_token, "array": array}
+        """A page of the tenant's jobs (an array is one row), or with ``array`` of that array's tasks.
+        ``filters``: the listing's other query parameters (``tenant``, ``all_tenants``, ``since``,
+        ``name``, ``site``; docs/api.md), None for absent."""
+        query = {"status": status, "limit": limit, "next_token": next_token, "array": array, **filters}
         return self.call("GET", "/v1/jobs", query=query)
 
     def cancel(self, job_id: str) -> Any:

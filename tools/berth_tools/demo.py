@@ -515,6 +515,73 @@ def run(s: Scenario) -> None:
                 raise AssertionError(f"bob's job was accepted: {spec}")
         return "bob may not use vision's bundle (422), its data (403) or its secret (403)"
 
+    def outputs_and_checkpoint() -> str:
+        job_id = ids["alice"]
+        code, job, err = s.cli("alice", "status", job_id)
+        assert code == 0, err
+        ckpt = job.get("checkpoint")
+        assert ckpt and ckpt["size_bytes"] > 0, job
+        dest = s.state_dir / "outputs" / job_id
+        code, _, err = s.cli("alice", "outputs", job_id, "--get", str(dest))
+        assert code == 0, err
+        fetched = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+        assert any(name.endswith("last.txt") for name in fetched), fetched
+        code, _, _ = s.cli("bob", "outputs", job_id)
+        assert code == 3, f"bob listed alice's outputs (exit {code})"
+        return (
+            f"{job_id}'s last checkpoint: {ckpt['size_bytes']} bytes at {ckpt['at']} (attempt "
+            f"{ckpt['attempt']}); berth outputs --get fetched {', '.join(fetched)}; bob gets 404 (exit 3)"
+        )
+
+    def admin_lists_every_team() -> str:
+        code, out, err = s.cli("admin", "ls", "--all-tenants", "--since", "1h")
+        assert code == 0, err
+        tenants = {j["tenant"] for j in out["jobs"]}
+        assert {"vision", "nlp"} <= tenants, tenants
+        code, _, _ = s.cli("alice", "ls", "--all-tenants")
+        assert code == 2 or code == 4, f"a member listed every team's jobs (exit {code})"
+        return f"admin sees {len(out['jobs'])} job(s) of {', '.join(sorted(tenants))}; alice is refused"
+
+    def dry_run() -> str:
+        spec = spec_file("plan-v100.yaml", _runnable("resnet-vision.yaml", 5, name="planned"))
+        _, before, _ = s.cli("alice", "ls", "--all")
+        code, plan, err = s.cli("alice", "submit", "-f", spec, "--dry-run")
+        assert code == 0, f"exit {code}: {err}"
+        assert plan["stored"] is False and plan["outcome"] in ("onprem", "cloud", "pending"), plan
+        _, after, _ = s.cli("alice", "ls", "--all")
+        assert len(after["jobs"]) == len(before["jobs"]), "a dry run stored a job"
+        price = "-" if plan.get("hourly_usd") is None else f"{plan['hourly_usd']:.2f} USD/h"
+        return f"outcome {plan['outcome']} ({plan['summary']}); price {price}; nothing stored"
+
+    def did_you_mean() -> str:
+        spec = {
+            "name": "typo",
+            "comand": ["python3", "-c", "print(1)"],
+            "resources": {"gpu_type": "a100", "gpus": 1},
+        }
+        try:
+            alice.submit(spec)
+        except ClientError as exc:
+            assert exc.status == 422 and exc.code == "ValidationError", (exc.status, exc.code)
+            by_field = {d["field"]: d for d in exc.details or []}
+            assert by_field["comand"].get("did_you_mean") == "command", exc.details
+            return f"422: {by_field['comand']['message']} (did you mean 'command'?)"
+        raise AssertionError("a spec with 'comand' was accepted")
+
+    def shapes() -> str:
+        spec = {
+            "name": "one-huge-node",
+            "command": ["true"],
+            "resources": {"gpu_type": "A100", "gpus": 64, "nodes": 1},
+        }
+        try:
+            alice.submit(spec)
+        except ClientError as exc:
+            assert exc.status == 422 and exc.code == "Infeasible", (exc.status, exc.code)
+            assert (exc.details or {}).get("rule") == "shape", exc.details
+            return f"refused with 422 Infeasible, rule 'shape': {exc.message}"
+        raise AssertionError("a 64-GPU single-node job was accepted")
+
     def infeasible() -> str:
         spec = {
             "name": "h200-only",
@@ -656,6 +723,87 @@ def run(s: Scenario) -> None:
             f"(array jobs of the tasks each pass placed together); each task COMPLETED with its own logs"
         )
 
+    def cloud_gang() -> str:
+        code, job, err = s.cli("alice", "submit", "-f", str(EXAMPLES / "gang-cloud.yaml"))
+        assert code == 0, f"exit {code}: {err} {job}"
+        done = wait_for(job["id"], is_("COMPLETED", "FAILED", "CANCELED"), 150)
+        assert done["status"] == "COMPLETED", done
+        p = done["placement"]
+        assert p["instances"] == 2 and not p["spot"], p
+        lines = [e["message"] for e in alice.logs(done["id"])["events"]]
+        heard = next((line for line in lines if "heard" in line), "")
+        assert heard, lines[-5:]
+        ids["gang"] = done["id"]
+        return (
+            f"{done['id']}: one Batch multi-node parallel job of {p['instances']} {p['instance_type']} "
+            f"on-demand in {p['region']}; rank 0's log: {heard.strip()}"
+        )
+
+    def locality_sim() -> str:
+        cmd = [
+            sys.executable,
+            "-m",
+            "berth_tools.cli.main",
+            "sim",
+            "--trace",
+            str(ROOT / "examples" / "traces" / "tiresias-60.csv"),
+            "--cluster",
+            str(ROOT / "examples" / "clusters" / "small.yaml"),
+            "--data-locality",
+            "--output",
+            "json",
+        ]
+        console.print(
+            "  [dim]$ berth sim --trace examples/traces/tiresias-60.csv --cluster "
+            "examples/clusters/small.yaml --data-locality -o json[/]"
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr[-400:]
+        out = json.loads(proc.stdout)
+        result = out[0] if isinstance(out, list) else out.get("results", [out])[0]
+        loc = result["data_locality"]
+        ratio = loc["with"]["second_job_staging_ratio_p50"]
+        assert loc["bytes_saved"] > 0 and ratio <= 0.10, loc
+        return (
+            f"preferring hosts that cache a job's dataset staged {loc['bytes_saved_fraction']:.1%} fewer "
+            f"bytes; a repeat job's staging took {ratio:.1%} of the first's (p50)"
+        )
+
+    def alarms_and_dashboard() -> str:
+        import boto3
+
+        session = boto3.session.Session(profile_name="admin")
+        cw = session.client(
+            "cloudwatch", endpoint_url=s.env["AWS_ENDPOINT_URL"], region_name=s.env["AWS_REGION"]
+        )
+        alarms = [a["AlarmName"] for a in cw.describe_alarms(AlarmNamePrefix="Berth-")["MetricAlarms"]]
+        boards = [d["DashboardName"] for d in cw.list_dashboards()["DashboardEntries"]]
+        assert len(alarms) >= 10 and "Berth-operations" in boards, (alarms, boards)
+        return (
+            f"{len(alarms)} alarms (e.g. {', '.join(sorted(alarms)[:3])}) and the dashboard Berth-operations"
+        )
+
+    def console_serves() -> str:
+        import urllib.request
+
+        from berth_tools.console.server import ConsoleInfo, ConsoleServer
+
+        server = ConsoleServer(alice, ConsoleInfo(s.env["BERTH_API_URL"], "alice", s.env["AWS_REGION"]), 0)
+        server.start()
+        try:
+            with urllib.request.urlopen(server.url, timeout=10) as page:
+                html = page.read().decode()
+            with urllib.request.urlopen(server.url + "api/v1/jobs?limit=100", timeout=30) as answer:
+                jobs = json.loads(answer.read())["jobs"]
+        finally:
+            server.stop()
+        assert "<html" in html.lower() and any(j["id"] == ids["alice"] for j in jobs), len(jobs)
+        return (
+            f"berth ui served the console and alice's {len(jobs)} jobs through it, signed with her "
+            f"credentials; run `AWS_PROFILE=alice .venv/bin/berth ui` for {server.url} "
+            "(screenshots of every page: docs/img/console-*.png)"
+        )
+
     def where_and_cost() -> str:
         rows = []
         for key in ("alice", "full0", *burst["first"], *burst["rerouted"]):
@@ -686,12 +834,17 @@ def run(s: Scenario) -> None:
         ("alice submits an 8xV100 training job with the CLI", alice_submits),
         ("bob submits a 2xA100 fine-tuning job", bob_submits),
         ("each team sees only its own jobs", each_sees_own),
+        ("an admin lists every team's jobs at once (berth ls --all-tenants)", admin_lists_every_team),
         ("bob cannot see alice's job", bob_cannot_read_alice),
         (
             "alice's job runs to completion on an on-prem host; its events reach EventBridge",
             runs_to_completion,
         ),
         ("bob's job reads an on-prem dataset and completes", bob_completes),
+        (
+            "berth status shows the last checkpoint; berth outputs fetches what the job wrote",
+            outputs_and_checkpoint,
+        ),
         ("berth logs -f follows a running job live; berth metrics shows its usage", logs_follow),
         ("an agent is killed mid-job: the job is retried and completes; the agent comes back", agent_killed),
         ("a running job is canceled: the host stops it", cancel_running),
@@ -701,8 +854,11 @@ def run(s: Scenario) -> None:
         ("a retried submit with the same Idempotency-Key is one job", idempotent_retry),
         ("alice cancels a queued job", cancel),
         ("a 50-task sweep: one submit, its progress, one bulk cancel", sweep),
+        ("a dry run says where a job would go and what it would cost, and stores nothing", dry_run),
         ("a bad spec is refused with a clear message", bad_spec),
+        ("a misspelt field is refused with a 'did you mean'", did_you_mean),
         ("a job no host or cloud offer could ever take is refused at submit", infeasible),
+        ("a node too big for any host or instance is refused, naming the largest shape", shapes),
         ("berth capacity shows the fleet", capacity),
         ("an admin drains a host for maintenance, then lifts it", drain_host),
         ("requests without a SigV4 signature are refused", unsigned),
@@ -713,7 +869,11 @@ def run(s: Scenario) -> None:
         ("on-prem V100s fill up: vision's jobs burst to AWS Batch, bob's wait on-prem", bursts_to_cloud),
         ("a region's Batch API goes down: jobs go to another region", region_outage),
         ("a cloud sweep of a code bundle runs as Batch array jobs", cloud_sweep),
+        ("a 2-node cloud gang runs as one Batch multi-node parallel job", cloud_gang),
+        ("berth sim: preferring hosts that cache the data stages fewer bytes", locality_sim),
+        ("operators get alarms and a dashboard from the CDK app", alarms_and_dashboard),
         ("where each job ran and what it cost", where_and_cost),
+        ("berth ui: the web console, signed with the user's own credentials", console_serves),
     ]:
         s.step(title, fn)
 

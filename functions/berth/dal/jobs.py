@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, Protocol
 
 from pynamodb.connection import Connection
@@ -255,27 +256,76 @@ class DynamoJobRepository:
             ]
 
     def list_for_tenant(
-        self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
+        self,
+        tenant: str,
+        status: JobStatus | None,
+        limit: int,
+        next_token: str | None,
+        since: datetime | None = None,
     ) -> Page:
         start = self._decode_token(next_token, tenant, status) if next_token else None
+        index, partition = self._listing_index(tenant, status)
+        # ``since`` is a key condition: the sort key starts with the creation time.
+        floor = None if since is None else self._Job.created_key >= iso(since)
         with translated(f"list jobs of {tenant}"):
-            if status is None:
-                result = self._Job.by_tenant.query(  # type: ignore[attr-defined]
-                    tenant, scan_index_forward=False, limit=limit, last_evaluated_key=start
-                )
-            else:
-                result = self._Job.by_tenant_status.query(  # type: ignore[attr-defined]
-                    _tenant_status(tenant, status),
-                    scan_index_forward=False,
-                    limit=limit,
-                    last_evaluated_key=start,
-                )
+            result = index.query(
+                partition,
+                range_key_condition=floor,
+                scan_index_forward=False,
+                limit=limit,
+                last_evaluated_key=start,
+            )
             ids = [r.job_id for r in result]
             last = result.last_evaluated_key
-        # The indexes hold keys only: the page's items in one BatchGetItem (a job that ended or moved
-        # meanwhile shows as it is now; one deleted meanwhile is left out).
-        # Strongly consistent: an item the index already lists is never missed by an eventually
-        # consistent read that lags it.
+        jobs = self._listed(ids, status, tenant)
+        return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
+
+    def list_all_tenants(
+        self, status: JobStatus | None, limit: int, next_token: str | None, since: datetime | None = None
+    ) -> Page:
+        """Every tenant's jobs, newest first: the first ``limit`` keys of each tenant's index (one
+        Query per tenant in the directory), merged. The token is the last key shown; the next page
+        asks each tenant for keys older than it (the keys are unique: nothing shown twice or missed)."""
+        before = _check_all_token(self._tokens.decode(next_token), status) if next_token else None
+        low = None if since is None else iso(since)
+        heads: list[tuple[str, str]] = []
+        more = False
+        with translated("list jobs of every tenant"):
+            tenants = [r.pk.removeprefix(TENANT) for r in self._Tenant.by_directory.query(DIRECTORY)]  # type: ignore[attr-defined]
+            for tenant in tenants:
+                index, partition = self._listing_index(tenant, status)
+                key = self._Job.created_key
+                cond: Any
+                if before is not None:
+                    cond = key.between(low, before) if low is not None else key <= before
+                else:
+                    cond = None if low is None else key >= low
+                result = index.query(
+                    partition, range_key_condition=cond, scan_index_forward=False, limit=limit + 1
+                )
+                rows = [(r.created_key, r.job_id) for r in result if r.created_key != before]
+                more = more or len(rows) > limit or result.last_evaluated_key is not None
+                heads.extend(rows[:limit])
+        heads.sort(reverse=True)
+        page, more = heads[:limit], more or len(heads) > limit
+        token = None
+        if more and page:
+            token = self._tokens.encode(
+                {"a": 1, "s": None if status is None else str(status), "b": page[-1][0]}
+            )
+        return Page(jobs=self._listed([i for _, i in page], status, None), next_token=token)
+
+    def _listing_index(self, tenant: str, status: JobStatus | None) -> tuple[Any, str]:
+        if status is None:
+            return self._Job.by_tenant, tenant  # type: ignore[attr-defined]
+        return self._Job.by_tenant_status, _tenant_status(tenant, status)  # type: ignore[attr-defined]
+
+    def _listed(self, ids: list[str], status: JobStatus | None, tenant: str | None) -> list[Any]:
+        """The jobs (and arrays) of a listing's keys, in their order (``tenant`` None: any tenant's).
+
+        The indexes hold keys only: the page's items in one BatchGetItem (a job that ended or moved
+        meanwhile shows as it is now; one deleted meanwhile is left out). Strongly consistent: an item
+        the index already lists is never missed by an eventually consistent read that lags it."""
         found = self.get_many(ids)
         # An array is one row of its tenant's listing (its parent has no status, so get_many leaves
         # it out; its tasks are not in by_tenant); its counts come with it.
@@ -283,12 +333,12 @@ class DynamoJobRepository:
         arrays = {a.id: a for a in self._arrays.get_many(parents)} if parents and self._arrays else {}
         jobs: list[Any] = []
         for i in ids:
-            if i in found and found[i].tenant == tenant:
+            if i in found and tenant in (None, found[i].tenant):
                 if status is None or found[i].status is status:
                     jobs.append(found[i])
-            elif i in arrays and arrays[i].tenant == tenant:
+            elif i in arrays and tenant in (None, arrays[i].tenant):
                 jobs.append(arrays[i])
-        return Page(jobs=jobs, next_token=self._encode_token(last, tenant, status) if last else None)
+        return jobs
 
     def list_placed(self, status: JobStatus) -> list[Job]:
         if status not in PLACED:
@@ -384,6 +434,19 @@ class DynamoJobRepository:
 
     def _decode_token(self, token: str, tenant: str, status: JobStatus | None) -> dict[str, Any]:
         return _check_token(self._tokens.decode(token), tenant, status)
+
+
+def _check_all_token(data: dict[str, Any], status: JobStatus | None) -> str:
+    """The last key an all-tenants page showed, from its token (bound to that query and status)."""
+    boundary = data.get("b")
+    if (
+        data.get("a") != 1
+        or data.get("s") != (None if status is None else str(status))
+        or not isinstance(boundary, str)
+        or not _CREATED_KEY.fullmatch(boundary)
+    ):
+        raise InvalidRequest("next_token is not valid for this query; start again without it")
+    return boundary
 
 
 def _check_token(data: dict[str, Any], tenant: str, status: JobStatus | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ Contract: ../../docs/api.md and the product brief. Unknown fields are rejected.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from enum import StrEnum
@@ -34,6 +35,33 @@ DATA_SOURCE_RE = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|/[^\x00]+|data
 MOUNT_RE = r"^/[A-Za-z0-9._/-]+$"
 
 GPU_TYPES = ("H100", "A100", "A100-80G", "A10G", "L4", "T4", "V100", "L40S", "H200")
+
+
+def canonical_gpu_type(v: object) -> object:
+    """GPU models are matched ignoring case: ``a100`` is ``A100``, ``a100-80g`` is ``A100-80G``."""
+    if isinstance(v, str):
+        return next((g for g in GPU_TYPES if g.lower() == v.strip().lower()), v)
+    return v
+
+
+#: What a value of a pattern-checked field must look like, in words (by dotted field, ``*`` for a
+#: list index or a map key): validation errors say this instead of the regex.
+FIELD_FORMS = {
+    "name": "is not a job name: 1 to 63 lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit (e.g. resnet50-imagenet)",
+    "image": "is not an image reference: [registry/]repository[:tag][@sha256:digest], the registry and "
+    "repository in lowercase (e.g. registry.example.com/team/train:v1)",
+    "code": "is not a code reference: sha256:<64 hex digits> (a bundle you uploaded; berth submit makes "
+    "it from code: ./dir) or s3://bucket/key",
+    "data.*.source": "is not a data source: s3://bucket/prefix, or dataset://name for a registered dataset",
+    "data.*.mount": "is not a mount point: an absolute path of letters, digits, '.', '_', '-' and '/'",
+    "constraints.regions.*": "is not an AWS region name (e.g. us-east-1, eu-west-1)",
+    "secrets.*": "is not a secret name: berth/<your tenant>/<name> in AWS Secrets Manager "
+    "(e.g. berth/vision/wandb-key)",
+}
+
+#: Fields with a closed set of values that a validator (not an enum) checks: errors list them.
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {"resources.gpu_type": GPU_TYPES}
 
 RESERVED_ENV_PREFIXES = ("AWS_", "BERTH_", "NVIDIA_", "LD_")
 RESERVED_ENV_KEYS = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
@@ -155,7 +183,14 @@ class Resources(Strict):
     model_config = ConfigDict(json_schema_extra=_gpus_multiple_of_nodes())
 
     gpu_type: Annotated[
-        str, Field(min_length=1, max_length=32, json_schema_extra={"enum": list(GPU_TYPES)})
+        str,
+        BeforeValidator(canonical_gpu_type),
+        Field(
+            min_length=1,
+            max_length=32,
+            json_schema_extra={"enum": list(GPU_TYPES)},
+            description="A GPU model; any case is accepted and stored as listed (a100 is A100)",
+        ),
     ] = "A100"
     gpus: Annotated[int, Field(strict=True, ge=1, le=64), INTEGRAL] = 1
     cpu: Annotated[float, Field(strict=True, gt=0, le=1024)] = 4
@@ -166,7 +201,9 @@ class Resources(Strict):
     @classmethod
     def _known_gpu(cls, v: str) -> str:
         if v not in GPU_TYPES:
-            raise ValueError(f"unknown gpu_type {v!r}; expected one of {', '.join(GPU_TYPES)}")
+            close = difflib.get_close_matches(v.upper(), GPU_TYPES, n=1, cutoff=0.6)
+            guess = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"unknown GPU model {v!r}{guess}; use one of {', '.join(GPU_TYPES)}")
         return v
 
     @model_validator(mode="after")
@@ -290,8 +327,9 @@ class ArraySpec(Strict):
             for key, value in entry.items():
                 if not re.fullmatch(PARAM_NAME_RE, key):
                     raise ValueError(
-                        f"parameters[{i}]: name {key!r} must match {PARAM_NAME_RE} "
-                        "(it becomes the variable BERTH_PARAM_<NAME>)"
+                        f"parameters[{i}]: name {key!r} is not a parameter name: letters, digits and '_', "
+                        "not starting with a digit, at most 64 characters (it becomes the variable "
+                        "BERTH_PARAM_<NAME>)"
                     )
                 if isinstance(value, str) and "\x00" in value:
                     raise ValueError(f"parameters[{i}].{key} contains a NUL byte")
@@ -452,7 +490,10 @@ class JobSpec(Strict):
             raise ValueError(f"at most {MAX_ENV_VARS} variables")
         for key in v:
             if not re.fullmatch(ENV_KEY_RE, key):
-                raise ValueError(f"key {key!r} must match {ENV_KEY_RE}")
+                raise ValueError(
+                    f"key {key!r} is not a variable name: letters, digits and '_', not starting with a "
+                    "digit, at most 128 characters"
+                )
             if key.startswith(RESERVED_ENV_PREFIXES) or key in RESERVED_ENV_KEYS:
                 raise ValueError(
                     f"key {key!r} is reserved: Berth sets AWS_*, BERTH_*, NVIDIA_*, LD_* and "
@@ -477,3 +518,18 @@ class JobSpec(Strict):
         if len(set(mounts)) != len(mounts):
             raise ValueError("data mounts must be distinct")
         return self
+
+
+#: The resource fields whose defaults decide what a job costs and where it fits.
+DEFAULTED_RESOURCES = ("gpu_type", "gpus", "cpu", "memory_gib")
+
+
+def defaults_applied(spec: JobSpec) -> list[str]:
+    """The resource fields the submitter left out and Berth filled with its defaults (1 x A100,
+    4 CPUs, 16 GiB, one node): ``["resources"]`` when the whole section was left out, else each
+    ``resources.<field>``. From pydantic's record of the fields given, so only a spec validated from
+    the request itself answers right (a spec dumped and validated again has every field set)."""
+    if "resources" not in spec.model_fields_set:
+        return ["resources"]
+    given = spec.resources.model_fields_set
+    return [f"resources.{f}" for f in DEFAULTED_RESOURCES if f not in given]

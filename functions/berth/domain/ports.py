@@ -68,8 +68,21 @@ class JobRepository(Protocol):
         ...
 
     def list_for_tenant(
-        self, tenant: str, status: JobStatus | None, limit: int, next_token: str | None
-    ) -> Page: ...
+        self,
+        tenant: str,
+        status: JobStatus | None,
+        limit: int,
+        next_token: str | None,
+        since: datetime | None = None,
+    ) -> Page:
+        """A page of the tenant's jobs (and arrays), newest first; ``since``: created at or after."""
+        ...
+
+    def list_all_tenants(
+        self, status: JobStatus | None, limit: int, next_token: str | None, since: datetime | None = None
+    ) -> Page:
+        """The same over every tenant (operators), newest first."""
+        ...
 
     def events(self, job_id: str) -> list[JobEvent]: ...
 

@@ -5,6 +5,7 @@ Routes are declared with Powertools' REST resolver with validation on; the OpenA
 """
 
 import json
+import re
 import warnings
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
@@ -45,14 +46,16 @@ from berth.domain.errors import (
 )
 from berth.domain.fleet import HOST_ID_RE
 from berth.domain.identity import Identity
-from berth.domain.job_spec import JobSpec
+from berth.domain.job_filter import NAME_FILTER_RE, JobFilter
+from berth.domain.job_spec import FIELD_CHOICES, FIELD_FORMS, JobSpec, defaults_applied
 from berth.domain.observability import parse_since
+from berth.domain.placement import Site
 from berth.domain.queue_summary import no_queue_view
 from berth.domain.status import JobStatus
 from berth.domain.storage import DATASET_NAME_RE, DataGrants, Dataset, StorageLayout
 from berth.domain.tenancy import TENANT_RE, Caller, Quota, Role
 from berth.handlers import runtime, schemas, telemetry
-from berth.handlers.errors import error_response, from_domain, from_validation
+from berth.handlers.errors import BodyModel, error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
 from berth.handlers.settings import settings
 from berth.logic.arrays import ArrayService
@@ -203,7 +206,10 @@ def _json(status: int, body: Any) -> Response[Any]:
     "whole) and answered at once with the array; its tasks `<array id>:<i>` are created in the "
     "background.",
     responses={
-        201: {"description": "Job accepted", "content": {"application/json": {"model": schemas.JobOut}}},
+        201: {
+            "description": "Job accepted",
+            "content": {"application/json": {"model": schemas.SubmittedJobOut}},
+        },
         **schemas.error_responses(400, 403, 409, 415, 422, 429),
     },
     tags=["jobs"],
@@ -248,12 +254,15 @@ def submit_job(spec: Annotated[JobSpec, Body(embed=False)]) -> Response[Any]:
         metrics.add_metric(name="ArrayTasksSubmitted", unit=MetricUnit.Count, value=spec.array.count)
     logger.info("job submitted", extra={"job_id": job.id, "tenant": job.tenant})
     # Not ranked by a pass yet: the queue fields are there, empty (no read on the submit path).
-    return _json(201, {**job.public(), **no_queue_view()})
+    return _json(201, {**job.public(), **no_queue_view(), "defaults_applied": defaults_applied(spec)})
 
 
 @app.get(
     "/v1/jobs",
-    summary="List a tenant's jobs, newest first (your own; admins: any tenant's with `tenant`)",
+    summary="List a tenant's jobs, newest first (your own; admins: any tenant's with `tenant`, "
+    "every tenant's with `all_tenants`)",
+    description="`since` is applied in the query (pages stay full); `name` and `site` are applied to "
+    "each page read, so a page may hold fewer than `limit` jobs while `next_token` says there is more.",
     responses={
         200: {"description": "A page of jobs", "content": {"application/json": {"model": schemas.JobList}}},
         **schemas.error_responses(400, 403, 422, 429),
@@ -270,21 +279,47 @@ def list_jobs(
             pattern=TENANT_RE, description="Whose jobs (default: the caller's tenant; others: admins only)"
         ),
     ] = None,
+    all_tenants: Annotated[
+        bool, Query(description="Every tenant's jobs, newest first (admins only; not with `tenant`)")
+    ] = False,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="Only jobs created at or after this time: epoch ms or ISO 8601 with a zone "
+            "(else 400)",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        Query(
+            pattern=NAME_FILTER_RE,
+            description="Only jobs whose name contains this, or matches it as a glob when it has `*`, "
+            "`?` or `[` (`resnet-*`)",
+        ),
+    ] = None,
+    site: Annotated[Site | None, Query(description="Only jobs placed at this site")] = None,
     array: Annotated[
         str | None,
         Query(
             pattern=ARRAY_ID_RE,
-            description="List this array's created tasks in index order instead (`status` and `tenant` "
-            "do not apply; `next_token` is the next index)",
+            description="List this array's created tasks in index order instead (`status`, `tenant` and "
+            "the other filters do not apply; `next_token` is the next index)",
         ),
     ] = None,
 ) -> Response[Any]:
     if array is not None:
-        if status is not None or tenant is not None:
-            raise InvalidRequest("array cannot be combined with status or tenant")
+        if status is not None or tenant is not None or all_tenants or since or name or site:
+            raise InvalidRequest(
+                "array cannot be combined with status, tenant, all_tenants, since, name or site"
+            )
         tasks, token = _arrays().tasks(_caller(), array, limit, next_token)
         return _json(200, {"jobs": _with_queue(tasks), "next_token": token})
-    page = _services()[0].list_jobs(_caller(), status, limit, next_token, tenant=tenant)
+    after = None if since is None else datetime.fromtimestamp(parse_since(since) / 1000, UTC)
+    filters = JobFilter(since=after, name=name, site=site)
+    page = _services()[0].list_jobs(
+        _caller(), status, limit, next_token, tenant=tenant, filters=filters, all_tenants=all_tenants
+    )
     return _json(200, {"jobs": _with_queue(page.jobs), "next_token": page.next_token})
 
 
@@ -909,9 +944,20 @@ def _domain_error(exc: DomainError) -> Response[Any]:
     return from_domain(exc)
 
 
+#: Bodies whose validation errors are told in their model's words, by method and path.
+_BODIES: list[tuple[str, re.Pattern[str], BodyModel]] = [
+    ("POST", re.compile(r"^/v1/jobs/?$"), (JobSpec, FIELD_FORMS, FIELD_CHOICES)),
+    ("PUT", re.compile(r"^/v1/tenants/[^/]+/quota/?$"), (Quota, {}, {})),
+    ("PUT", re.compile(r"^/v1/datasets/[^/]+/?$"), (Dataset, {}, {})),
+    ("PUT", re.compile(r"^/v1/tenants/[^/]+/grants/?$"), (DataGrants, {}, {})),
+]
+
+
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[Any]:
-    return from_validation(exc)
+    event = app.current_event
+    body = next((b for m, path, b in _BODIES if m == event.http_method and path.match(event.path)), None)
+    return from_validation(exc, body)
 
 
 @app.not_found

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 
 from berth.domain import errors as e
+from berth.domain.validation_messages import describe
 
 #: First match wins: subclasses before their bases.
 STATUS: list[tuple[type[e.DomainError], int]] = [
@@ -52,19 +55,26 @@ def _loc(loc: tuple[Any, ...] | list[Any]) -> str:
 
 def _describe(err: dict[str, Any]) -> str:
     where = _loc(err.get("loc", ()))
-    if err.get("type") == "extra_forbidden":
-        return f"{where}: unknown field (not part of the job spec)"
-    if err.get("type") == "missing":
-        return f"{where}: required field is missing"
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     return f"{where}: {msg}" if where else msg
 
 
-def from_validation(exc: RequestValidationError) -> Response[Any]:
+#: A body's model, the words for its pattern fields and the values of its closed fields
+#: (``berth.domain.validation_messages.describe``).
+BodyModel = tuple[type[BaseModel], Mapping[str, str], Mapping[str, Sequence[str]]]
+
+
+def from_validation(exc: RequestValidationError, body: BodyModel | None = None) -> Response[Any]:
+    """422 ``ValidationError``: ``details`` one entry per problem, ``{field, message}`` plus, for a
+    body with a model, ``allowed`` and ``did_you_mean`` where they help (domain/validation_messages)."""
     errs = list(exc.errors())
     if any(err.get("type") == "json_invalid" for err in errs):
         return error_response(400, "BadRequest", "request body is not valid JSON")
-    details = [{"field": _loc(err.get("loc", ())), "message": _describe(err)} for err in errs]
+    in_body = [e for e in errs if tuple(e.get("loc", ()))[:1] == ("body",)]
+    others = [e for e in errs if e not in in_body]
+    details = [{"field": _loc(err.get("loc", ())), "message": _describe(err)} for err in others]
+    model, forms, choices = body if body is not None else (None, {}, {})
+    details += describe(in_body, model, forms, choices)
     message = "; ".join(d["message"] for d in details[:5]) or "invalid request"
     if len(details) > 5:
         message += f" (and {len(details) - 5} more)"

@@ -71,6 +71,15 @@ class JobOut(BaseModel):
     queue_as_of: str | None = Field(default=None, description="The pass that last changed these fields")
 
 
+class SubmittedJobOut(JobOut):
+    defaults_applied: list[str] = Field(
+        default_factory=list,
+        description="Resource fields the spec left out and Berth filled with its defaults: `resources` "
+        "(the whole section: 1 x A100, 4 CPUs, 16 GiB) or `resources.<field>`; only in the answer to "
+        "`POST /v1/jobs`",
+    )
+
+
 class BundleIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

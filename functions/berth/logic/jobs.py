@@ -16,6 +16,7 @@ from berth.domain.errors import (
 )
 from berth.domain.idempotency import submit_claim
 from berth.domain.job import Job, JobEvent, new_job, new_job_id
+from berth.domain.job_filter import JobFilter
 from berth.domain.job_spec import JobSpec
 from berth.domain.ports import JobRepository, Page, TenantRecord, TenantRepository
 from berth.domain.status import JobStatus, cancel_target
@@ -31,6 +32,7 @@ FeasibilityCheck = Callable[[JobSpec, str, TenantRecord], None]
 #: submit read (its grants).
 AccessCheck = Callable[[JobSpec, str, TenantRecord], None]
 
+NO_FILTER = JobFilter()
 MAX_LIST_LIMIT = 100
 #: How long an Idempotency-Key keeps designating its job (the same as Powertools' record by default).
 IDEMPOTENCY_TTL = timedelta(hours=24)
@@ -104,12 +106,27 @@ class JobService:
         limit: int,
         next_token: str | None,
         tenant: str | None = None,
+        filters: JobFilter = NO_FILTER,
+        all_tenants: bool = False,
     ) -> Page:
-        """The caller's tenant's jobs; an admin may name any tenant (operators find and stop jobs)."""
-        tenant = caller.tenant if tenant is None else tenant
-        if tenant != caller.tenant and not caller.is_admin:
-            raise Forbidden(f"only admins may list another tenant's jobs (you are in {caller.tenant!r})")
-        return self.jobs.list_for_tenant(tenant, status, min(limit, MAX_LIST_LIMIT), next_token)
+        """The caller's tenant's jobs; an admin may name any tenant, or list every tenant's (operators
+        find and stop jobs). ``filters`` as ``domain/job_filter.py`` says: ``since`` in the query,
+        ``name`` and ``site`` on the page read (a page may then hold fewer than ``limit``)."""
+        limit = min(limit, MAX_LIST_LIMIT)
+        if all_tenants:
+            if tenant is not None:
+                raise InvalidRequest("all_tenants cannot be combined with tenant")
+            if not caller.is_admin:
+                raise Forbidden(f"only admins may list every tenant's jobs (you are in {caller.tenant!r})")
+            page = self.jobs.list_all_tenants(status, limit, next_token, since=filters.since)
+        else:
+            tenant = caller.tenant if tenant is None else tenant
+            if tenant != caller.tenant and not caller.is_admin:
+                raise Forbidden(f"only admins may list another tenant's jobs (you are in {caller.tenant!r})")
+            page = self.jobs.list_for_tenant(tenant, status, limit, next_token, since=filters.since)
+        if not filters.filters_page:
+            return page
+        return Page(jobs=[j for j in page.jobs if filters.matches(j)], next_token=page.next_token)
 
     def events(self, caller: Caller, job_id: str) -> list[JobEvent]:
         self.get(caller, job_id)

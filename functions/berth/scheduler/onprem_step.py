@@ -84,11 +84,15 @@ def shortage(ctx: PassContext, key: ShapeKey) -> Step:
             default=0,
         )
         gpn, nodes = key.gpus_per_node, key.nodes
-        shape = f"{nodes} hosts with {gpn} free {m} GPUs" if nodes > 1 else f"a host with {gpn} free {m} GPUs"
-        parts.append(
-            f"no {shape} ({ctx.index.free_total.get(m, 0)} of {cap:.0f} free, largest free block {block})"
-        )
+        free = ctx.index.free_total.get(m, 0)
+        parts.append(f"{_no_room(nodes, gpn, m)} ({free} of {cap:.0f} free, largest free block {block})")
     return Step(Site.ONPREM, Rule.CAPACITY, "; ".join(parts))
+
+
+def _no_room(nodes: int, gpus_per_node: int, model: str) -> str:
+    """``no host with 8 free V100 GPUs``, ``fewer than 2 hosts with 8 free V100 GPUs each``."""
+    gpus = f"{gpus_per_node} free {model} GPU{'s' if gpus_per_node != 1 else ''}"
+    return f"fewer than {nodes} hosts with {gpus} each" if nodes > 1 else f"no host with {gpus}"
 
 
 def assign_onprem(

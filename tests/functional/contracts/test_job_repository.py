@@ -159,6 +159,50 @@ def test_a_token_only_serves_its_own_query(store: Store) -> None:
         store.jobs.list_for_tenant("vision", None, 1, "not-a-token")
 
 
+def test_since_is_part_of_the_query(store: Store) -> None:
+    ids = [_new(store, i=i).id for i in range(5)]
+    page = store.jobs.list_for_tenant("vision", None, 10, None, since=T0 + timedelta(seconds=3))
+    assert [j.id for j in page.jobs] == [ids[4], ids[3]] and page.next_token is None
+    queued = store.jobs.list_for_tenant("vision", JobStatus.QUEUED, 1, None, since=T0 + timedelta(seconds=3))
+    assert [j.id for j in queued.jobs] == [ids[4]]
+
+
+def test_all_tenants_merges_newest_first_across_tenants_page_by_page(store: Store) -> None:
+    made = [_new(store, tenant=("vision", "nlp", "audio")[i % 3], i=i) for i in range(7)]
+    seen: list[str] = []
+    token = None
+    for _ in range(10):
+        page = store.jobs.list_all_tenants(None, 2, token)
+        assert len(page.jobs) <= 2
+        seen += [j.id for j in page.jobs]
+        token = page.next_token
+        if token is None:
+            break
+    assert seen == [j.id for j in made[::-1]]
+    recent = store.jobs.list_all_tenants(None, 10, None, since=T0 + timedelta(seconds=5))
+    assert [j.id for j in recent.jobs] == [made[6].id, made[5].id]
+    paged = store.jobs.list_all_tenants(None, 1, None, since=T0 + timedelta(seconds=5))
+    rest = store.jobs.list_all_tenants(None, 5, paged.next_token, since=T0 + timedelta(seconds=5))
+    assert [j.id for j in paged.jobs + rest.jobs] == [made[6].id, made[5].id]
+    canceled, ev = made[2].transition(JobStatus.CANCELED, "x", T0)
+    store.jobs.save(canceled, ev)
+    assert [j.id for j in store.jobs.list_all_tenants(JobStatus.CANCELED, 10, None).jobs] == [made[2].id]
+
+
+def test_an_all_tenants_token_only_serves_its_own_query(store: Store) -> None:
+    for i in range(3):
+        _new(store, i=i)
+    token = store.jobs.list_all_tenants(None, 1, None).next_token
+    assert token is not None
+    with pytest.raises(InvalidRequest):
+        store.jobs.list_for_tenant("vision", None, 1, token)
+    with pytest.raises(InvalidRequest):
+        store.jobs.list_all_tenants(JobStatus.QUEUED, 1, token)
+    one = store.jobs.list_for_tenant("vision", None, 1, None).next_token
+    with pytest.raises(InvalidRequest):
+        store.jobs.list_all_tenants(None, 1, one)
+
+
 def _queue(store: Store, tenants: tuple[str, ...], spec: JobSpec = SPEC) -> list[str]:
     ids = []
     for i, tenant in enumerate(tenants):

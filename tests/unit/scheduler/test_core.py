@@ -29,11 +29,19 @@ def test_gang_multi_node_only_within_one_pool() -> None:
     d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
     assert d.placements == []
     assert d.outcomes["big"].rules == (Rule.CAPACITY, Rule.BURST)
-    assert "2 hosts with 8 free V100 GPUs" in d.reasons["big"]
+    assert "fewer than 2 hosts with 8 free V100 GPUs each" in d.reasons["big"]
     hosts.append(host("a2", pool="a"))
     d = schedule(snap([job("big", gpus=16, nodes=2)], hosts=hosts), policy(burst=None), NOW)
     (a,) = d.placements
     assert isinstance(a, OnPremAssignment) and a.pool == "a" and {h for h, _ in a.hosts} == {"a1", "a2"}
+
+
+def test_a_single_host_shortage_reads_as_plain_english() -> None:
+    d = schedule(snap([job("wide", gpus=16)], hosts=[host("a1")]), policy(burst=None), NOW)
+    assert "no host with 16 free V100 GPUs (" in d.reasons["wide"]
+    assert "no a host" not in d.reasons["wide"]
+    d = schedule(snap([job("one", gpus=1)], hosts=[host("a1", free=0)]), policy(burst=None), NOW)
+    assert "no host with 1 free V100 GPU (" in d.reasons["one"]
 
 
 def test_cloud_after_burst_wait_with_cheapest_offer_and_spot() -> None:

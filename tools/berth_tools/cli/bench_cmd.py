@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+from berth_tools.cli.tables import metric_table
 
 AwsLatencyOpt = Annotated[
     float,
@@ -27,10 +27,7 @@ AwsLatencyOpt = Annotated[
 
 
 def _table(d: dict[str, Any]) -> None:
-    t = Table("metric", "value")
-    for k, v in d.items():
-        t.add_row(k, str(v))
-    console.print(t)
+    metric_table(console, d)
 
 
 def e2e(

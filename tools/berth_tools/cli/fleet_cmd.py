@@ -2,131 +2,195 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from berth_agent.isolation import LABEL as GPU_ISOLATION_LABEL
+from berth_tools.cli.explain_view import explain_text
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, _read_spec, _status, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
 from berth_tools.cli.safe_text import literal
-
-
-def _explain_table(d: dict[str, Any]) -> None:
-    console.print(
-        Text.assemble(
-            Text(d["job_id"], style="bold"),
-            " ",
-            Text.from_markup(_status(d["status"])),
-            ": ",
-            literal(d["reason"]),
-        )
-    )
-    ex = d.get("explanation")
-    if ex is None:
-        where = d.get("placement")
-        console.print(
-            f"outcome: [bold]{d['outcome']}[/]" + (f" at {escape(json.dumps(where))}" if where else "")
-        )
-        return
-    console.print(f"outcome now: [bold]{ex['outcome']}[/]: {escape(ex['summary'])}")
-    console.print(
-        f"fair share: {ex['fair_share']:.3f} (rank {ex['fair_share_rank']} of {ex['tenants']} tenants); "
-        f"rules: {', '.join(ex['rules']) or '-'}"
-    )
-    t = Table("SITE", "ELIGIBLE", "RULE", "USD/H", "WHY")
-    for c in ex["candidates"]:
-        usd = "-" if c["hourly_usd"] is None else f"{c['hourly_usd']:.2f}"
-        mark = "[green]chosen[/]" if c["chosen"] else ("yes" if c["eligible"] else "[red]no[/]")
-        t.add_row(c["site"], mark, c["rule"] or "-", usd, literal(c["message"]))
-    console.print(t)
+from berth_tools.cli.tables import Cell, Column, WideOpt, show
 
 
 def explain(
     job_id: Annotated[str, typer.Argument(help="Job id")],
+    every: Annotated[
+        bool, typer.Option("--all", help="Every candidate site on its own row (default: one row per reason)")
+    ] = False,
+    wide: WideOpt = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """Why a job is pending (the scheduler core's outcome for it now), or where it runs."""
+    """Why a job is pending (the scheduler core's outcome for it now, one row per distinct reason with
+    how many candidate sites it covers), or where it runs, or how it ended."""
     with api_errors(output):
         data = client_for(api_url, profile).explain(job_id)
-    render(output, data, _explain_table)
+    render(
+        output,
+        data,
+        lambda d: explain_text(console, d, lambda s: Text.from_markup(_status(s)), every=every, wide=wide),
+    )
 
 
-def _capacity_table(d: dict[str, Any]) -> None:
+def _host_state(host: dict[str, Any]) -> Text:
+    """Whether the scheduler may place on the host now, and if not why (worst first)."""
+    if not host.get("alive", True):
+        return Text("lost (lease expired)", style="red")
+    if host.get("healthy") is False:
+        return Text("unhealthy", style="red")
+    if host.get("draining"):
+        return Text("draining", style="yellow")
+    if host.get("degraded"):
+        return Text("degraded (GPU fault)", style="yellow")
+    return Text("ok", style="green")
+
+
+def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
     tot = d["totals"]
     console.print(
         f"[bold]{tot['hosts']} hosts[/], {tot['gpus']} GPUs: {tot['free_gpus']} free, "
         f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable"
         + (f", [red]{tot['faulted_gpus']} faulted[/]" if tot.get("faulted_gpus") else "")
-        + f" (as of {d['as_of']})"
+        + f" (as of {d['as_of']}; policy v{d.get('policy_version', '-')})",
+        highlight=False,
     )
-    t = Table("POOL", "MODEL", "GPUS", "FREE", "USED", "UNAVAILABLE")
-    for p in d["pools"]:
-        for model, m in sorted(p["models"].items()):
-            t.add_row(
-                p["pool"],
-                model,
-                str(m["gpus"]),
-                str(m["free_gpus"]),
-                str(m["used_gpus"]),
-                str(m["unavailable_gpus"]),
-            )
-    console.print(t)
-    h = Table("HOST", "POOL", "MODEL", "FREE/GPUS", "ALIVE", "CONTAINMENT", "GPU ISOLATION", "ATTEMPTS")
-    for host in d["hosts"]:
-        alive = "[green]yes[/]" if host["alive"] else "[red]no[/]"
-        h.add_row(
-            host["host_id"],
-            host["pool"],
-            host["gpu_type"],
+    _pools_table(d["pools"], wide)
+    _hosts_table(d["hosts"], wide)
+    _gpu_faults_table(d["hosts"], wide)
+    _regions_table(d["cloud"], wide)
+
+
+def _pools_table(pools: list[dict[str, Any]], wide: bool) -> None:
+    pool_rows: list[list[Cell]] = [
+        [
+            p["pool"],
+            model,
+            f"{p.get('healthy_hosts', '-')}/{p.get('hosts', '-')}",
+            str(m["gpus"]),
+            str(m["free_gpus"]),
+            str(m["used_gpus"]),
+            str(m["unavailable_gpus"]),
+        ]
+        for p in pools
+        for model, m in sorted(p["models"].items())
+    ]
+    pool_columns = [
+        Column("POOL", key=True),
+        Column("MODEL", key=True),
+        Column("HEALTHY HOSTS", priority=2, justify="right"),
+        Column("GPUS", justify="right"),
+        Column("FREE", justify="right"),
+        Column("USED", priority=1, justify="right"),
+        Column("UNAVAILABLE", priority=1, justify="right"),
+    ]
+    show(console, pool_columns, pool_rows, wide)
+
+
+def _hosts_table(hosts: list[dict[str, Any]], wide: bool) -> None:
+    host_columns = [
+        Column("HOST", key=True),
+        Column("STATE"),
+        Column("FREE/GPUS", justify="right"),
+        Column("MODEL", priority=1),
+        Column("POOL", priority=2),
+        Column("ADMITTED", priority=5, justify="right"),
+        Column("CONTAINMENT", priority=4),
+        Column("GPU ISOLATION", priority=4),
+        Column("ATTEMPTS", priority=3, flexible=True, min_width=16),
+    ]
+    host_rows: list[list[Cell]] = [
+        [
+            literal(host["host_id"]),
+            _host_state(host),
             f"{host['free_gpus']}/{host['gpus']}",
-            alive,
+            host["gpu_type"],
+            host["pool"],
+            "-" if host.get("admitted_gpus") is None else str(host["admitted_gpus"]),
             host.get("containment") or "-",
             (host.get("labels") or {}).get(GPU_ISOLATION_LABEL, "unknown"),
             ", ".join(host["attempts"]) or "-",
-        )
-    console.print(h)
-    _gpu_faults_table(d["hosts"])
-    c = Table("REGION", "CIRCUIT", "INSTANCE TYPES", "NOT CLOSED")
-    for r in d["cloud"]["regions"]:
+        ]
+        for host in hosts
+    ]
+    show(console, host_columns, host_rows, wide)
+
+
+def _regions_table(cloud: dict[str, Any], wide: bool) -> None:
+    if not cloud.get("enabled", True):
+        console.print("cloud: disabled (nothing is placed in the cloud)")
+        return
+    region_rows: list[list[Cell]] = []
+    for r in cloud["regions"]:
         bad = [
             f"{it['instance_type']}={it['circuit']}"
             for it in r["instance_types"]
             if it["circuit"] != "closed"
         ]
-        c.add_row(r["region"], r["circuit"], str(len(r["instance_types"])), ", ".join(bad) or "-")
-    console.print(c)
+        region_rows.append(
+            [r["region"], _circuit(r["circuit"]), str(len(r["instance_types"])), ", ".join(bad) or "-"]
+        )
+    region_columns = [
+        Column("REGION", key=True),
+        Column("CIRCUIT"),
+        Column("INSTANCE TYPES", priority=2, justify="right"),
+        Column("NOT CLOSED", priority=1, flexible=True, min_width=16),
+    ]
+    show(console, region_columns, region_rows, wide)
 
 
-def _gpu_faults_table(hosts: list[dict[str, Any]]) -> None:
+_CIRCUIT_COLOUR = {"open": "red", "half-open": "yellow", "closed": "green"}
+
+
+def _circuit(state: str) -> Text:
+    return Text(state, style=_CIRCUIT_COLOUR.get(state, "white"))
+
+
+def _gpu_faults_table(hosts: list[dict[str, Any]], wide: bool) -> None:
     """Degraded hosts' GPUs (fatal: out of placement until `berth gpu-clear`) and GPU warnings."""
-    rows = [(host, f) for host in hosts for f in host.get("gpu_faults") or ()]
+    rows: list[list[Cell]] = [
+        [
+            literal(host["host_id"]),
+            literal(f["gpu_id"] if f["index"] is None else f"{f['index']} ({f['gpu_id']})"),
+            Text("fatal: out of placement", style="red")
+            if f["severity"] == "fatal"
+            else Text("warning", style="yellow"),
+            literal(f["reason"]),
+            f["at"],
+        ]
+        for host in hosts
+        for f in host.get("gpu_faults") or ()
+    ]
     if not rows:
         return
-    t = Table("HOST", "GPU", "SEVERITY", "FAULT", "SINCE", title="GPU faults")
-    for host, f in rows:
-        gpu = f["gpu_id"] if f["index"] is None else f"{f['index']} ({f['gpu_id']})"
-        severity = "[red]fatal: out of placement[/]" if f["severity"] == "fatal" else "[yellow]warning[/]"
-        t.add_row(host["host_id"], literal(gpu), severity, literal(f["reason"]), f["at"])
-    console.print(t)
+    console.print("GPU faults (berth gpu-clear HOST GPU once repaired):", highlight=False)
+    columns = [
+        Column("HOST", key=True),
+        Column("GPU", key=True),
+        Column("SEVERITY"),
+        Column("FAULT", flexible=True, min_width=16),
+        Column("SINCE", priority=1),
+    ]
+    show(console, columns, rows, wide)
 
 
 def capacity(
+    wide: WideOpt = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """The fleet now: pools, hosts, free and used GPUs; cloud regions and their circuit state."""
+    """The fleet now: pools, hosts (ok, draining, unhealthy or lost; free and used GPUs), cloud
+    regions and their circuit state."""
     with api_errors(output):
         data = client_for(api_url, profile).capacity()
-    render(output, data, _capacity_table)
+    render(output, data, lambda d: _capacity_table(d, wide))
 
 
 SetOpt = Annotated[Path | None, typer.Option("--set", help="New document (YAML/JSON) to store; admins only")]
@@ -154,10 +218,53 @@ def _document(
 
     def table(d: dict[str, Any]) -> None:
         by = f" by {d['updated_by']} at {d['updated_at']}" if d["updated_by"] else ""
-        console.print(f"[bold]{kind}[/] version {d['version']} ({d['source']}{by})")
-        console.print_json(json.dumps(d["document"]))
+        console.print(f"[bold]{kind}[/] version {d['version']} ({escape(str(d['source']))}{escape(by)})")
+        if kind == OFFERS_KIND and isinstance(d["document"].get("offers"), list):
+            _offers_table(d["document"]["offers"])
+        else:  # the policy: YAML, as an admin writes it for --set
+            console.print(literal(yaml.safe_dump(d["document"], sort_keys=False).rstrip()))
 
     render(output, data, table)
+
+
+OFFERS_KIND = "offers"
+
+
+def _offers_table(offers: list[dict[str, Any]]) -> None:
+    columns = [
+        Column("REGION", key=True),
+        Column("ZONE", key=True),
+        Column("INSTANCE TYPE", key=True),
+        Column("GPU"),
+        Column("GPUS", justify="right"),
+        Column("ON-DEMAND USD/H", justify="right"),
+        Column("SPOT USD/H", priority=1, justify="right"),
+        Column("AVAILABLE", priority=2),
+        Column("VCPUS", priority=3, justify="right"),
+        Column("MEMORY GIB", priority=3, justify="right"),
+        Column("QUEUE", priority=4, flexible=True, min_width=12),
+    ]
+
+    def usd(v: Any) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    rows: list[list[Cell]] = [
+        [
+            str(o.get("region")),
+            str(o.get("zone") or "-"),
+            str(o.get("instance_type")),
+            str(o.get("gpu_type")),
+            str(o.get("gpus")),
+            usd(o.get("on_demand_usd_h")),
+            usd(o.get("spot_usd_h")),
+            {True: "yes", False: "no"}.get(o.get("available"), "-"),  # type: ignore[arg-type]
+            str(o.get("vcpus", "-")),
+            str(o.get("memory_gib", "-")),
+            literal(str(o.get("queue") or "-")),
+        ]
+        for o in offers
+    ]
+    show(console, columns, rows, wide_flag=False)
 
 
 def policy(
@@ -181,7 +288,7 @@ def offers(
     profile: ProfileOpt = None,
 ) -> None:
     """Show (or, as an admin, replace) the cloud offers; every version is kept."""
-    _document("offers", set_file, version, if_match, output, api_url, profile)
+    _document(OFFERS_KIND, set_file, version, if_match, output, api_url, profile)
 
 
 def drain(
@@ -256,16 +363,28 @@ def _circuits_table(d: dict[str, Any]) -> None:
         f"circuits as of {d['as_of']}: open after {rule['failure_threshold']} failures within "
         f"{rule['window_s']:g} s, for {rule['open_s']:g} s"
     )
-    t = Table("REGION", "TYPE", "STATE", "FAILURES", "LAST FAILURE")
-    colour = {"open": "red", "half-open": "yellow", "closed": "green"}
+    columns = [
+        Column("REGION", key=True),
+        Column("TYPE", key=True),
+        Column("STATE", flexible=True, min_width=10),
+        Column("FAILURES", priority=1, justify="right"),
+        Column("LAST FAILURE", priority=2),
+    ]
+    rows: list[list[Cell]] = []
     for c in d["circuits"]:
-        state = f"[{colour.get(c['state'], 'white')}]{escape(c['state'])}[/]"
+        state = _circuit(c["state"])
         if c["effective_state"] != c["state"]:
-            state += f" ({escape(c['effective_state'])} by its region)"
-        row = (c["region"], c["instance_type"], str(c["recent_failures"]), c["last_failure_at"] or "-")
-        region, instance_type, failures, last = (escape(str(x)) for x in row)
-        t.add_row(region, instance_type, state, failures, last)
-    console.print(t)
+            state.append(f" ({c['effective_state']} by its region)")
+        rows.append(
+            [
+                literal(c["region"]),
+                literal(c["instance_type"]),
+                state,
+                str(c["recent_failures"]),
+                c["last_failure_at"] or "-",
+            ]
+        )
+    show(console, columns, rows, wide_flag=False)
 
 
 def parse_circuit(text: str) -> tuple[str, str | None]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -14,9 +14,20 @@ from rich.table import Table
 from rich.text import Text
 
 from berth_tools.bundle import BundleError, local_code_dir, upload
-from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, emit_json, fail, render
+from berth_tools.cli.listing import job_columns, job_rows, read_jobs, since_param
+from berth_tools.cli.output import (
+    OutputFormat,
+    OutputOpt,
+    api_errors,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    render,
+)
 from berth_tools.cli.queue_info import queue_rows
 from berth_tools.cli.safe_text import literal
+from berth_tools.cli.tables import Cell, Column, WideOpt, show
 from berth_tools.client import BerthClient, ClientError, load_config
 
 STATUS_STYLE = {
@@ -29,6 +40,12 @@ STATUS_STYLE = {
     "CANCELING": "dim",
     "CANCELED": "dim",
 }
+
+
+class SiteChoice(StrEnum):
+    ONPREM = "onprem"
+    CLOUD = "cloud"
+
 
 ApiUrlOpt = Annotated[str | None, typer.Option("--api-url", envvar="BERTH_API_URL", help="Berth API URL")]
 ProfileOpt = Annotated[str | None, typer.Option("--profile", help="AWS profile to sign with")]
@@ -177,12 +194,29 @@ def submit(
         job = client.submit(spec, idempotency_key)
         if output is not OutputFormat.JSON:
             console.print(f"submitted [bold]{job['id']}[/] ({_status(job['status'])})")
+            defaults_note(job)
         if wait:
             job = wait_for(client, job, progress=output is not OutputFormat.JSON)
     if output is OutputFormat.JSON:
         emit_json(job)
     elif wait:
         _job_table(job)
+
+
+def defaults_note(job: dict[str, Any]) -> None:
+    """Say which resources Berth chose for the job because its spec did not (``defaults_applied``
+    in the submit answer): a silent default GPU is a surprise on the bill."""
+    applied = job.get("defaults_applied") or []
+    if not applied:
+        return
+    res = job["spec"].get("resources", {})
+    gpus, cpu, memory = res.get("gpus"), res.get("cpu", 0), res.get("memory_gib", 0)
+    chosen = f"{gpus} x {res.get('gpu_type')}, {cpu:g} CPU, {memory:g} GiB"
+    if applied == ["resources"]:
+        what = "resources not given"
+    else:
+        what = ", ".join(a.removeprefix("resources.") for a in applied) + " not given"
+    err_console.print(f"[yellow]{what}: using {chosen}[/] (set them under resources: in the spec)")
 
 
 #: How often ``--wait`` polls the job.
@@ -235,42 +269,64 @@ def status(
 def ls(
     status_filter: Annotated[str | None, typer.Option("--status", help="Only jobs in this status")] = None,
     array: Annotated[str | None, typer.Option("--array", help="List this array's tasks instead")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="This tenant's jobs (admins; default: your own)")
+    ] = None,
+    all_tenants: Annotated[
+        bool, typer.Option("--all-tenants", help="Every tenant's jobs, newest first (admins)")
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since", help="Created since: 30m, 2h, 1d, 1w ago, or a date or ISO time (UTC unless it says)"
+        ),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Name contains this, or matches it as a glob with * ? [ (resnet-*)"),
+    ] = None,
+    site: Annotated[SiteChoice | None, typer.Option("--site", help="Only jobs placed there")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=100, help="Page size")] = 50,
     all_pages: Annotated[bool, typer.Option("--all", help="Follow next_token to the end")] = False,
     next_token: Annotated[str | None, typer.Option("--next-token", help="Continue a listing")] = None,
+    wide: WideOpt = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
 ) -> None:
     """List your team's jobs, newest first (an array is one row with its task counts); with
-    ``--array ID``, that array's tasks in index order."""
+    --array ID, that array's tasks in index order. Admins: --tenant T or --all-tenants. The filters
+    run in the API; with --name or --site a page holds only the matches, so ls reads on until it has
+    --limit rows."""
     status_q = status_filter.upper() if status_filter else None
+    filters: dict[str, str | None] = {
+        "tenant": tenant,
+        "all_tenants": "true" if all_tenants else None,
+        "since": None if since is None else since_param(since),
+        "name": name,
+        "site": None if site is None else site.value,
+    }
     with api_errors(output):
         client = client_for(api_url, profile)
-        page = client.list(status_q, limit, next_token, array=array)
-        jobs = list(page["jobs"])
-        while all_pages and page.get("next_token"):
-            page = client.list(status_q, limit, page["next_token"], array=array)
-            jobs.extend(page["jobs"])
-    result = {"jobs": jobs, "next_token": None if all_pages else page.get("next_token")}
+        result = read_jobs(
+            lambda token: client.list(status_q, limit, token, array=array, **filters),
+            limit,
+            next_token,
+            all_pages,
+            filtered=name is not None or site is not None,
+        )
 
     def table(data: dict[str, Any]) -> None:
-        t = Table("ID", "NAME", "STATUS", "GPUS", "WHERE / TASKS", "COST USD", "CREATED", "REASON")
-        for j in data["jobs"]:
-            res = j["spec"].get("resources", {})
-            t.add_row(
-                j["id"],
-                j["spec"]["name"],
-                _status(j["status"]),
-                f"{res.get('gpus', 1)}x{res.get('gpu_type', '?')}",
-                _counts(j) if j.get("array") else _where(j),
-                f"{j.get('cost_usd', 0.0):.2f}" if not j.get("array") else "-",
-                j["created_at"],
-                literal(j["reason"]),
-            )
-        console.print(t)
+        many = all_tenants or tenant is not None
+        rows = job_rows(
+            data["jobs"],
+            many,
+            lambda s: Text.from_markup(_status(s)),
+            lambda j: Text.from_markup(_counts(j)) if j.get("array") else Text(_where(j)),
+        )
+        show(console, job_columns(many), rows, wide)
         if data.get("next_token"):
-            console.print(f"more: --next-token {data['next_token']}")
+            console.print(f"more: --next-token {data['next_token']}", soft_wrap=True)
 
     render(output, result, table)
 
@@ -298,6 +354,7 @@ def cancel(
 
 def events(
     job_id: Annotated[str, typer.Argument(help="Job id")],
+    wide: WideOpt = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -307,10 +364,17 @@ def events(
         data = client_for(api_url, profile).events(job_id)
 
     def table(d: dict[str, Any]) -> None:
-        t = Table("AT", "FROM", "TO", "REASON")
-        for e in d["events"]:
-            t.add_row(e["at"], e["from"] or "-", _status(e["to"]), literal(e["reason"]))
-        console.print(t)
+        columns = [
+            Column("AT", key=True),
+            Column("FROM", priority=2),
+            Column("TO"),
+            Column("REASON", priority=1, flexible=True, min_width=20),
+        ]
+        rows: list[list[Cell]] = [
+            [e["at"], e["from"] or "-", Text.from_markup(_status(e["to"])), literal(e["reason"])]
+            for e in d["events"]
+        ]
+        show(console, columns, rows, wide)
 
     render(output, data, table)
 
@@ -330,7 +394,30 @@ def quota(
         data = (
             client.put_quota(tenant, _read_spec(set_file, output)) if set_file else client.get_quota(tenant)
         )
-    render(output, data, lambda d: console.print_json(json.dumps(d)))
+    render(output, data, _quota_table)
+
+
+def _quota_table(d: dict[str, Any]) -> None:
+    budget = d.get("monthly_cloud_budget_usd")
+    console.print(
+        f"weight {d.get('weight', 1.0):g}, at most {d.get('max_active_jobs', '-')} active jobs, "
+        + ("no monthly cloud budget" if budget is None else f"monthly cloud budget ${budget:,.2f}"),
+        highlight=False,
+    )
+    gpus = d.get("gpus") or {}
+    if not gpus:
+        console.print("no GPUs guaranteed: the team borrows idle GPUs only")
+        return
+    columns = [
+        Column("GPU MODEL", key=True),
+        Column("GUARANTEED", justify="right"),
+        Column("BORROW LIMIT", justify="right"),
+    ]
+    rows: list[list[Cell]] = [
+        [model, str(q.get("guaranteed", 0)), str(q.get("borrow_limit", 0))]
+        for model, q in sorted(gpus.items())
+    ]
+    show(console, columns, rows)
 
 
 def _usage_table(d: dict[str, Any]) -> None:
@@ -338,10 +425,12 @@ def _usage_table(d: dict[str, Any]) -> None:
         f"[bold]{d['tenant']}[/] in {d['month']}: ${d['total_cost_usd']:.2f}, "
         f"{d['total_gpu_hours']:.2f} GPU-hours, {d['attempts']} attempts"
     )
-    t = Table("SITE", "GPU-HOURS", "COST USD")
-    for s in d["sites"]:
-        t.add_row(s["site"], f"{s['gpu_hours']:.2f}", f"{s['cost_usd']:.2f}")
-    console.print(t)
+    columns = [
+        Column("SITE", key=True),
+        Column("GPU-HOURS", justify="right"),
+        Column("COST USD", justify="right"),
+    ]
+    show(console, columns, [[s["site"], f"{s['gpu_hours']:.2f}", f"{s['cost_usd']:.2f}"] for s in d["sites"]])
     budget = d.get("monthly_budget_usd")
     if budget is None:
         console.print(f"cloud: ${d['cloud_cost_usd']:.2f} (no monthly cloud budget)")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
+from berth_tools.cli.tables import metric_table
 from berth_tools.client import load_config
 from berth_tools.loadtest.submit_latency import as_dict, local_cloud_pid, measure
 
@@ -50,13 +50,7 @@ def api(
             )
         )
 
-    def table(d: dict[str, object]) -> None:
-        t = Table("metric", "value")
-        for k, v in d.items():
-            t.add_row(k, str(v))
-        console.print(t)
-
-    render(output, report, table)
+    render(output, report, lambda d: metric_table(console, d))
 
 
 def register(bench_app: typer.Typer) -> None:

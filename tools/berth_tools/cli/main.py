@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -9,7 +12,33 @@ app = typer.Typer(
     help="Berth: hybrid-cloud GPU allocation for ML training jobs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"berth {_installed_version()}")
+        raise typer.Exit()
+
+
+def _installed_version() -> str:
+    try:
+        return version("berth")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+@app.callback()
+def _main(
+    _show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the installed version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Berth: hybrid-cloud GPU allocation for ML training jobs."""
 
 
 def _register() -> None:

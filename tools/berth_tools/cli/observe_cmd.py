@@ -9,12 +9,11 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Protocol
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from berth_tools.cli.jobs_cmd import ApiUrlOpt, ProfileOpt, client_for
 from berth_tools.cli.output import OutputFormat, OutputOpt, api_errors, console, render
-from berth_tools.cli.safe_text import visible
+from berth_tools.cli.safe_text import literal, visible
+from berth_tools.cli.tables import Cell, Column, WideOpt, show
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELED"})
 
@@ -121,6 +120,7 @@ def metrics(
         int | None, typer.Option("--attempt", min=1, help="Which attempt (default: the latest)")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="Most samples shown")] = 20,
+    wide: WideOpt = False,
     output: OutputOpt = OutputFormat.TABLE,
     api_url: ApiUrlOpt = None,
     profile: ProfileOpt = None,
@@ -138,19 +138,29 @@ def metrics(
             f"CPU avg {_num(s['cpu_avg'], '%')}, RSS max {_num(s['rss_max_mib'], ' MiB')}",
             highlight=False,
         )
-        t = Table("AT", "HOST", "GPU %", "GPU MEM MiB", "CPU %", "RSS MiB", "PROCS")
-        for x in d["samples"]:
-            t.add_row(
+        columns = [
+            Column("AT", key=True),
+            Column("HOST", priority=1),
+            Column("GPU %", justify="right"),
+            Column("GPU MEM MiB", priority=2, justify="right"),
+            Column("CPU %", justify="right"),
+            Column("RSS MiB", priority=2, justify="right"),
+            Column("PROCS", priority=3, justify="right"),
+        ]
+        rows: list[list[Cell]] = [
+            [
                 x["at"],
-                escape(x["host_id"]),
+                literal(x["host_id"]),
                 _num(x["gpu_util_pct"]),
                 _num(x["gpu_mem_used_mib"]),
                 _num(x["cpu_pct"]),
                 _num(x["rss_mib"]),
                 str(x["processes"]),
-            )
-        if d["samples"]:
-            console.print(t)
+            ]
+            for x in d["samples"]
+        ]
+        if rows:
+            show(console, columns, rows, wide)
 
     render(output, data, table)
 

@@ -80,10 +80,14 @@ def fail(output: OutputFormat, exc: ClientError) -> NoReturn:
         err_console.print(
             Text.assemble(("error", "bold red"), f" ({visible(str(exc.code))}): ", literal(exc.message))
         )
-        if isinstance(exc.details, list):
-            for d in exc.details:
-                if isinstance(d, dict) and "message" in d:
-                    err_console.print(Text.assemble("  - ", literal(str(d["message"]))))
+        lines = (
+            [str(d["message"]) for d in exc.details if isinstance(d, dict) and "message" in d]
+            if isinstance(exc.details, list)
+            else []
+        )
+        if lines != [exc.message]:  # one problem is already the message: not twice
+            for line in lines:
+                err_console.print(Text.assemble("  - ", literal(line)))
     raise typer.Exit(int(exit_code(exc.status, exc.code)))
 
 

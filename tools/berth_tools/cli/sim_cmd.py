@@ -8,9 +8,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from berth_tools.bench.scheduler_bench import bench_scheduler
+from berth_tools.cli.tables import Column, metric_table, show
 from berth_tools.sim.cluster import load_cluster
 from berth_tools.sim.estimates import EstimateMode
 from berth_tools.sim.policies import POLICY_NAMES, resolve_policy
@@ -52,31 +52,30 @@ def _policies(names: list[str]) -> list[str]:
 
 
 def _render_sim(results: list[dict[str, Any]], console: Console) -> None:
-    table = Table(title="berth sim")
-    for _, title in _SUMMARY_COLUMNS:
-        table.add_column(title, justify="right")
+    # Every figure matters when comparing policies: only the mode, the wall time and the lower bound
+    # may be left out on a narrow terminal (tables.py; -o json has all).
+    optional = {"estimates": 3, "sim_wall_s": 2, "cost_lower_bound_usd": 1}
+    columns = [
+        Column(title, key=key == "policy", priority=optional.get(key, 0), justify="right")
+        for key, title in _SUMMARY_COLUMNS
+    ]
+    console.print("berth sim", style="bold")
+    show(
+        console,
+        columns,
+        [[str(r.get(key, "")) for key, _ in _SUMMARY_COLUMNS] for r in results],
+        wide_flag=False,
+    )
+    tenant_fields = ("tenant", "jobs", "avg_wait_s", "onprem_gpu_hours", "cloud_gpu_hours", "cost_usd")
     for r in results:
-        table.add_row(*(str(r.get(key, "")) for key, _ in _SUMMARY_COLUMNS))
-    console.print(table)
-    for r in results:
-        t = Table(title=f"tenants ({r['policy']})")
-        for col in ("tenant", "jobs", "avg_wait_s", "onprem_gpu_hours", "cloud_gpu_hours", "cost_usd"):
-            t.add_column(col, justify="right")
-        for row in r["tenants"]:
-            t.add_row(
-                *(
-                    str(row[c])
-                    for c in (
-                        "tenant",
-                        "jobs",
-                        "avg_wait_s",
-                        "onprem_gpu_hours",
-                        "cloud_gpu_hours",
-                        "cost_usd",
-                    )
-                )
-            )
-        console.print(t)
+        console.print(f"tenants ({r['policy']})", style="bold")
+        tenant_columns = [Column(c, key=c == "tenant", justify="right") for c in tenant_fields]
+        show(
+            console,
+            tenant_columns,
+            [[str(row[c]) for c in tenant_fields] for row in r["tenants"]],
+            wide_flag=False,
+        )
         if "data_locality" in r:
             _render_locality(r, console)
 
@@ -87,11 +86,7 @@ def _tib(n: Any) -> str:
 
 def _render_locality(r: dict[str, Any], console: Console) -> None:
     loc = r["data_locality"]
-    t = Table(title=f"data locality ({r['policy']}; datasets: {loc['with']['datasets']})")
-    t.add_column("metric")
-    t.add_column("with preference", justify="right")
-    t.add_column("without", justify="right")
-    for key in (
+    keys = (
         "bytes_staged",
         "bytes_staged_onprem",
         "bytes_staged_cloud",
@@ -103,11 +98,23 @@ def _render_locality(r: dict[str, Any], console: Console) -> None:
         "second_job_staging_ratio_p90",
         "avg_wait_s",
         "total_cost_usd",
-    ):
-        fmt = _tib if key.startswith("bytes") else str
-        t.add_row(key, fmt(loc["with"][key]), fmt(loc["without"][key]))
-    t.add_row("bytes_saved", f"{_tib(loc['bytes_saved'])} ({loc['bytes_saved_fraction']:.1%})", "")
-    console.print(t)
+    )
+    rows = [
+        [key, *((_tib if key.startswith("bytes") else str)(loc[side][key]) for side in ("with", "without"))]
+        for key in keys
+    ]
+    rows.append(["bytes_saved", f"{_tib(loc['bytes_saved'])} ({loc['bytes_saved_fraction']:.1%})", ""])
+    show(
+        console,
+        [
+            Column("METRIC", key=True),
+            Column("WITH PREFERENCE", justify="right"),
+            Column("WITHOUT", justify="right"),
+        ],
+        rows,
+        title=f"data locality ({r['policy']}; datasets: {loc['with']['datasets']})",
+        wide_flag=False,
+    )
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
@@ -173,9 +180,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if output == "json":
             typer.echo(json.dumps(result))
             return
-        table = Table(title="berth bench scheduler")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for k, v in result.items():
-            table.add_row(k, str(v))
-        Console().print(table)
+        metric_table(Console(), result)
