@@ -108,3 +108,11 @@ def test_placing_the_next_attempt_starts_from_a_fresh_attempt_state() -> None:
     # The job's own part carries over.
     assert placed.run.model_copy(update={"attempt": ended.attempt}) == ended
     assert isinstance(placed.placement, OnPremPlacement)
+
+
+def test_an_attempt_field_given_to_the_job_part_is_refused_not_lost() -> None:
+    run = RunState()
+    with pytest.raises(TypeError, match="with_attempt"):
+        run.model_copy(update={"batch_job_id": "b-1"})
+    assert run.model_copy(update={"counted_failures": 1}).counted_failures == 1
+    assert run.with_attempt(batch_job_id="b-1").attempt.batch_job_id == "b-1"

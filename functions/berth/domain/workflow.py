@@ -11,10 +11,11 @@ whoever reports it (an agent, the lease reaper, a state timeout), is named by on
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -310,6 +311,14 @@ class RunState(_Model):
         if not isinstance(nested, dict):
             return data  # an AttemptState already: a mix of forms that validation refuses
         return {**rest, "attempt": {**flat, **nested}}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, but refusing a field this model does not have: an attempt's field given
+        here (it lives in ``attempt``, ``with_attempt``) would otherwise be kept silently and lost."""
+        unknown = set(update or ()) - set(type(self).model_fields)
+        if unknown:
+            raise TypeError(f"not fields of RunState: {sorted(unknown)} (attempt fields: with_attempt)")
+        return super().model_copy(update=update, deep=deep)
 
     def with_attempt(self, **changes: Any) -> RunState:
         """This state with the current attempt's fields ``changes`` replaced."""

@@ -139,7 +139,7 @@ def _job(bid: str) -> tuple[Job, CloudPlacement]:
     placement = CloudPlacement(
         region=REGION, queue=QUEUE, instance_type="g5.xlarge", gpu_type="A10G", instances=2
     )
-    run = job.run.model_copy(update={"batch_job_id": bid})
+    run = job.run.with_attempt(batch_job_id=bid)
     placed, _ = job.transition(
         JobStatus.STARTING, "placed", now, placement=placement, site=placement.site, attempts=1, run=run
     )

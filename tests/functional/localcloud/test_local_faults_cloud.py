@@ -148,6 +148,7 @@ def test_agent_kill_sigkills_the_agent_and_starts_it_again(tmp_path: Path) -> No
         region="us-east-1", artifacts_bucket="", data_bucket="", access_key=("k", "s"),
     )  # fmt: skip
     local.process_agents.append(agent.start())
+    local.supervise_agents()  # as start() does: a failed agent is started again
     state = faults.FaultState()
     state.agent_kill_handler = local.kill_process_agent
     first = agent.pid

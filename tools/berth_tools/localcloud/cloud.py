@@ -244,14 +244,7 @@ class LocalCloud:
         faults.FAULTS.agent_kill_handler = self.kill_process_agent  # `berth local fault agent-kill`
         faults.FAULTS.gpu_error_handler = self.inject_gpu_error  # `berth local fault gpu-error`
         if self.process_agents:
-            AgentSupervisor(
-                agents=lambda: list(self.process_agents),
-                lock=self._agents_lock,
-                stopping=self._stopping,
-                restart_s=AGENT_RESTART_S,
-                say=self._say,
-                on_restart=lambda agent: self._write_agents_json(),
-            ).start()
+            self.supervise_agents()
         self._step("agents", t)
         if self._state is not None:
             self._state.write_json("outputs.json", self.stack.outputs)
@@ -277,6 +270,17 @@ class LocalCloud:
             ]
             + [a.as_json() for a in self.process_agents if a.process is not None],
         )
+
+    def supervise_agents(self) -> AgentSupervisor:
+        """Restart process agents that fail, as systemd would (agent_supervisor.py), until stop()."""
+        return AgentSupervisor(
+            agents=lambda: list(self.process_agents),
+            lock=self._agents_lock,
+            stopping=self._stopping,
+            restart_s=AGENT_RESTART_S,
+            say=self._say,
+            on_restart=lambda agent: self._write_agents_json(),
+        ).start()
 
     # -- `berth local fault agent-kill` -------------------------------------------------------------
     def kill_process_agent(self, host_id: str) -> int | None:
