@@ -167,12 +167,15 @@ class AgentClient:
         attempts: list[dict[str, Any]],
         cached_datasets: list[dict[str, Any]] | None = None,
         checkpoints: list[dict[str, Any]] | None = None,
+        gpu_faults: list[dict[str, Any]] | None = None,
     ) -> Any:
         body: dict[str, Any] = {"healthy": healthy, "draining": draining, "attempts": attempts}
         if cached_datasets is not None:  # None: unchanged since the last beat that carried it
             body["cached_datasets"] = cached_datasets
         if checkpoints:
             body["checkpoints"] = checkpoints
+        if gpu_faults:
+            body["gpu_faults"] = gpu_faults
         return self.post("heartbeat", body)
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:

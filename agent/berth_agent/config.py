@@ -56,11 +56,15 @@ class SimulatedInventory(_Section):
     gpu_type: str = "H100"
     count: Annotated[int, Field(ge=0, le=64)] = 1
     memory_gib: Annotated[int, Field(ge=1, le=1024)] = 80
+    #: Faults injected into the simulated GPUs (JSON lines, ``berth_agent.gpu_health``); None: none.
+    faults_file: Path | None = None
 
 
 class GpuConfig(_Section):
     discovery: DiscoveryMode = DiscoveryMode.NVML
     simulated: SimulatedInventory = SimulatedInventory()
+    #: How often the GPU health watcher polls NVML's counters (XID events arrive as they happen).
+    health_poll_s: Annotated[float, Field(gt=0, le=300)] = 5.0
 
 
 class LogConfig(_Section):

@@ -6,8 +6,9 @@
    not: berth_agent.containment) and reported lost, then forgotten; when one survives SIGKILL the
    agent stops (``LeftoverAlive``) rather than offer its GPUs, and systemd starts it again;
 2. ``register`` with the inventory; ``sd_notify READY=1``;
-3. a heartbeat thread sends ``{healthy, draining, attempts}`` every ``heartbeat_s`` and applies the
-   directives it gets back (``cancel``/``stop`` an attempt, ``drain`` the host). ``drain`` is
+3. a heartbeat thread sends ``{healthy, draining, attempts}`` (and ``gpu_faults`` when the GPU health
+   watcher, ``gpu_health``, has some) every ``heartbeat_s`` and applies the directives it gets back
+   (``cancel``/``stop`` an attempt, ``drain`` the host, ``clear-gpu-fault``). ``drain`` is
    level-triggered: the control plane repeats it in every answer while an operator wants the host
    drained; the agent takes no new work while answers carry it (running attempts go on, the agent
    stays up) and resumes once one comes without it;
@@ -40,6 +41,7 @@ from berth.domain.agent_wire import PROTOCOL_VERSION, Directive, HeartbeatAnswer
 from berth_agent import __version__, isolation, sdnotify
 from berth_agent.client import AgentApiError
 from berth_agent.config import AgentConfig
+from berth_agent.gpu_health import GpuHealthWatcher
 from berth_agent.gpus import Inventory
 from berth_agent.ledger import AttemptLedger
 from berth_agent.reports import ReportApi
@@ -105,6 +107,7 @@ class Api(ReportApi, Protocol):
         attempts: list[dict[str, Any]],
         cached_datasets: list[dict[str, Any]] | None = None,
         checkpoints: list[dict[str, Any]] | None = None,
+        gpu_faults: list[dict[str, Any]] | None = None,
     ) -> Any: ...
 
 
@@ -127,8 +130,11 @@ class Daemon:
         poll_wait_s: int = 20,
         clock: Callable[[], float] = time.monotonic,
         cache_report: Callable[[], list[dict[str, Any]]] | None = None,
+        health: GpuHealthWatcher | None = None,
     ) -> None:
         self.config, self.inventory, self.api, self.runner = config, inventory, api, runner
+        #: Watches the GPUs while the agent runs (``gpu_health``); None: nothing to watch.
+        self.health = health
         self.queue_for, self.ledger = queue_for, ledger
         self.host_facts = dict(host_facts or {})
         #: ``berth/gpu-isolation`` (berth_agent.isolation): what the executor enforces on this host.
@@ -231,6 +237,8 @@ class Daemon:
                 drain = True
             elif d.action in ("cancel", "stop") and d.job_id and d.attempt is not None:
                 self.runner.cancel(d.job_id, d.attempt)
+            elif d.action == "clear-gpu-fault" and d.gpu_id and d.fault_id and self.health is not None:
+                self.health.clear(d.gpu_id, d.fault_id)
             else:
                 log.warning("unknown directive ignored", extra={"directive": d.model_dump()})
         if drain and not self.directed_drain.is_set():
@@ -248,6 +256,9 @@ class Daemon:
         checkpoints = self.runner.checkpoints()
         if checkpoints:  # each running attempt's last synced checkpoint (time and size)
             extra["checkpoints"] = checkpoints
+        faults = [] if self.health is None else self.health.reports()
+        if faults:  # the GPU faults only when there are some (docs/agent-protocol.md)
+            extra["gpu_faults"] = [f.model_dump(mode="json") for f in faults]
         answer = self.api.heartbeat(
             healthy=True,
             draining=self.draining.is_set() or self.directed_drain.is_set(),
@@ -451,6 +462,8 @@ class Daemon:
         done = threading.Event()
         beat = threading.Thread(target=self._heartbeats, args=(done,), daemon=True, name="heartbeat")
         beat.start()
+        if self.health is not None:
+            threading.Thread(target=self.health.run, args=(done,), daemon=True, name="gpu-health").start()
         try:
             while not (self.draining.is_set() and not self._threads_alive()):
                 self.loop_once(queue)

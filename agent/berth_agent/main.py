@@ -24,6 +24,7 @@ from berth_agent.attempt import AttemptRunner
 from berth_agent.awsio import BotocoreIO
 from berth_agent.client import AgentClient
 from berth_agent.daemon import Daemon, SqsQueue
+from berth_agent.gpu_health import watcher_for
 from berth_agent.ledger import AttemptLedger
 from berth_agent.metricship import MetricsShipper
 from berth_agent.staging import ObjectCache
@@ -91,6 +92,13 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         "cpu": cfg.host_cpu or os.cpu_count() or 1,
         "memory_gib": cfg.host_memory_gib or _memory_gib(),
     }
+    health = watcher_for(
+        inventory.source,
+        inventory.healthy_uuids,
+        nvml=nvml,
+        faults_file=cfg.gpus.simulated.faults_file,
+        poll_s=cfg.gpus.health_poll_s,
+    )
     return Daemon(
         config=cfg,
         inventory=inventory,
@@ -101,6 +109,7 @@ def build(cfg: agent_config.AgentConfig, nvml: Any = None) -> Daemon:
         host_facts={**facts, "containment": executor.containment},
         gpu_isolation=level,
         cache_report=lambda: [c.model_dump(mode="json") for c in cache.cached_datasets()],
+        health=health,
     )
 
 

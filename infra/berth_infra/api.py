@@ -44,6 +44,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/v1/usage": ("GET",),
     "/v1/hosts/{host}/drain": ("PUT",),
     "/v1/hosts/{host}/admission": ("PUT",),
+    "/v1/hosts/{host}/gpus/{gpu}/clear": ("POST",),
     "/v1/circuits": ("GET",),
     "/v1/circuits/{region}": ("DELETE",),
 }
@@ -112,7 +113,8 @@ API_TABLE_ACCESS: dict[str, TableAccess] = {
     ),
     # feasibility at submit, explain and capacity read the fleet; an admin's drain sets a host's
     # drain request (HostRepository.request_drain, a conditional UpdateItem of that flag), an admin's
-    # admission its admitted inventory (HostRepository.admit); holds and
+    # admission its admitted inventory (HostRepository.admit), an admin's GPU clear a fault
+    # (HostRepository.clear_gpu_fault); holds and
     # leases are written by the scheduler and the agent API only
     "hosts": TableAccess(("dynamodb:Scan", "dynamodb:UpdateItem")),
     # Powertools idempotency records (it deletes its record when the wrapped call fails) and the

@@ -158,6 +158,71 @@ def test_cancel_kills_the_running_process(real_cloud: LocalCloudProcess, job_dir
     assert "end" not in marker.read_text()
 
 
+def _logged(cloud: LocalCloudProcess, host: str, msg: str) -> int:
+    """How many records of the agent of `host` say `msg`."""
+    count = 0
+    for line in (cloud.state_dir / "agents" / host / "agent.log").read_text().splitlines():
+        try:
+            count += json.loads(line).get("msg") == msg
+        except (ValueError, AttributeError):
+            continue
+    return count
+
+
+def test_a_gpu_error_moves_the_job_without_using_an_attempt_and_the_gpu_stays_out_until_cleared(
+    real_cloud: LocalCloudProcess, job_dir: Path
+) -> None:
+    """`berth local fault gpu-error HOST GPU` under a running job: its agent's GPU health watcher sees
+    XID 79, the heartbeat reports it, the control plane stops the job (GpuFailed: not counted, so a
+    job of one attempt runs again) and takes the GPU out of placement until an admin clears it."""
+    from berth_tools.cli.fault_cmd import fault_url, send
+
+    alice, admin = real_cloud.client("alice"), real_cloud.client("admin")
+    marker = job_dir / "marks"
+    r = alice.post("/v1/jobs", json=_spec(marker, 300, retry={"max_attempts": 1}))
+    assert r.status == 201, r.text
+    job_id = r.json()["id"]
+    first_pid = int(_marks(marker)[0][1])
+    running = _wait(alice, job_id, ("RUNNING",))
+    (placed,) = running["placement"]["hosts"]
+    host, (gpu,) = placed["host_id"], placed["gpu_ids"]
+    status, answer = send(fault_url(real_cloud.state_dir), {"kind": "gpu-error", "host_id": host, "gpu": gpu})
+    assert status == 200 and answer["gpu_id"] == gpu, answer
+    try:
+        deadline = time.monotonic() + 150
+        while True:
+            job = alice.get(f"/v1/jobs/{job_id}").json()
+            if job["attempts"] == 2 and job["status"] == "RUNNING":
+                break
+            assert job["status"] not in ("FAILED", "COMPLETED", "CANCELED"), job
+            assert time.monotonic() < deadline, job
+            time.sleep(0.25)
+        assert not _alive(first_pid), "the job still runs on the failed GPU"
+        (moved,) = job["placement"]["hosts"]
+        assert gpu not in moved["gpu_ids"], job["placement"]
+        reasons = [e["reason"] for e in alice.get(f"/v1/jobs/{job_id}/events").json()["events"]]
+        retried = next(r for r in reasons if r.startswith("GpuFailed"))
+        assert gpu in retried and f"of host {host}" in retried and "XID 79" in retried, reasons
+        assert "this one not counted" in retried, retried
+        hosts = {h["host_id"]: h for h in admin.get("/v1/capacity").json()["hosts"]}
+        assert hosts[host]["degraded"] and [f["gpu_id"] for f in hosts[host]["gpu_faults"]] == [gpu]
+        assert alice.post(f"/v1/hosts/{host}/gpus/{gpu}/clear").status == 403
+    finally:
+        alice.post(f"/v1/jobs/{job_id}/cancel")
+        cleared = admin.post(f"/v1/hosts/{host}/gpus/{gpu}/clear")
+    assert cleared.status == 200, cleared.text
+    hosts = {h["host_id"]: h for h in admin.get("/v1/capacity").json()["hosts"]}
+    assert not hosts[host]["degraded"], hosts[host]
+    # its agent, still reporting the fault, is told to forget it (and the GPU stays placeable)
+    deadline = time.monotonic() + 60
+    while not _logged(real_cloud, host, "GPU fault cleared by an admin"):
+        assert time.monotonic() < deadline, "the agent never forgot the cleared fault"
+        time.sleep(0.25)
+    hosts = {h["host_id"]: h for h in admin.get("/v1/capacity").json()["hosts"]}
+    assert not hosts[host]["degraded"], hosts[host]
+    _wait(alice, job_id, ("CANCELED",), timeout=60)
+
+
 def test_agent_killed_mid_job_completes_and_never_runs_twice_at_once(
     real_cloud: LocalCloudProcess, job_dir: Path
 ) -> None:

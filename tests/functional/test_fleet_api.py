@@ -253,13 +253,21 @@ def test_capacity(fleet: Invoke) -> None:
     _register("dead", "V100", 4, lease_h=-1)
     status, cap = fleet("GET", "/v1/capacity", user="bob")
     assert status == 200, cap
-    assert cap["totals"] == {"hosts": 4, "gpus": 28, "used_gpus": 2, "free_gpus": 22, "unavailable_gpus": 4}
+    assert cap["totals"] == {
+        "hosts": 4,
+        "gpus": 28,
+        "used_gpus": 2,
+        "free_gpus": 22,
+        "unavailable_gpus": 4,
+        "faulted_gpus": 0,
+    }
     pools = {p["pool"]: p for p in cap["pools"]}
     assert pools["default"]["models"]["V100"] == {
         "gpus": 20,
         "used_gpus": 2,
         "free_gpus": 14,
         "unavailable_gpus": 4,
+        "faulted_gpus": 0,
     }
     assert pools["default"]["healthy_hosts"] == 2 and pools["lab"]["free_gpus"] == 8
     hosts = {h["host_id"]: h for h in cap["hosts"]}
@@ -386,6 +394,49 @@ def test_an_admin_admits_more_gpus_than_a_host_first_registered(fleet: Invoke) -
     _register("v100-a", "V100", 9)
     hosts = {h["host_id"]: h for h in fleet("GET", "/v1/capacity", user="admin")[1]["hosts"]}
     assert hosts["v100-a"]["gpus"] == 9 and hosts["v100-a"]["admitted_gpus"] == 9
+
+
+def test_an_admin_clears_a_gpu_fault_and_the_gpu_is_placeable_again(fleet: Invoke) -> None:
+    """GPU health at run time: a fatal fault (as a heartbeat records it, through the DynamoDB adapter)
+    shows in capacity and takes the GPU out; only an admin clears it, by index or UUID."""
+    from berth.dal.hosts import DynamoHostRepository
+    from berth.domain.gpu_health import GpuFault, GpuFaultKind
+
+    repo = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
+    fault = GpuFault(fault_id="f1", kind=GpuFaultKind.XID, xid=79, at=datetime.now(UTC))
+    repo.add_gpu_faults("v100-a", {"GPU-v100-a-3": fault})
+    repo.add_gpu_faults("v100-a", {"GPU-v100-a-3": fault.model_copy(update={"fault_id": "f2"})})
+    status, cap = fleet("GET", "/v1/capacity", user="bob")
+    assert status == 200, cap
+    host = {h["host_id"]: h for h in cap["hosts"]}["v100-a"]
+    assert host["degraded"] and host["free_gpus"] == 7 and cap["totals"]["faulted_gpus"] == 1
+    assert [(f["index"], f["fault_id"], f["reason"]) for f in host["gpu_faults"]] == [
+        (3, "f1", "XID 79 (GPU has fallen off the bus)")
+    ]
+    for user, path, expected in [
+        ("alice", "/v1/hosts/v100-a/gpus/3/clear", 403),
+        ("admin", "/v1/hosts/never-registered/gpus/3/clear", 404),
+        ("admin", "/v1/hosts/v100-a/gpus/9/clear", 404),
+        ("admin", "/v1/hosts/v100-a/gpus/GPU-v100-a-0/clear", 409),
+        ("admin", "/v1/hosts/v100-a/gpus/bad%20gpu/clear", 422),
+    ]:
+        status, err = fleet("POST", path, user=user)
+        assert status == expected, (path, err)
+    assert fleet("GET", "/v1/capacity", user="bob")[1]["totals"]["faulted_gpus"] == 1
+    status, out = fleet("POST", "/v1/hosts/v100-a/gpus/GPU-v100-a-3/clear", user="admin")
+    assert status == 200 and out["gpu_id"] == "GPU-v100-a-3" and out["fault_id"] == "f1", out
+    status, cap = fleet("GET", "/v1/capacity", user="bob")
+    host = {h["host_id"]: h for h in cap["hosts"]}["v100-a"]
+    assert not host["degraded"] and host["free_gpus"] == 8 and host["gpu_faults"] == []
+    rec = repo.get("v100-a")
+    assert rec is not None and rec.cleared_faults == ("f1",)
+    hot = GpuFault(fault_id="t1", kind=GpuFaultKind.THERMAL_SLOWDOWN, value=91, at=datetime.now(UTC))
+    repo.set_gpu_warnings("v100-a", {"GPU-v100-a-1": hot})
+    rec = repo.get("v100-a")
+    assert rec is not None and rec.gpu_warnings == {"GPU-v100-a-1": hot} and not rec.degraded
+    repo.set_gpu_warnings("v100-a", {})
+    rec = repo.get("v100-a")
+    assert rec is not None and rec.gpu_warnings == {}
 
 
 def test_a_waiting_job_shows_its_queue_position_and_estimated_start(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from berth.domain.fleet import (
     admission_for,
     check_hold_requests,
 )
+from berth.domain.gpu_health import CLEARED_KEPT, GpuFault
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES, fit_page
@@ -238,6 +239,10 @@ class FakeHosts:
                 version=(0 if current is None else current.version) + 1,
                 drain_requested=current is not None and current.drain_requested,
                 admitted=admitted,
+                # a registration writes only its own attributes: faults stay until an admin clears them
+                gpu_faults={} if current is None else dict(current.gpu_faults),
+                gpu_warnings={} if current is None else dict(current.gpu_warnings),
+                cleared_faults=() if current is None else current.cleared_faults,
             )
             self.hosts[inventory.host_id] = record
             return record
@@ -322,6 +327,38 @@ class FakeHosts:
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         self._update_existing(host_id, drain_requested=drain)
+
+    def add_gpu_faults(self, host_id: str, faults: Mapping[str, GpuFault]) -> HostRecord:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            new = {g: f for g, f in faults.items() if g not in current.gpu_faults}
+            if new:
+                self._update_existing(host_id, gpu_faults={**current.gpu_faults, **new})
+            return self.hosts[host_id]
+
+    def set_gpu_warnings(self, host_id: str, warnings: Mapping[str, GpuFault]) -> None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            self.hosts[host_id] = current.model_copy(update={"gpu_warnings": dict(warnings)})
+
+    def clear_gpu_fault(self, host_id: str, gpu_id: str) -> GpuFault | None:
+        with self.lock:
+            current = self.hosts.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            fault = current.gpu_faults.get(gpu_id)
+            if fault is None:
+                return None
+            self._update_existing(
+                host_id,
+                gpu_faults={g: f for g, f in current.gpu_faults.items() if g != gpu_id},
+                cleared_faults=(*current.cleared_faults, fault.fault_id)[-CLEARED_KEPT:],
+            )
+            return fault
 
     def _update_existing(self, host_id: str, **update: Any) -> None:
         """Change a registered host and bump its version (the adapter's ``_update_existing``)."""

@@ -207,3 +207,19 @@ def test_checkpoints_in_heartbeats_and_the_final_report_reach_the_job() -> None:
                     "checkpoint": {"at": now.isoformat(), "size_bytes": 1, **bad},
                 }
             )
+
+
+def test_gpu_fields_of_a_directive_appear_only_on_gpu_directives() -> None:
+    """``clear-gpu-fault`` carries ``gpu_id`` and ``fault_id``; the other directives are written as
+    before, so an older agent's view is unchanged (and it logs and ignores ``clear-gpu-fault``)."""
+    assert Directive(action="drain").model_dump(mode="json") == {
+        "job_id": None,
+        "attempt": None,
+        "action": "drain",
+        "reason": "",
+    }
+    clear = Directive(action="clear-gpu-fault", gpu_id="GPU-a", fault_id="f1").model_dump(mode="json")
+    assert (clear["gpu_id"], clear["fault_id"]) == ("GPU-a", "f1")
+    assert HeartbeatAnswer.model_validate({"directives": [clear]}).directives[0].fault_id == "f1"
+    # a heartbeat without gpu_faults (an agent that predates them) is what it always was
+    assert HeartbeatRequest.model_validate({"healthy": True}).gpu_faults == []

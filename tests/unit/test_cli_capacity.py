@@ -58,3 +58,43 @@ def test_the_hosts_table_shows_whether_gpus_are_isolated() -> None:
         fleet_cmd._capacity_table(_capacity(labels={"berth/gpu-isolation": "none"}))
     row = next(line for line in out.get().splitlines() if "h1" in line)
     assert "GPU ISOLATION" in out.get() and " none " in row
+
+
+def test_degraded_gpus_are_listed_with_their_fault() -> None:
+    fault = {
+        "gpu_id": "GPU-h1-1",
+        "index": 1,
+        "severity": "fatal",
+        "kind": "xid",
+        "xid": 79,
+        "reason": "XID 79 (GPU has fallen off the bus)",
+        "fault_id": "f1",
+        "at": "2026-12-03T17:00:00+00:00",
+    }
+    with fleet_cmd.console.capture() as out:
+        fleet_cmd._capacity_table(_capacity(degraded=True, gpu_faults=[fault]))
+    text = out.get()
+    assert "GPU faults" in text
+    row = next(line for line in text.splitlines() if "GPU-h1-1" in line)
+    assert "1 (GPU-h1-1)" in row and "out of placement" in row and "XID 79" in row
+    with fleet_cmd.console.capture() as out:
+        fleet_cmd._capacity_table(_capacity())
+    assert "GPU faults" not in out.get()  # a healthy fleet: no such table
+
+
+def test_gpu_clear_calls_the_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from berth_tools.cli.main import app
+
+    calls: list[tuple[str, str]] = []
+
+    class Client:
+        def clear_gpu_fault(self, host: str, gpu: str) -> dict[str, Any]:
+            calls.append((host, gpu))
+            return {"host_id": host, "gpu_id": "GPU-h1-1", "cleared": "XID 79 (x)", "fault_id": "f1"}
+
+    monkeypatch.setattr(fleet_cmd, "client_for", lambda url, profile: Client())
+    result = CliRunner().invoke(app, ["gpu-clear", "h1", "1"])
+    assert result.exit_code == 0, result.output
+    assert calls == [("h1", "1")] and "cleared XID 79" in result.output

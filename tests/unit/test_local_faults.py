@@ -335,3 +335,54 @@ def test_the_state_dir_is_found_without_flags(tmp_path: Path, monkeypatch: pytes
     monkeypatch.chdir(tmp_path)
     # nothing here: the repository's .berth/local if a local cloud runs there, else this directory's
     assert locate(None, {}) in ((tmp_path / ".berth" / "local").resolve(), REPO / ".berth" / "local")
+
+
+def test_gpu_error_reaches_the_agent_process_faults_file(tmp_path: Path) -> None:
+    """`gpu-error HOST [GPU]`: validated here, written by the host's agent process into the file its
+    simulated GPU health source polls (berth_agent.gpu_health, tested there)."""
+    from berth_tools.localcloud.process_agents import AgentProcess
+
+    agent = AgentProcess(
+        host_id="h1",
+        gpu_type="H100",
+        gpus=2,
+        home=tmp_path,
+        api_url="http://x",
+        endpoint_url="http://y",
+        region="us-east-1",
+        artifacts_bucket="a",
+        data_bucket="d",
+    )
+    assert agent.config()["gpus"]["simulated"]["faults_file"] == str(tmp_path / "gpu-faults.jsonl")
+    state = FaultState()
+    state.gpu_error_handler = lambda host, gpu, xid: (
+        agent.inject_gpu_error(gpu, xid) if host == "h1" else None
+    )
+    for body, status in [
+        ({"kind": "gpu-error"}, 400),
+        ({"kind": "gpu-error", "host_id": "h1", "gpu": "a b"}, 400),
+        ({"kind": "gpu-error", "host_id": "h1", "xid": "79"}, 400),
+        ({"kind": "gpu-error", "host_id": "h2"}, 404),  # no agent process of h2
+        ({"kind": "gpu-error", "host_id": "h1", "gpu": "5"}, 404),  # h1 has 2 GPUs
+    ]:
+        with pytest.raises(faults.FaultError) as caught:
+            state.apply(body)
+        assert caught.value.status == status, body
+    assert not agent.gpu_faults_file.exists()
+    answer = state.apply({"kind": "gpu-error", "host_id": "h1", "gpu": "1"})
+    assert (answer["host_id"], answer["gpu_id"], answer["xid"]) == ("h1", "GPU-sim-h1-1", 79)
+    state.apply({"kind": "gpu-error", "host_id": "h1", "gpu": "GPU-sim-h1-0", "xid": 48})
+    assert agent.gpu_faults_file.read_text().splitlines() == [
+        '{"gpu": "GPU-sim-h1-1", "xid": 79}',
+        '{"gpu": "GPU-sim-h1-0", "xid": 48}',
+    ]
+    assert fault_cmd.request_body("gpu-error", ["h1"]) == {"kind": "gpu-error", "host_id": "h1"}
+    assert fault_cmd.request_body("gpu-error", ["h1", "1"]) == {
+        "kind": "gpu-error",
+        "host_id": "h1",
+        "gpu": "1",
+    }
+    with pytest.raises(ValueError, match="usage"):
+        fault_cmd.request_body("gpu-error", [])
+    line = fault_cmd.summary("gpu-error", answer)
+    assert line.startswith("gpu-error: GPU-sim-h1-1 of h1 reports XID 79")

@@ -204,6 +204,9 @@ class BerthClient:
     def drain_host(self, host_id: str, drain: bool = True) -> Any:
         return self.call("PUT", f"/v1/hosts/{_seg(host_id)}/drain", body={"drain": drain})
 
+    def clear_gpu_fault(self, host_id: str, gpu: str) -> Any:
+        return self.call("POST", f"/v1/hosts/{_seg(host_id)}/gpus/{_seg(gpu)}/clear")
+
     def get_document(self, kind: str, version: int | None = None) -> Any:
         return self.call("GET", f"/v1/{_seg(kind)}", query={"version": version})
 

@@ -10,7 +10,7 @@ method writes its own attributes only (inventory, lease, holds), never the whole
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from berth.dal.models import HostRow, host_model
 from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Conflict, NotFound
 from berth.domain.fleet import Admission, Containment, Hold, HostInventory, HostRecord, admission_for
+from berth.domain.gpu_health import CLEARED_KEPT, GpuFault
 
 #: Register retries when a hold or release lands between its read and its conditional write.
 REGISTER_RETRIES = 5
@@ -30,6 +31,14 @@ REGISTER_RETRIES = 5
 #: qualifies: DynamoDB refuses a plain write to an item a transaction is writing
 #: (``TransactionConflictException``, not retried by the SDK), e.g. a placement's hold.
 CONFLICT_RETRIES = 5
+
+
+def _faults(value: Any) -> dict[str, GpuFault]:
+    return {g: GpuFault.model_validate(f) for g, f in (value or {}).items()}
+
+
+def _faults_json(faults: Mapping[str, GpuFault]) -> dict[str, Any]:
+    return {g: f.model_dump(mode="json") for g, f in faults.items()}
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -74,6 +83,9 @@ class DynamoHostRepository:
             if row.admitted_gpu_type is None or row.admitted_gpus is None
             else Admission(gpu_type=row.admitted_gpu_type, gpus=int(row.admitted_gpus)),
             cached_datasets=tuple(CachedDataset.model_validate(c) for c in row.cached_datasets or ()),
+            gpu_faults=_faults(row.gpu_faults),
+            gpu_warnings=_faults(row.gpu_warnings),
+            cleared_faults=tuple(row.cleared_faults or ()),
         )
 
     def get(self, host_id: str) -> HostRecord | None:
@@ -261,3 +273,56 @@ class DynamoHostRepository:
         self._update_existing(
             host_id, f"drain host {host_id}", [R.drain_requested.set(drain), R.version.add(1)]
         )
+
+    # -- GPU faults (berth.logic.gpu_faults) ----------------------------------------------------
+    def add_gpu_faults(self, host_id: str, faults: Mapping[str, GpuFault]) -> HostRecord:
+        R = self._Row
+        for _ in range(CONFLICT_RETRIES):
+            current = self.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            new = {g: f for g, f in faults.items() if g not in current.gpu_faults}
+            if not new:
+                return current
+            merged = {**current.gpu_faults, **new}
+            try:
+                with translated(f"record GPU faults of host {host_id}"):
+                    R(host_id).update(
+                        actions=[R.gpu_faults.set(_faults_json(merged)), R.version.add(1)],
+                        condition=R.version == current.version,
+                    )
+            except Conflict:
+                continue  # a hold, release or heartbeat moved the version: read again
+            return current.model_copy(update={"gpu_faults": merged, "version": current.version + 1})
+        raise Conflict(f"host {host_id!r} kept changing while recording GPU faults; try again")
+
+    def set_gpu_warnings(self, host_id: str, warnings: Mapping[str, GpuFault]) -> None:
+        R = self._Row
+        action = R.gpu_warnings.set(_faults_json(warnings)) if warnings else R.gpu_warnings.remove()
+        self._update_existing(host_id, f"record GPU warnings of host {host_id}", [action])
+
+    def clear_gpu_fault(self, host_id: str, gpu_id: str) -> GpuFault | None:
+        R = self._Row
+        for _ in range(CONFLICT_RETRIES):
+            current = self.get(host_id)
+            if current is None:
+                raise NotFound(f"host {host_id!r} is not registered")
+            fault = current.gpu_faults.get(gpu_id)
+            if fault is None:
+                return None
+            rest = {g: f for g, f in current.gpu_faults.items() if g != gpu_id}
+            cleared = [*current.cleared_faults, fault.fault_id][-CLEARED_KEPT:]
+            try:
+                with translated(f"clear a GPU fault of host {host_id}"):
+                    R(host_id).update(
+                        actions=[
+                            R.gpu_faults.set(_faults_json(rest)),
+                            R.cleared_faults.set(cleared),
+                            R.version.add(1),
+                        ],
+                        condition=R.version == current.version,
+                    )
+            except Conflict:
+                continue
+            return fault
+        raise Conflict(f"host {host_id!r} kept changing while clearing a GPU fault; try again")

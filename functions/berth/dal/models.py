@@ -187,6 +187,11 @@ class HostRow(Model):
     admitted_gpus = NumberAttribute(null=True)
     cached_datasets = JSONAttribute(null=True)
     """``[{source, version, size_bytes}]``: what the host's object cache holds (data locality)."""
+    #: GPU UUID -> fatal fault / current warning (``berth.domain.gpu_health.GpuFault`` as JSON).
+    gpu_faults = JSONAttribute(null=True)
+    gpu_warnings = JSONAttribute(null=True)
+    #: Ids of faults an admin cleared lately (newest last).
+    cleared_faults = JSONAttribute(null=True)
 
 
 class RateRow(Model):

@@ -18,9 +18,9 @@ Tests: ``tests/unit/test_agent_wire.py`` (round trips, an older agent's view of 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from berth.domain.job_spec import JobSpec
 
@@ -47,12 +47,25 @@ class WorkMessage(_FromControlPlane):
 
 
 class Directive(_FromControlPlane):
-    """One instruction in a heartbeat answer: ``cancel``/``stop`` an attempt, or ``drain`` the host."""
+    """One instruction in a heartbeat answer: ``cancel``/``stop`` an attempt, ``drain`` the host, or
+    ``clear-gpu-fault``: an admin cleared the fault ``fault_id`` of GPU ``gpu_id`` (the agent forgets
+    it, and reports the GPU again only if it fails again)."""
 
     job_id: str | None = None
     attempt: int | None = None
     action: str
     reason: str = ""
+    gpu_id: str | None = None
+    fault_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_gpu(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The GPU fields only on a GPU directive: the other directives look as they always did."""
+        out: dict[str, Any] = handler(self)
+        for name in ("gpu_id", "fault_id"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
 
 class RegisterAnswer(_FromControlPlane):

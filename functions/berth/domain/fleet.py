@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Forbidden
+from berth.domain.gpu_health import GpuFault, Severity
 
 #: Host ids name the host's work queue (``berth-host-<host id>``) and its IAM tag, so they use only
 #: what an SQS queue name allows.
@@ -159,10 +160,28 @@ class HostRecord(_Frozen):
     cached_datasets: tuple[CachedDataset, ...] = ()
     """What its agent last said its object cache holds (data locality; at most
     ``MAX_CACHED_DATASETS``)."""
+    gpu_faults: dict[str, GpuFault] = Field(default_factory=dict)
+    """GPU UUID -> its fatal fault (``berth.domain.gpu_health``): out of placement until an admin
+    clears it; survives registration."""
+    gpu_warnings: dict[str, GpuFault] = Field(default_factory=dict)
+    """GPU UUID -> a warning its agent reports now (thermal slowdown, throttling): shown only."""
+    cleared_faults: tuple[str, ...] = ()
+    """Ids of the faults an admin cleared lately (``CLEARED_KEPT``): an agent still reporting one is
+    told to forget it."""
 
     @property
     def host_id(self) -> str:
         return self.inventory.host_id
+
+    @property
+    def faulted_gpu_ids(self) -> set[str]:
+        """The GPUs with a fatal fault: never placed on."""
+        return {g for g, f in self.gpu_faults.items() if f.severity is Severity.FATAL}
+
+    @property
+    def degraded(self) -> bool:
+        """One of its GPUs has a fatal fault (the host itself may still take work on the others)."""
+        return bool(self.faulted_gpu_ids)
 
     @property
     def held_gpu_ids(self) -> set[str]:
@@ -170,8 +189,9 @@ class HostRecord(_Frozen):
 
     @property
     def free_gpu_ids(self) -> tuple[str, ...]:
-        held = self.held_gpu_ids
-        return tuple(g for g in self.inventory.gpu_ids if g not in held)
+        """The GPUs no attempt holds and no fatal fault took out of placement."""
+        out = self.held_gpu_ids | self.faulted_gpu_ids
+        return tuple(g for g in self.inventory.gpu_ids if g not in out)
 
     @property
     def gpus(self) -> int:

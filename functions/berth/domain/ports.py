@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -11,6 +11,7 @@ from berth.domain.agent_wire import CachedDataset
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
 from berth.domain.fleet import Admission, HoldRequest, HostInventory, HostRecord, StoredDocument
+from berth.domain.gpu_health import GpuFault
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES
@@ -170,6 +171,18 @@ class HostRepository(Protocol):
 
     def request_drain(self, host_id: str, drain: bool) -> None:
         """Ask the host to drain (or stop asking); NotFound for an unknown host."""
+
+    def add_gpu_faults(self, host_id: str, faults: Mapping[str, GpuFault]) -> HostRecord:
+        """Keep these fatal faults (GPU UUID -> fault) for the GPUs that have none yet (a GPU keeps its
+        first), conditionally on the record read; the record stored. NotFound for an unknown host."""
+        ...
+
+    def set_gpu_warnings(self, host_id: str, warnings: Mapping[str, GpuFault]) -> None:
+        """Replace the host's current GPU warnings; NotFound for an unknown host."""
+
+    def clear_gpu_fault(self, host_id: str, gpu_id: str) -> GpuFault | None:
+        """Remove the GPU's fatal fault and remember its id among the cleared ones (``CLEARED_KEPT``);
+        the fault removed, None when it had none. NotFound for an unknown host."""
 
 
 class DocumentRepository(Protocol):

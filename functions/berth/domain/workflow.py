@@ -25,6 +25,7 @@ from berth.domain.agent_wire import MAX_CACHED_DATASETS, CachedDataset
 from berth.domain.agent_wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from berth.domain.agent_wire import Directive as Directive
 from berth.domain.agent_wire import WorkMessage as WorkMessage
+from berth.domain.gpu_health import GpuFaultReport
 
 
 class Failure(StrEnum):
@@ -51,6 +52,10 @@ class Failure(StrEnum):
     INVALID_BUNDLE = "InvalidBundle"
     """The job's code bundle is a broken archive (corrupt, truncated, not an archive, unsafe to
     unpack): the same on every host, so never retried."""
+    GPU_FAILED = "GpuFailed"
+    """A GPU of the attempt had a fatal fault (an XID, lost from the bus, new uncorrected ECC): the
+    control plane stopped the attempt (``berth.domain.gpu_health``). The infrastructure's failure,
+    not the job's: retried without using one of its attempts."""
 
     @property
     def error_name(self) -> str:
@@ -82,10 +87,13 @@ FAILURE_CLASS: dict[Failure, FailureClass] = {
     Failure.CANCELED: FailureClass.CANCELED,
     Failure.COST_LIMIT: FailureClass.PERMANENT,
     Failure.INVALID_BUNDLE: FailureClass.PERMANENT,
+    Failure.GPU_FAILED: FailureClass.TRANSIENT,
 }
 
 #: Transient failures that are not the job's fault and do not use up one of its attempts.
-NOT_COUNTED = frozenset({Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED})
+NOT_COUNTED = frozenset(
+    {Failure.PREEMPTED, Failure.SPOT_INTERRUPTION, Failure.CAPACITY, Failure.THROTTLED, Failure.GPU_FAILED}
+)
 #: A job's first this many ``CloudApiError`` failures (a region's API failing or refusing, an instance
 #: that could not start the container) use up none of its attempts: they back off (by attempt
 #: number, below) while the circuits open and steer the pass elsewhere; later ones count. Six: enough
@@ -420,3 +428,6 @@ class HeartbeatRequest(_Model):
     agent sends it when it changed, and on its first beat), so a beat costs no more write."""
     checkpoints: Annotated[list[AttemptCheckpoint], Field(max_length=256)] = Field(default_factory=list)
     """The last synced checkpoint of running attempts (those that wrote one)."""
+    #: The host's GPU faults (``berth.domain.gpu_health``): its latched fatal ones and its warnings now.
+    #: An agent sends the field only when it has some, so it still talks to a control plane without it.
+    gpu_faults: Annotated[list[GpuFaultReport], Field(max_length=128)] = Field(default_factory=list)

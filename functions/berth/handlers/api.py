@@ -61,6 +61,7 @@ from berth.handlers.settings import settings
 from berth.logic.arrays import ArrayService
 from berth.logic.circuits import INSTANCE_TYPE_RE, REGION_RE, CircuitService
 from berth.logic.fleet import FleetService, document_out
+from berth.logic.gpu_faults import clear_gpu_fault
 from berth.logic.jobs import JobService
 from berth.logic.observability import ObservabilityService
 from berth.logic.outputs import OutputService
@@ -834,6 +835,31 @@ def put_host_drain(
     ],
 ) -> Response[Any]:
     return _json(200, _fleet().drain(_caller(), host, body))
+
+
+GpuRef = Annotated[
+    str,
+    Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$", description="A GPU's UUID or its index on the host"),
+]
+
+
+@app.post(
+    "/v1/hosts/<host>/gpus/<gpu>/clear",
+    summary="Clear a GPU's fault (admins only): the GPU is placed on again (docs/agent.md, GPU health)",
+    responses={
+        200: {
+            "description": "The fault cleared",
+            "content": {"application/json": {"model": schemas.GpuClearOut}},
+        },
+        **schemas.error_responses(403, 404, 409, 422, 429),
+    },
+    tags=["fleet and policy"],
+)
+def post_gpu_clear(host: HostId, gpu: GpuRef) -> Response[Any]:
+    fleet = _fleet()
+    answer = clear_gpu_fault(_caller(), fleet.source.hosts, host, gpu)
+    fleet.clear_cache()
+    return _json(200, answer)
 
 
 @app.put(

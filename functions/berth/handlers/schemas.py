@@ -242,6 +242,13 @@ class DrainOut(BaseModel):
     drain_requested: bool
 
 
+class GpuClearOut(BaseModel):
+    host_id: str
+    gpu_id: str = Field(description="The GPU's UUID")
+    cleared: str = Field(description="The fault that was cleared, in words")
+    fault_id: str
+
+
 class SiteUsageOut(BaseModel):
     site: Site
     gpu_hours: float

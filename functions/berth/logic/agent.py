@@ -43,6 +43,7 @@ from berth.domain.workflow import (
     agent_failure,
 )
 from berth.logic.credentials import CredentialService
+from berth.logic.gpu_faults import GpuFaultService
 from berth.logic.job_update import Change, Decision, JobMissing, JobUpdate, Keep, Save, Update, update_job
 from berth.logic.workflow import WorkflowSettings
 
@@ -131,7 +132,8 @@ class AgentService:
             draining=request.draining,
             cached_datasets=request.cached_datasets,
         )
-        directives: list[Directive] = []
+        # Its GPU faults first: an attempt on a GPU that just failed gets its stop in this answer.
+        directives = GpuFaultService(self.jobs, self.hosts, self.clock).on_heartbeat(rec, request.gpu_faults)
         if rec.drain_requested:
             # Level-triggered: every answer carries it while the drain is requested; the agent takes
             # no new work while it does and resumes once an answer comes without it.

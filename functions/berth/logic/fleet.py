@@ -19,6 +19,7 @@ from berth.domain.ports import TenantRecord
 from berth.domain.status import JobStatus
 from berth.domain.storage import dataset_names
 from berth.domain.tenancy import Caller
+from berth.logic.gpu_faults import gpu_fault_rows
 from berth.logic.jobs import JobService
 from berth.logic.snapshot import (
     OFFERS,
@@ -233,10 +234,12 @@ class FleetService:
             model = pool.setdefault("models", {}).setdefault(inv.gpu_type, _zero())
             for counts in (pool, model):
                 counts["gpus"] += rec.gpus
-                counts["used_gpus"] += rec.gpus - rec.free_gpus
+                counts["used_gpus"] += len(rec.held_gpu_ids)
                 # A host that is unhealthy, past its lease or draining offers nothing.
                 counts["free_gpus"] += rec.free_gpus if offers else 0
                 counts["unavailable_gpus"] += 0 if offers else rec.free_gpus
+                # GPUs with a fatal fault (held ones too, while their attempt stops): never placed on.
+                counts["faulted_gpus"] += len(rec.faulted_gpu_ids)
         hosts = [
             {
                 "host_id": rec.host_id,
@@ -244,7 +247,7 @@ class FleetService:
                 "gpu_type": rec.inventory.gpu_type,
                 "gpus": rec.gpus,
                 "free_gpus": rec.free_gpus,
-                "used_gpus": rec.gpus - rec.free_gpus,
+                "used_gpus": len(rec.held_gpu_ids),
                 "cpu": rec.inventory.cpu,
                 "memory_gib": rec.inventory.memory_gib,
                 "labels": dict(rec.inventory.labels),
@@ -257,6 +260,8 @@ class FleetService:
                 else rec.lease_expires_at.isoformat(),
                 "attempts": sorted(k for k in rec.holds if k in visible),
                 "admitted_gpus": None if rec.admitted is None else rec.admitted.gpus,
+                "degraded": rec.degraded,
+                "gpu_faults": gpu_fault_rows(rec),
             }
             for rec in fleet.records
         ]
@@ -313,7 +318,7 @@ class FleetService:
 
 
 def _zero() -> dict[str, int]:
-    return {"gpus": 0, "used_gpus": 0, "free_gpus": 0, "unavailable_gpus": 0}
+    return {"gpus": 0, "used_gpus": 0, "free_gpus": 0, "unavailable_gpus": 0, "faulted_gpus": 0}
 
 
 def _described(job: Job) -> dict[str, Any]:

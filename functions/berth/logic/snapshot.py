@@ -237,7 +237,9 @@ def tenant_state(name: str, quota: Quota | None, cloud_spend_month_usd: float = 
 
 def scheduler_host(record: HostRecord, now: datetime) -> Host:
     """A stored host as the scheduler sees it: healthy only while alive (healthy, lease valid) and not
-    draining (its agent takes no new work, or an operator asked it to drain)."""
+    draining (its agent takes no new work, or an operator asked it to drain). Its GPUs with a fatal
+    fault are never free (``HostRecord.free_gpu_ids``) but still count in its size: the submit-time
+    check asks whether a host could *ever* run a job, and an admin clears a repaired GPU."""
     inv = record.inventory
     return Host(
         host_id=inv.host_id,

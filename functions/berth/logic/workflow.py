@@ -244,7 +244,7 @@ class WorkflowService:
                 failure = job.run.attempt.stop_failure or Failure.PREEMPTED
             elif failure is Failure.CANCELED and not canceling:
                 failure = Failure.AGENT_ERROR
-            stopped = failure in (Failure.PREEMPTED, Failure.COST_LIMIT)
+            stopped = failure in (Failure.PREEMPTED, Failure.COST_LIMIT, Failure.GPU_FAILED)
             detail = (job.run.attempt.stop or _short(cause)) if stopped else _short(cause)
             decision = retry_decision(
                 failure,

@@ -195,3 +195,47 @@ def test_the_first_registration_bounds_what_a_host_may_register(store: Store) ->
     assert store.hosts.register(_inventory(gpus=more), T0).gpus == 5
     with pytest.raises(NotFound):
         store.hosts.admit("nope", Admission(gpu_type="A100", gpus=MAX_HOST_GPUS))
+
+
+def test_gpu_faults_keep_the_first_survive_registration_and_clear(store: Store) -> None:
+    """GPU health at run time: a GPU keeps its first fatal fault (neither free nor held), across a
+    re-registration and heartbeats, until it is cleared (its id then remembered); warnings replace."""
+    from berth.domain.gpu_health import CLEARED_KEPT, GpuFault, GpuFaultKind
+
+    def fault(fault_id: str, xid: int = 79) -> GpuFault:
+        return GpuFault(fault_id=fault_id, kind=GpuFaultKind.XID, xid=xid, at=T0)
+
+    store.hosts.register(_inventory(), T0)
+    store.hosts.hold("h1", "j-1#1", GPUS[:1], 8, 64)
+    rec = store.hosts.add_gpu_faults("h1", {GPUS[0]: fault("a"), GPUS[1]: fault("b")})
+    assert rec == store.hosts.get("h1")
+    assert rec.faulted_gpu_ids == {GPUS[0], GPUS[1]} and rec.free_gpu_ids == GPUS[2:]
+    assert rec.held_gpu_ids == {GPUS[0]}
+    rec = store.hosts.add_gpu_faults("h1", {GPUS[1]: fault("c", 48)})
+    assert rec.gpu_faults[GPUS[1]].fault_id == "b"  # the first is kept
+    store.hosts.register(_inventory(), T0 + timedelta(minutes=1))
+    store.hosts.heartbeat("h1", T0 + timedelta(minutes=2))
+    hot = GpuFault(fault_id="t", kind=GpuFaultKind.THERMAL_SLOWDOWN, value=91, at=T0)
+    store.hosts.set_gpu_warnings("h1", {GPUS[3]: hot})
+    rec = store.hosts.get("h1")
+    assert (
+        rec is not None and set(rec.gpu_faults) == {GPUS[0], GPUS[1]} and rec.gpu_warnings == {GPUS[3]: hot}
+    )
+    assert store.hosts.clear_gpu_fault("h1", GPUS[1]) == fault("b")
+    assert store.hosts.clear_gpu_fault("h1", GPUS[1]) is None
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.cleared_faults == ("b",) and rec.free_gpu_ids == GPUS[1:]
+    store.hosts.set_gpu_warnings("h1", {})
+    for i in range(CLEARED_KEPT + 1):
+        store.hosts.add_gpu_faults("h1", {GPUS[2]: fault(f"x{i}")})
+        store.hosts.clear_gpu_fault("h1", GPUS[2])
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.gpu_warnings == {} and len(rec.cleared_faults) == CLEARED_KEPT
+    assert rec.cleared_faults[-1] == f"x{CLEARED_KEPT}" and "b" not in rec.cleared_faults
+    for call in (
+        lambda: store.hosts.add_gpu_faults("nope", {}),
+        lambda: store.hosts.set_gpu_warnings("nope", {}),
+        lambda: store.hosts.clear_gpu_fault("nope", GPUS[0]),
+    ):
+        with pytest.raises(NotFound):
+            call()

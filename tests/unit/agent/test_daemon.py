@@ -14,6 +14,7 @@ import pytest
 from berth.domain.agent_wire import Directive, WorkMessage
 from berth_agent.config import AgentConfig
 from berth_agent.daemon import BUSY_RETRY_S, Daemon, Message, SqsQueue
+from berth_agent.gpu_health import GpuHealthWatcher, SimulatedHealthSource
 from berth_agent.gpus import Gpu, Inventory
 from berth_agent.ledger import AttemptEntry, AttemptLedger
 
@@ -527,3 +528,26 @@ def test_heartbeats_carry_the_cache_only_when_it_changed(tmp_path: Path) -> None
     d.register()
     d.heartbeat_once()
     assert [h.get("cached_datasets") for h in api.heartbeats[4:]] == [held, held]
+
+
+def test_heartbeats_carry_gpu_faults_and_a_clear_directive_forgets_one(tmp_path: Path) -> None:
+    faults = tmp_path / "gpu-faults.jsonl"
+    faults.write_text('{"gpu": 1, "xid": 79}\n')
+    api = FakeApi()
+    d = _daemon(tmp_path, FakeQueue([]), FakeRunner(), api)
+    d.heartbeat_once()
+    assert "gpu_faults" not in api.heartbeats[-1]  # no watcher: the heartbeat as it always was
+    d.health = GpuHealthWatcher(SimulatedHealthSource(faults, ["GPU-a", "GPU-b"]))
+    d.heartbeat_once()
+    assert "gpu_faults" not in api.heartbeats[-1]  # nothing seen yet
+    d.health.poll_once()
+    d.heartbeat_once()
+    assert api.heartbeats[-1]["gpu_faults"] == [
+        {"fault_id": "sim-1", "gpu_id": "GPU-b", "kind": "xid", "xid": 79, "value": None}
+    ]
+    api.directives = [
+        {"action": "clear-gpu-fault", "gpu_id": "GPU-b", "fault_id": "sim-1", "reason": "an admin cleared it"}
+    ]
+    d.heartbeat_once()
+    d.heartbeat_once()
+    assert "gpu_faults" not in api.heartbeats[-1]

@@ -52,3 +52,17 @@ def test_build_wires_a_daemon_from_config(tmp_path: Path, monkeypatch: pytest.Mo
     # a cgroup, process-group elsewhere (this test host: cgroup v1/hybrid)
     assert daemon.host_facts["containment"] == daemon.runner.executor.containment  # type: ignore[attr-defined]
     assert daemon.host_facts["containment"] in ("cgroup-v2", "process-group")
+    assert daemon.health is None  # simulated GPUs without a faults file: nothing to watch
+    faulty = cfg.model_copy(
+        update={
+            "gpus": cfg.gpus.model_copy(
+                update={
+                    "simulated": cfg.gpus.simulated.model_copy(
+                        update={"faults_file": tmp_path / "gpu-faults.jsonl"}
+                    )
+                }
+            )
+        }
+    )
+    watched = agent_main.build(faulty)
+    assert watched.health is not None and watched.health.source.path == tmp_path / "gpu-faults.jsonl"  # type: ignore[attr-defined]

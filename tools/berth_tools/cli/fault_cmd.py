@@ -18,7 +18,7 @@ from berth_tools.localcloud.state_dir import STATE_DIR_ENV, locate, parse_export
 USAGE = (
     "region-outage REGION | capacity REGION INSTANCE_TYPE | spot-interrupt JOB_ID | control-plane-outage"
     " | partition HOST_ID | heal HOST_ID | ddb-throttle FRACTION [SEED] | sqs-duplicate FRACTION [SEED]"
-    " | agent-kill HOST_ID | lambda-kill FUNCTION | clear | show"
+    " | agent-kill HOST_ID | lambda-kill FUNCTION | gpu-error HOST_ID [GPU] | clear | show"
 )
 _ARITY = {
     "region-outage": ("region",),
@@ -55,6 +55,9 @@ def request_body(kind: str, args: list[str]) -> dict[str, Any] | None:
         return None
     if kind in ("clear", "control-plane-outage") and not args:
         return {"kind": kind}
+    if kind == "gpu-error" and len(args) in (1, 2):
+        # GPU: an index or a UUID (default 0); the XID is 79, "fallen off the bus"
+        return {"kind": kind, "host_id": args[0], **({"gpu": args[1]} if len(args) == 2 else {})}
     if kind in _FRACTIONS and len(args) in (1, 2):
         try:
             body: dict[str, Any] = {"kind": kind, "fraction": float(args[0])}
@@ -91,10 +94,10 @@ def fault(
     kind: str = typer.Argument(
         ...,
         help="region-outage, capacity, spot-interrupt, control-plane-outage, partition, heal, "
-        "ddb-throttle, sqs-duplicate, agent-kill, lambda-kill, clear or show.",
+        "ddb-throttle, sqs-duplicate, agent-kill, lambda-kill, gpu-error, clear or show.",
     ),
     args: list[str] | None = typer.Argument(
-        None, help="REGION [INSTANCE_TYPE] | JOB_ID | HOST_ID | FRACTION [SEED] | FUNCTION"
+        None, help="REGION [INSTANCE_TYPE] | JOB_ID | HOST_ID [GPU] | FRACTION [SEED] | FUNCTION"
     ),
     state_dir: Path | None = typer.Option(
         None,
@@ -108,8 +111,9 @@ def fault(
     spot-interrupt JOB_ID | control-plane-outage (Berth's API answers 503) | partition HOST_ID (its
     calls to Berth's API answer 503) | heal HOST_ID | ddb-throttle FRACTION [SEED] (DynamoDB calls
     throttled) | sqs-duplicate FRACTION [SEED] (SQS messages delivered twice) | agent-kill HOST_ID
-    (SIGKILL, restarted) | lambda-kill FUNCTION (SIGKILL one sandbox) | clear (show: list the faults
-    in force)."""
+    (SIGKILL, restarted) | lambda-kill FUNCTION (SIGKILL one sandbox) | gpu-error HOST_ID [GPU] (the
+    simulated GPU, index or UUID, default 0, reports XID 79: out of placement until `berth gpu-clear`)
+    | clear (show: list the faults in force)."""
     try:
         body = request_body(kind, list(args or []))
     except ValueError as exc:
@@ -147,6 +151,8 @@ def summary(kind: str | None, answer: dict[str, Any]) -> str:
             done = f"agent of {answer['host_id']} (pid {answer['killed_pid']}) killed, restarting; "
         elif kind == "lambda-kill":
             done = f"sandbox pid {answer['pid']} of {answer['function']} killed; "
+        elif kind == "gpu-error":
+            done = f"{answer['gpu_id']} of {answer['host_id']} reports XID {answer['xid']}; "
         done = f"{kind}: {done}"
     extra = ""
     if faults.get("control_plane_outage"):

@@ -1,4 +1,4 @@
-"""Fleet and policy commands: explain, capacity, circuits, drain, admit, policy, offers."""
+"""Fleet and policy commands: explain, capacity, circuits, drain, admit, gpu-clear, policy, offers."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def _host_state(host: dict[str, Any]) -> Text:
         return Text("unhealthy", style="red")
     if host.get("draining"):
         return Text("draining", style="yellow")
+    if host.get("degraded"):
+        return Text("degraded (GPU fault)", style="yellow")
     return Text("ok", style="green")
 
 
@@ -54,12 +56,14 @@ def _capacity_table(d: dict[str, Any], wide: bool = False) -> None:
     tot = d["totals"]
     console.print(
         f"[bold]{tot['hosts']} hosts[/], {tot['gpus']} GPUs: {tot['free_gpus']} free, "
-        f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable (as of {d['as_of']}; "
-        f"policy v{d.get('policy_version', '-')})",
+        f"{tot['used_gpus']} used, {tot['unavailable_gpus']} unavailable"
+        + (f", [red]{tot['faulted_gpus']} faulted[/]" if tot.get("faulted_gpus") else "")
+        + f" (as of {d['as_of']}; policy v{d.get('policy_version', '-')})",
         highlight=False,
     )
     _pools_table(d["pools"], wide)
     _hosts_table(d["hosts"], wide)
+    _gpu_faults_table(d["hosts"], wide)
     _regions_table(d["cloud"], wide)
 
 
@@ -146,6 +150,34 @@ _CIRCUIT_COLOUR = {"open": "red", "half-open": "yellow", "closed": "green"}
 
 def _circuit(state: str) -> Text:
     return Text(state, style=_CIRCUIT_COLOUR.get(state, "white"))
+
+
+def _gpu_faults_table(hosts: list[dict[str, Any]], wide: bool) -> None:
+    """Degraded hosts' GPUs (fatal: out of placement until `berth gpu-clear`) and GPU warnings."""
+    rows: list[list[Cell]] = [
+        [
+            literal(host["host_id"]),
+            literal(f["gpu_id"] if f["index"] is None else f"{f['index']} ({f['gpu_id']})"),
+            Text("fatal: out of placement", style="red")
+            if f["severity"] == "fatal"
+            else Text("warning", style="yellow"),
+            literal(f["reason"]),
+            f["at"],
+        ]
+        for host in hosts
+        for f in host.get("gpu_faults") or ()
+    ]
+    if not rows:
+        return
+    console.print("GPU faults (berth gpu-clear HOST GPU once repaired):", highlight=False)
+    columns = [
+        Column("HOST", key=True),
+        Column("GPU", key=True),
+        Column("SEVERITY"),
+        Column("FAULT", flexible=True, min_width=16),
+        Column("SINCE", priority=1),
+    ]
+    show(console, columns, rows, wide)
 
 
 def capacity(
@@ -278,6 +310,27 @@ def drain(
     render(output, data, table)
 
 
+def gpu_clear(
+    host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
+    gpu: Annotated[str, typer.Argument(help="The GPU's index on the host, or its UUID")],
+    output: OutputOpt = OutputFormat.TABLE,
+    api_url: ApiUrlOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Clear a GPU's fault (admins), once it is repaired or reset: it is placed on again."""
+    with api_errors(output):
+        data = client_for(api_url, profile).clear_gpu_fault(host, gpu)
+
+    def table(d: dict[str, Any]) -> None:
+        console.print(
+            Text.assemble(
+                f"host {d['host_id']} GPU ", literal(d["gpu_id"]), ": cleared ", literal(d["cleared"])
+            )
+        )
+
+    render(output, data, table)
+
+
 def admit(
     host: Annotated[str, typer.Argument(help="The on-prem host's id (as `berth capacity` lists it)")],
     gpu_type: Annotated[str, typer.Option("--gpu-type", help="The GPU model it may register")],
@@ -369,5 +422,6 @@ def register(app: typer.Typer) -> None:
     app.command("circuits")(circuits)
     app.command("drain")(drain)
     app.command("admit")(admit)
+    app.command("gpu-clear")(gpu_clear)
     app.command("policy")(policy)
     app.command("offers")(offers)

@@ -242,6 +242,7 @@ class LocalCloud:
         t = self._step("probe", t)
         self._start_agents(hosts)
         faults.FAULTS.agent_kill_handler = self.kill_process_agent  # `berth local fault agent-kill`
+        faults.FAULTS.gpu_error_handler = self.inject_gpu_error  # `berth local fault gpu-error`
         if self.process_agents:
             self.supervise_agents()
         self._step("agents", t)
@@ -295,6 +296,13 @@ class LocalCloud:
             agent.process.kill()
             return agent.process.pid
 
+    def inject_gpu_error(self, host_id: str, gpu: str, xid: int) -> dict[str, Any] | None:
+        """`berth local fault gpu-error`: GPU `gpu` of host `host_id`'s agent process reports XID
+        `xid` (AgentProcess.inject_gpu_error); None when no agent process of that host runs."""
+        with self._agents_lock:
+            agent = next((a for a in self.process_agents if a.host_id == host_id and a.alive()), None)
+            return None if agent is None else agent.inject_gpu_error(gpu, xid)
+
     def stop(self, *, exiting: bool = False) -> None:
         """Stop everything this local cloud started. `exiting` (Ctrl-C of `berth local up`): stop now,
         jobs included, within SHUTDOWN_S, without freeing moto's memory first (the process ends)."""
@@ -303,6 +311,8 @@ class LocalCloud:
             self._stopping.set()
         if faults.FAULTS.agent_kill_handler == self.kill_process_agent:
             faults.FAULTS.agent_kill_handler = None
+        if faults.FAULTS.gpu_error_handler == self.inject_gpu_error:
+            faults.FAULTS.gpu_error_handler = None
         if self.runtime is not None and faults.FAULTS.lambda_kill_handler == self.runtime.kill_sandbox:
             faults.FAULTS.lambda_kill_handler = None
         if self._state is not None:

@@ -31,6 +31,11 @@ through `POST /_berth/fault` on the front door (127.0.0.1 only, like `/_berth/me
   whose name contains NAME (`lambda_runtime.functions_named`: `Workflow` is the WorkflowFunction) gets
   SIGKILL, one running an event if any: that invocation ends as Lambda's does when its sandbox dies,
   `Runtime.ExitError` (answers the function's name and the pid);
+- `{"kind": "gpu-error", "host_id": H, "gpu": G, "xid": N}` (G an index or UUID, default 0; N default
+  79, "fallen off the bus"): the simulated GPU G of host H's real agent process reports XID N (a line
+  appended to the agent's `gpu-faults.jsonl`, which its GPU health watcher polls): its agent reports
+  the fault on its next heartbeat and the control plane takes the GPU out of placement and stops the
+  job on it, until an admin clears it (`berth gpu-clear`); `clear` does not clear it;
 - `{"kind": "clear"}`: no more outages, capacity faults, partitions, throttling or duplicates.
 
 `GET /_berth/fault` answers the faults in force. Bad input answers 400 with a message, an unknown job,
@@ -61,6 +66,7 @@ KINDS = (
     "sqs-duplicate",
     "agent-kill",
     "lambda-kill",
+    "gpu-error",
     "clear",
 )
 #: The APIs a region outage takes down.
@@ -70,6 +76,9 @@ _INSTANCE_TYPE = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)?$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 _HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _FUNCTION = re.compile(r"^[A-Za-z0-9_-]{1,140}$")
+_GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,95}$")
+#: The XID `gpu-error` injects unless told: "GPU has fallen off the bus" (berth.domain.gpu_health).
+DEFAULT_XID = 79
 #: The DynamoDB API's X-Amz-Target prefix (not DynamoDB Streams').
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
@@ -129,6 +138,10 @@ class FaultState:
         #: Set by the local cloud that owns the process agents: SIGKILLs host H's agent (restarted
         #: shortly after) and returns the killed pid; None when no process agent of H runs.
         self.agent_kill_handler: Callable[[str], int | None] | None = None
+        #: Set by the local cloud that owns the process agents: makes GPU G (index or UUID) of host H
+        #: report XID N; answers what it injected, None when no agent process of H runs (ValueError:
+        #: no such GPU).
+        self.gpu_error_handler: Callable[[str, str, int], dict[str, Any] | None] | None = None
         #: Set by the local cloud that owns the Lambda runtime: SIGKILLs one sandbox of a function
         #: whose name contains the given text; returns (function name, pid), None when none is alive.
         self.lambda_kill_handler: Callable[[str], tuple[str, int] | None] | None = None
@@ -233,6 +246,8 @@ class FaultState:
             if pid is None:
                 raise FaultError(404, f"no running process agent of host {host_id} (--agent-kind process)")
             result.update(host_id=host_id, killed_pid=pid)
+        elif kind == "gpu-error":
+            result.update(self._gpu_error(body))
         elif kind == "lambda-kill":
             name = _field(body, "function", _FUNCTION)
             kill_sandbox = self.lambda_kill_handler
@@ -249,6 +264,28 @@ class FaultState:
             result["batch_job_id"] = batch_job
         result["faults"] = self.snapshot()
         return result
+
+    def _gpu_error(self, body: dict[str, Any]) -> dict[str, Any]:
+        host_id, gpu, xid = _gpu_error_args(body)
+        inject = self.gpu_error_handler
+        try:
+            injected = inject(host_id, gpu, xid) if inject is not None else None
+        except ValueError as exc:
+            raise FaultError(404, str(exc)) from None
+        if injected is None:
+            raise FaultError(404, f"no running process agent of host {host_id} (--agent-kind process)")
+        return injected
+
+
+def _gpu_error_args(body: dict[str, Any]) -> tuple[str, str, int]:
+    host_id = _field(body, "host_id", _HOST_ID)
+    gpu = str(body.get("gpu", "0"))
+    if not _GPU.match(gpu):
+        raise FaultError(400, "'gpu' must be a GPU index or UUID")
+    xid = body.get("xid", DEFAULT_XID)
+    if not isinstance(xid, int) or isinstance(xid, bool) or not 0 < xid < 100_000:
+        raise FaultError(400, "'xid' must be a positive integer")
+    return host_id, gpu, xid
 
 
 def _field(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:

@@ -87,6 +87,22 @@ class AgentProcess:
         return self.home / "config.yaml"
 
     @property
+    def gpu_faults_file(self) -> Path:
+        """The simulated GPUs' injected faults (``berth_agent.gpu_health.SimulatedHealthSource``)."""
+        return self.home.absolute() / "gpu-faults.jsonl"
+
+    def inject_gpu_error(self, gpu: str, xid: int) -> dict[str, Any]:
+        """Make simulated GPU ``gpu`` (an index or a UUID) report XID ``xid``; ValueError for a GPU
+        this host does not have. Its agent sees it at its next health poll (``health_poll_s``)."""
+        ids = self.registered_gpus or [f"GPU-sim-{self.host_id}-{i}" for i in range(self.gpus)]
+        gpu_id = ids[int(gpu)] if gpu.isdigit() and int(gpu) < len(ids) else gpu
+        if gpu_id not in ids:
+            raise ValueError(f"host {self.host_id} has no GPU {gpu!r} (it has {len(ids)}: {', '.join(ids)})")
+        with self.gpu_faults_file.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"gpu": gpu_id, "xid": xid}) + "\n")
+        return {"host_id": self.host_id, "gpu_id": gpu_id, "xid": xid}
+
+    @property
     def work_home(self) -> Path:
         return (self.jobs_home or self.home).absolute()
 
@@ -107,7 +123,14 @@ class AgentProcess:
             "executor": "process",
             "gpus": {
                 "discovery": "simulated",
-                "simulated": {"gpu_type": self.gpu_type, "count": self.gpus, "memory_gib": 80},
+                "simulated": {
+                    "gpu_type": self.gpu_type,
+                    "count": self.gpus,
+                    "memory_gib": 80,
+                    # `berth local fault gpu-error` appends here (inject_gpu_error)
+                    "faults_file": str(self.gpu_faults_file),
+                },
+                "health_poll_s": 1.0,
             },
             # a simulated host as big as the scripted ones (this machine's own cores are few)
             "host_cpu": 64,
