@@ -327,6 +327,34 @@ def run(s: Scenario) -> None:
             f"(outage tolerance), heartbeated again, and {job['id']} COMPLETED in its first attempt"
         )
 
+    def gpu_fault_moves_a_job() -> str:
+        spec = _runnable("resnet-vision.yaml", 40, name="gpu-falls-off")
+        spec["resources"] = {**spec["resources"], "gpu_type": "A100", "gpus": 1, "cpu": 4, "memory_gib": 16}
+        spec["data"] = []
+        spec["retry"] = {"max_attempts": 1}  # the GPU's fault uses none of them
+        job = alice.submit(spec)
+        running = wait_for(job["id"], is_("RUNNING"), 60)
+        first = running["placement"]["hosts"][0]
+        host, gpu = first["host_id"], first["gpu_ids"][0]
+        code, _, err = s.cli(
+            "admin", "local", "fault", "--state-dir", str(s.state_dir), "gpu-error", host, gpu
+        )
+        assert code == 0, err
+        moved = wait_for(job["id"], lambda j: j["status"] == "RUNNING" and j["attempts"] == 2, 90)
+        second = moved["placement"]["hosts"][0]
+        assert (second["host_id"], second["gpu_ids"][0]) != (host, gpu), second
+        retry = next(e for e in alice.events(job["id"])["events"] if e["to"] == "RETRYING")
+        _, cap, _ = s.cli("admin", "capacity")
+        faulted = cap["totals"].get("faulted_gpus")
+        code, _, err = s.cli("admin", "gpu-clear", host, gpu)
+        assert code == 0, err
+        alice.cancel(job["id"])
+        return (
+            f"XID 79 on {host} GPU {gpu} while {job['id']} ran: {retry['reason'][:150]}…; attempt 2 on "
+            f"{second['host_id']} with 1 allowed (not counted); capacity showed {faulted} faulted GPU(s); "
+            "berth gpu-clear put it back"
+        )
+
     def cancel_running() -> str:
         marker = f"berth-demo-long-run-{uuid.uuid4().hex[:8]}"
         spec = _runnable("resnet-vision.yaml", 300, name="long-run", marker=marker)
@@ -848,6 +876,10 @@ def run(s: Scenario) -> None:
         ),
         ("berth logs -f follows a running job live; berth metrics shows its usage", logs_follow),
         ("an agent is killed mid-job: the job is retried and completes; the agent comes back", agent_killed),
+        (
+            "a GPU fails mid-job (XID 79): the job moves, using no attempt; an admin clears it",
+            gpu_fault_moves_a_job,
+        ),
         ("a running job is canceled: the host stops it", cancel_running),
         ("a failing job printed its secret: its reason is Berth's own words", failure_in_berths_words),
         ("the control plane is down past the host lease: a running job rides it out", outage_ridden_out),
