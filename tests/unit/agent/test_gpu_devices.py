@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,7 @@ from berth_agent import gpu_devices, isolation
 from berth_agent.config import ExecutorKind
 from berth_agent.executors import FailureKind, Launch, ProcessExecutor, StartError
 from berth_agent.gpu_devices import NVIDIA_MAJOR, DeviceRules, deny_rules, detect, own_devices_cgroup
-
-
-class Lines:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, stream: str, line: str) -> None:
-        with self.lock:
-            self.lines.append((stream, line))
+from tests.unit.agent.test_process_executor import Lines
 
 
 def test_deny_rules_close_each_other_gpu_for_read_write_and_mknod() -> None:
