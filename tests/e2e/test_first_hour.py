@@ -121,7 +121,7 @@ def test_readme_use_it_locally(first_hour: Any) -> None:
     capacity = json.loads(ok(berth(cloud, "capacity", "--output", "json", cwd=cwd)))
     host = agents[0]["host_id"]
     assert host in json.dumps(capacity)
-    assert "max_active_jobs" in ok(berth(cloud, "quota", "vision", cwd=cwd))
+    assert "active jobs" in ok(berth(cloud, "quota", "vision", cwd=cwd))
     usage = json.loads(ok(berth(cloud, "usage", "--output", "json", cwd=cwd)))
     assert usage["tenant"] == "vision", usage
     assert host in ok(berth(cloud, "drain", host, profile="admin", cwd=cwd))
