@@ -3,7 +3,7 @@ whole; and the stored form of older versions (the attempt's fields at the top le
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -116,3 +116,23 @@ def test_an_attempt_field_given_to_the_job_part_is_refused_not_lost() -> None:
         run.model_copy(update={"batch_job_id": "b-1"})
     assert run.model_copy(update={"counted_failures": 1}).counted_failures == 1
     assert run.with_attempt(batch_job_id="b-1").attempt.batch_job_id == "b-1"
+
+
+def test_a_job_s_events_never_go_back_in_time() -> None:
+    """A pass whose clock was read before the job was submitted (or a function whose clock is a
+    little behind) stamps its move no earlier than the job's last change."""
+    spec = {
+        "name": "r",
+        "image": "busybox",
+        "command": ["true"],
+        "resources": {"gpu_type": "V100", "gpus": 1},
+    }
+    job, queued = new_job("j-1", "vision", "alice", JobSpec.model_validate(spec), NOW)
+    earlier = NOW - timedelta(milliseconds=32)
+    starting, event = job.transition(JobStatus.STARTING, "placed", earlier)
+    assert event.at == queued.at == starting.updated_at == NOW
+    later = NOW + timedelta(seconds=1)
+    running, event = starting.transition(JobStatus.RUNNING, "running", later)
+    assert event.at == running.updated_at == later
+    _, noted = running.noted("still here", NOW)
+    assert noted.at == later

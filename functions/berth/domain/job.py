@@ -110,16 +110,24 @@ class Job(BaseModel):
     def transition(self, to: JobStatus, reason: str, now: datetime, **changes: Any) -> tuple[Job, JobEvent]:
         """The next version of this job and the event recording the move. Refuses illegal moves."""
         check_transition(self.status, to)
+        now = self._not_before_last_change(now)
         nxt = self.model_copy(
             update={"status": to, "reason": reason, "updated_at": now, "version": self.version + 1, **changes}
         )
         event = JobEvent(job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=to, reason=reason)
         return nxt, event
 
+    def _not_before_last_change(self, now: datetime) -> datetime:
+        """``now``, or the job's last change if that is later: a pass's clock is read when it starts,
+        and it may place a job submitted after that (or another function's clock may be a little
+        behind), so a job's events never go back in time."""
+        return max(now, self.updated_at)
+
     def noted(self, reason: str, now: datetime) -> tuple[Job, JobEvent]:
         """The next version with a new reason and an event for it, the status unchanged (``from`` and
         ``to`` the same): something worth telling about a job that waits, e.g. why Batch has no
         instance for it yet."""
+        now = self._not_before_last_change(now)
         nxt = self.model_copy(update={"reason": reason, "updated_at": now, "version": self.version + 1})
         event = JobEvent(
             job_id=self.id, seq=nxt.version, at=now, from_=self.status, to=self.status, reason=reason
