@@ -394,7 +394,14 @@ def test_every_example_runs(first_hour: Any) -> None:
     cloud, cwd, relative = first_hour
     assert relative
     burst = doc_blocks(README, "## Bursting to the cloud")[0][1]
-    run_doc_block(cloud, cwd, burst, host="", prelude=["source .berth/local/env"])
+    # the reader's shell after the README's "Use it locally" block: its env file and profile
+    reader = [
+        c
+        for c in shell_commands(doc_blocks(README, "## Use it locally")[0][1])
+        if re.match(r"^(source|export) ", c)
+    ]
+    assert "export AWS_PROFILE=alice" in reader, reader
+    run_doc_block(cloud, cwd, burst, host="", prelude=reader)
     examples = sorted(p for p in (REPO / "examples" / "jobs").glob("*.yaml") if not p.name.startswith("bad-"))
     assert len(examples) >= 6
     submitted = {}

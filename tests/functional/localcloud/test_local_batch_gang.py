@@ -22,6 +22,7 @@ from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
 from berth.logic.cloud_gangs import on_node_event
 from berth_tools.localcloud.cloud import LocalCloud
+from berth_tools.localcloud.local_batch_gang import MAIN_NODE_EXITED
 from tests.functional.localcloud.test_local_batch import (
     GROUP,
     QUEUE,
@@ -46,8 +47,9 @@ if rank == 0:
     heard = []
     for _ in range(world - 1):
         conn, _ = server.accept()
-        heard.append(conn.recv(64).decode()); conn.sendall(b"welcome"); conn.close()
-    print("rank 0 heard", sorted(heard))
+        heard.append(conn.recv(64).decode()); conn.sendall(b"welcome")
+        conn.recv(64); conn.close()  # until the rank has printed and closed its end
+    print("rank 0 heard", sorted(heard), flush=True)
 else:
     for _ in range(300):
         try:
@@ -55,7 +57,8 @@ else:
         except OSError:
             time.sleep(0.1)
     conn.sendall(f"rank {rank}".encode())
-    print(f"rank {rank} got", conn.recv(64).decode())
+    print(f"rank {rank} got", conn.recv(64).decode(), flush=True)
+    conn.close()
 """
 
 
@@ -115,7 +118,10 @@ def test_a_two_node_gang_connects_over_tcp_and_completes_with_a_stream_per_node(
     done = lb.done(bid, timeout_s=90)
     main, child = _nodes(lb, bid)
     assert done["status"] == "SUCCEEDED", (lb.output(bid), child)
-    assert [n["status"] for n in (main, child)] == ["SUCCEEDED", "SUCCEEDED"]
+    assert main["status"] == "SUCCEEDED"
+    # Batch stops the child nodes once the main node exits: a child still exiting then is stopped
+    # (FAILED, "Main node exited"), one that ended first SUCCEEDED; which of the two is a race, on AWS too.
+    assert child["status"] == "SUCCEEDED" or child.get("statusReason") == MAIN_NODE_EXITED, child
     streams = [n["container"]["logStreamName"] for n in (main, child)]
     assert all(re.fullmatch(TASK_STREAM, s) for s in streams) and streams[0] != streams[1]
     assert done["container"]["logStreamName"] == streams[0]  # the gang's stream: its main node's
