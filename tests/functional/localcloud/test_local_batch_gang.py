@@ -107,8 +107,8 @@ def _submit(lb: Batch, gateway: BotoBatchGateway, job_id: str, fail_rank: str = 
 
 
 def _nodes(lb: Batch, bid: str) -> list[dict[str, Any]]:
-    found = lb.batch.describe_jobs(jobs=[node_job_id(bid, 0), node_job_id(bid, 1)])["jobs"]
-    return sorted(found, key=lambda j: j["jobId"])
+    """The gang's two nodes once each has ended (Batch stops the child nodes after the parent ends)."""
+    return [lb.done(node_job_id(bid, index)) for index in (0, 1)]
 
 
 def test_a_two_node_gang_connects_over_tcp_and_completes_with_a_stream_per_node(lb: Batch) -> None:
