@@ -28,10 +28,9 @@ class RecordingExecutions:
 
 @pytest.fixture
 def arrays_api(api: Invoke) -> Iterator[Invoke]:
-    from berth.handlers import api as api_module
-    from berth.handlers import runtime
+    from berth.handlers import runtime, services
 
-    for f in (api_module._arrays, runtime.array_repository, runtime.job_repository, runtime.array_expander):
+    for f in (services.arrays, runtime.array_repository, runtime.job_repository, runtime.array_expander):
         f.cache_clear()  # type: ignore[attr-defined]
     yield api
 
@@ -288,9 +287,9 @@ def test_submit_survives_a_lost_pass_trigger(
     monkeypatch.setenv(
         "BERTH_SCHEDULER_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/123456789012/missing"
     )
-    from berth.handlers import api as api_module
+    from berth.handlers import services
 
-    api_module._arrays.cache_clear()  # type: ignore[attr-defined]
+    services.arrays.cache_clear()  # type: ignore[attr-defined]
     status, arr = arrays_api("POST", "/v1/jobs", body=sweep(spec, size=2))
     assert status == 201  # the poke failed (no such queue); the timer's invocation expands it
     assert expander().run() is False

@@ -113,7 +113,7 @@ def test_data_sources(api: Invoke, source: str, expected: int) -> None:
 
 
 def test_grants_and_datasets_are_admin_decisions(api: Invoke) -> None:
-    from berth.handlers import api as api_module
+    from berth.handlers import services
 
     spec = {"name": "r", "image": "busybox", "data": [{"source": "s3://shared-corpora/wiki/", "mount": "/d"}]}
     assert api("POST", "/v1/jobs", body=spec)[0] == 403
@@ -143,7 +143,7 @@ def test_grants_and_datasets_are_admin_decisions(api: Invoke) -> None:
     from tests.functional.test_fleet_api import _register
 
     _register("a100-host", "A100", 8, pool="a100")
-    api_module._fleet().clear_cache()
+    services.fleet().clear_cache()
     assert api("POST", "/v1/jobs", user="bob", body=ds_spec)[0] == 201
     assert api("POST", "/v1/jobs", body=ds_spec)[0] == 403
     assert api("GET", "/v1/datasets/glue")[0] == 404  # not vision's to see

@@ -172,9 +172,9 @@ def test_feasibility_reads_the_stored_policy(fleet: Invoke, spec: dict[str, Any]
     assert fleet("POST", "/v1/jobs", body=cloud)[0] == 201
     policy = fleet("GET", "/v1/policy")[1]["document"]
     assert fleet("PUT", "/v1/policy", user="admin", body={**policy, "burst": None})[0] == 200
-    from berth.handlers import api as api_module
+    from berth.handlers import services
 
-    api_module._fleet().clear_cache()
+    services.fleet().clear_cache()
     status, err = fleet("POST", "/v1/jobs", body=cloud)
     assert status == 422 and err["error"]["details"]["rule"] == Rule.BURST
     assert err["error"]["details"]["policy_version"] == 1

@@ -91,13 +91,13 @@ def test_root_federated_and_odd_principals_are_refused(
 def test_tenant_over_its_rate_limit_gets_429_and_others_are_unaffected(
     api: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from berth.handlers import api as api_module
+    from berth.handlers import services
     from berth.handlers.settings import settings
 
     monkeypatch.setenv("BERTH_RATE_LIMIT_REQUESTS", "3")
     monkeypatch.setenv("BERTH_RATE_LIMIT_WINDOW_S", "3600")  # one window for the whole test
     settings.cache_clear()
-    api_module._rate_limiter.cache_clear()
+    services.rate_limiter.cache_clear()
     try:
         for _ in range(3):
             assert api("GET", "/v1/jobs", user="alice")[0] == 200
@@ -114,7 +114,7 @@ def test_tenant_over_its_rate_limit_gets_429_and_others_are_unaffected(
         assert api("GET", "/v1/jobs", user="alice")[0] == 429
     finally:
         settings.cache_clear()
-        api_module._rate_limiter.cache_clear()
+        services.rate_limiter.cache_clear()
 
 
 # -- page tokens -----------------------------------------------------------------------------------

@@ -124,10 +124,9 @@ def test_replay_returns_the_same_job_as_it_is_now(api: Invoke, spec: dict[str, A
 
 
 def test_keyed_array_answer_is_the_stored_array(api: Invoke, spec: dict[str, Any], calls: Calls) -> None:
-    from berth.handlers import api as api_module
-    from berth.handlers import runtime
+    from berth.handlers import runtime, services
 
-    for f in (api_module._arrays, runtime.array_repository, runtime.job_repository):
+    for f in (services.arrays, runtime.array_repository, runtime.job_repository):
         f.cache_clear()  # type: ignore[attr-defined]
     body = {**spec, "name": "sweep", "array": {"size": 3}}
     calls.clear()

@@ -1,16 +1,20 @@
-"""Response shapes of the HTTP API, used for the generated OpenAPI document."""
+"""Request and response shapes of the HTTP API: each route returns its model, so the answer, the
+generated OpenAPI document (docs/openapi.json) and its clients share one definition."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import JobPlacement, Site
 from berth.domain.status import JobStatus
 from berth.domain.storage import BUNDLE_MAX_BYTES
+
+#: A JSON number as the use case computed it: a whole sum stays an int (``0``, not ``0.0``).
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
 
 
 class ArrayOut(BaseModel):
@@ -27,7 +31,14 @@ class CheckpointOut(BaseModel):
     attempt: int | None = Field(default=None, description="The attempt that wrote it")
 
 
-class JobOut(BaseModel):
+#: A job's spec as it was accepted: the fields it set, without the ones left empty. (A lambda: a
+#: serializer's return annotation would replace JobSpec in the document.)
+StoredSpec = Annotated[JobSpec, PlainSerializer(lambda spec: spec.model_dump(mode="json", exclude_none=True))]
+
+
+class _JobFields(BaseModel):
+    """What a job and an array answer alike (``Job.public()``, ``JobArray.public()``)."""
+
     id: str
     tenant: str
     owner: str
@@ -36,48 +47,88 @@ class JobOut(BaseModel):
     )
     status: JobStatus
     reason: str
-    spec: JobSpec
+    spec: StoredSpec
     created_at: str
     updated_at: str
     site: Site | None = None
     placement: JobPlacement | None = None
     attempts: int
-    cost_usd: float
+    cost_usd: Number
+
+
+# A job's place in its team's queue (``berth.logic.queue_view``), after the job's own fields.
+QueuePosition = Annotated[
+    int | None,
+    Field(
+        description="A QUEUED job's 1-based place in its team's queue, in the order the last scheduling "
+        "pass served the team's jobs (null: not queued, or not ranked yet: submitted since the last pass, "
+        "or deeper than the 200 the summary keeps)"
+    ),
+]
+QueueLength = Annotated[int | None, Field(description="The team's queued jobs at that pass")]
+EstimatedStart = Annotated[
+    str | None,
+    Field(
+        description="An ESTIMATE (ISO 8601, to the minute) of when the job starts, from the scheduler "
+        "core's run-time predictor; null when none can be made (a quota, budget or constraint keeps it "
+        "waiting)"
+    ),
+]
+EstimatedStartBasis = Annotated[
+    str | None,
+    Field(
+        description="`onprem`: on-prem GPUs of its model are predicted free then; `burst`: its burst "
+        "wait ends then"
+    ),
+]
+QueueAsOf = Annotated[str | None, Field(description="The pass that last changed these fields")]
+DefaultsApplied = Annotated[
+    list[str],
+    Field(
+        description="Resource fields the spec left out and Berth filled with its defaults: `resources` "
+        "(the whole section: 1 x A100, 4 CPUs, 16 GiB) or `resources.<field>`; only in the answer to "
+        "`POST /v1/jobs`"
+    ),
+]
+
+
+class JobOut(_JobFields):
+    """A job or an array task (`<array id>:<i>`)."""
+
     started_at: str | None = Field(
         default=None, description="When the current (or last) attempt started running (null before)"
     )
     checkpoint: CheckpointOut | None = Field(
         default=None, description="The last synced checkpoint (on-prem attempts); null before the first"
     )
-    array: ArrayOut | None = Field(default=None, description="Only on an array (its tasks are `<id>:<i>`)")
-    queue_position: int | None = Field(
-        default=None,
-        description="A QUEUED job's 1-based place in its team's queue, in the order the last scheduling "
-        "pass served the team's jobs (null: not queued, or not ranked yet: submitted since the last pass, "
-        "or deeper than the 200 the summary keeps)",
-    )
-    queue_length: int | None = Field(default=None, description="The team's queued jobs at that pass")
-    estimated_start: str | None = Field(
-        default=None,
-        description="An ESTIMATE (ISO 8601, to the minute) of when the job starts, from the scheduler "
-        "core's run-time predictor; null when none can be made (a quota, budget or constraint keeps it "
-        "waiting)",
-    )
-    estimated_start_basis: str | None = Field(
-        default=None,
-        description="`onprem`: on-prem GPUs of its model are predicted free then; `burst`: its burst "
-        "wait ends then",
-    )
-    queue_as_of: str | None = Field(default=None, description="The pass that last changed these fields")
+    queue_position: QueuePosition = None
+    queue_length: QueueLength = None
+    estimated_start: EstimatedStart = None
+    estimated_start_basis: EstimatedStartBasis = None
+    queue_as_of: QueueAsOf = None
+
+
+class ArrayJobOut(_JobFields):
+    """A job array: its tasks are jobs `<id>:<i>`; the array itself is never queued."""
+
+    array: ArrayOut
+    queue_position: QueuePosition = None
+    queue_length: QueueLength = None
+    estimated_start: EstimatedStart = None
+    estimated_start_basis: EstimatedStartBasis = None
+    queue_as_of: QueueAsOf = None
 
 
 class SubmittedJobOut(JobOut):
-    defaults_applied: list[str] = Field(
-        default_factory=list,
-        description="Resource fields the spec left out and Berth filled with its defaults: `resources` "
-        "(the whole section: 1 x A100, 4 CPUs, 16 GiB) or `resources.<field>`; only in the answer to "
-        "`POST /v1/jobs`",
-    )
+    defaults_applied: DefaultsApplied = []
+
+
+class SubmittedArrayOut(ArrayJobOut):
+    defaults_applied: DefaultsApplied = []
+
+
+#: What ``GET /v1/jobs/{id}`` answers: a job (or array task), or an array.
+AnyJobOut = JobOut | ArrayJobOut
 
 
 class BundleIn(BaseModel):
@@ -101,7 +152,7 @@ class BundleOut(BaseModel):
 
 
 class JobList(BaseModel):
-    jobs: list[JobOut]
+    jobs: list[AnyJobOut]
     next_token: str | None = None
 
 
@@ -141,16 +192,20 @@ class ExplainOut(BaseModel):
         description="The scheduler core's explanation: summary, rule ids in order, every candidate "
         "site with the rule that kept the job off it or its price, fair-share rank",
     )
-    policy_version: int | None = None
-    offers_version: int | None = None
+    policy_version: int | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="Absent for a placed or finished job"
+    )
+    offers_version: int | None = Field(
+        default=None, exclude_if=lambda v: v is None, description="Absent for a placed or finished job"
+    )
 
 
 class PlanLimits(BaseModel):
-    max_cost_usd: float | None = Field(default=None, description="The spec's cost cap (a job's total)")
-    max_hourly_usd: float | None = None
+    max_cost_usd: Number | None = Field(default=None, description="The spec's cost cap (a job's total)")
+    max_hourly_usd: Number | None = None
     timeout_minutes: int
-    monthly_cloud_budget_usd: float | None = Field(default=None, description="The tenant's (None: none)")
-    cloud_budget_left_usd: float | None = None
+    monthly_cloud_budget_usd: Number | None = Field(default=None, description="The tenant's (None: none)")
+    cloud_budget_left_usd: Number | None = None
 
 
 class PlanOut(BaseModel):
@@ -160,7 +215,7 @@ class PlanOut(BaseModel):
     tasks: int = Field(description="1, or an array's size (every task is planned alike)")
     outcome: str = Field(description="`onprem`, `cloud` (where a pass now would place it) or `pending`")
     summary: str = Field(description="Where it would run, or why it would wait (one clause per site)")
-    hourly_usd: float | None = Field(
+    hourly_usd: Number | None = Field(
         default=None,
         description="Its price per hour where it would run (on-prem: the internal rate); pending: the "
         "cheapest eligible cloud price, if any",
@@ -251,8 +306,8 @@ class GpuClearOut(BaseModel):
 
 class SiteUsageOut(BaseModel):
     site: Site
-    gpu_hours: float
-    cost_usd: float
+    gpu_hours: Number
+    cost_usd: Number
 
 
 class UsageOut(BaseModel):
@@ -260,11 +315,11 @@ class UsageOut(BaseModel):
     month: str = Field(description="YYYY-MM (UTC); attempts count in the month they started")
     sites: list[SiteUsageOut] = Field(description="GPU-hours and cost per site (on-prem, cloud)")
     attempts: int = Field(description="Job attempts recorded in the month (running ones so far)")
-    total_gpu_hours: float
-    total_cost_usd: float
-    cloud_cost_usd: float = Field(description="What the monthly cloud budget counts")
-    monthly_budget_usd: float | None = Field(default=None, description="The tenant's monthly cloud budget")
-    budget_left_usd: float | None = Field(
+    total_gpu_hours: Number
+    total_cost_usd: Number
+    cloud_cost_usd: Number = Field(description="What the monthly cloud budget counts")
+    monthly_budget_usd: Number | None = Field(default=None, description="The tenant's monthly cloud budget")
+    budget_left_usd: Number | None = Field(
         default=None, description="Budget not yet spent; at 0 the tenant's jobs no longer burst to the cloud"
     )
 
@@ -317,7 +372,7 @@ class LogsOut(BaseModel):
 
 class GpuSampleOut(BaseModel):
     uuid: str
-    utilization_pct: float
+    utilization_pct: Number
     memory_used_mib: int
     memory_total_mib: int
     job_memory_mib: int
@@ -327,21 +382,21 @@ class MetricSampleOut(BaseModel):
     at: str
     attempt: int
     host_id: str
-    gpu_util_pct: float | None = Field(description="Mean over the attempt's GPUs on that host")
+    gpu_util_pct: Number | None = Field(description="Mean over the attempt's GPUs on that host")
     gpu_mem_used_mib: int | None = Field(description="Sum over the attempt's GPUs on that host")
-    cpu_pct: float = Field(description="The job's processes; 100 = one core")
-    rss_mib: float
+    cpu_pct: Number = Field(description="The job's processes; 100 = one core")
+    rss_mib: Number
     processes: int
     gpus: list[GpuSampleOut]
 
 
 class MetricsSummaryOut(BaseModel):
     samples: int
-    gpu_util_avg: float | None = None
-    gpu_util_max: float | None = None
+    gpu_util_avg: Number | None = None
+    gpu_util_max: Number | None = None
     gpu_mem_max_mib: int | None = None
-    cpu_avg: float | None = None
-    rss_max_mib: float | None = None
+    cpu_avg: Number | None = None
+    rss_max_mib: Number | None = None
 
 
 class MetricsOut(BaseModel):
