@@ -513,6 +513,9 @@ Attempt = Annotated[int | None, Query(ge=1, le=1000, description="Which attempt 
     "A page holds at most `limit` events and about 2 MiB of their JSON, whichever comes first; a "
     "line longer than that is cut, ending with `[... N more characters of this line not shown: "
     "longer than one page of logs]`. "
+    "`rank` reads one node of a gang (`resources.nodes` > 1): in the cloud each node of the AWS Batch "
+    "multi-node job has its own stream (default: rank 0, the main node); on-prem every rank writes "
+    "the attempt's one stream. A rank outside the gang is 422. "
     "The same tenant check as `GET /v1/jobs/{id}`.",
     responses={
         200: {"description": "A page of output", "content": {"application/json": {"model": schemas.LogsOut}}},
@@ -528,10 +531,13 @@ def job_logs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Most events in the page")] = 200,
     next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
+    rank: Annotated[
+        int | None, Query(ge=0, le=1000, description="A gang's node (default: 0, the main node)")
+    ] = None,
 ) -> Response[Any]:
     caller = _caller()
     since_ms = None if since is None else parse_since(since)
-    page = _observability().logs(caller, job_id, attempt, since_ms, limit, next_token)
+    page = _observability().logs(caller, job_id, attempt, since_ms, limit, next_token, rank)
     return _json(200, page)
 
 
