@@ -115,9 +115,9 @@ def test_killing_one_rank_fails_the_gang(local_cloud: LocalCloudProcess, tmp_pat
     while True:
         r = alice.get(f"/v1/jobs/{job_id}/logs", params={"rank": "1"})
         assert r.status == 200, r.text
-        if [e["message"] for e in r.json()["events"]] == ["rank 1 of 2 is killed"]:
+        if "rank 1 of 2 is killed" in [e["message"] for e in r.json()["events"]]:
             break
-        assert time.monotonic() < deadline, r.json()
+        assert time.monotonic() < deadline, json.dumps(r.json())
         time.sleep(0.25)
     out = subprocess.run(
         [sys.executable, "-m", "berth_tools.cli.main", "logs", job_id, "--rank", "1"],
@@ -127,5 +127,5 @@ def test_killing_one_rank_fails_the_gang(local_cloud: LocalCloudProcess, tmp_pat
         timeout=60,
         check=False,
     )
-    assert out.returncode == 0 and out.stdout == "rank 1 of 2 is killed\n", out
+    assert out.returncode == 0 and "rank 1 of 2 is killed" in out.stdout.splitlines(), out
     assert alice.get(f"/v1/jobs/{job_id}/logs", params={"rank": "2"}).status == 422
