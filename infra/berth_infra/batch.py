@@ -2,13 +2,15 @@
 
 Per region: a small VPC (or the subnets of an existing one), a security group with no ingress, a
 launch template that requires IMDSv2 with a hop limit of 1 (a job's container cannot reach the
-instance's credentials), the instance role, per instance family (one GPU model: g5 A10G, g6 L4, g6e
-L40S, p4d A100, p5 H100) two managed compute environments holding only that family's instance types
-(on-demand ``BEST_FIT_PROGRESSIVE`` and spot ``SPOT_PRICE_CAPACITY_OPTIMIZED``, the ECS NVIDIA AMI) and
-one job queue on each (``berth-<region>-<family>-<ondemand|spot>``, the scheduler's
+instance's credentials), the instance role, per instance type (g5.xlarge, g5.12xlarge, ...,
+p5.48xlarge) two managed compute environments holding only that type (on-demand
+``BEST_FIT_PROGRESSIVE`` and spot ``SPOT_PRICE_CAPACITY_OPTIMIZED``, the ECS NVIDIA AMI) and one
+job queue on each (``berth-<region>-<family>_<size>-<ondemand|spot>``, the scheduler's
 ``CloudOffer.queue_name``), and a rule on the region's default bus that forwards Berth's ``Batch Job
-State Change`` events to the home bus. AWS Batch does not choose a GPU model, so a queue that mixed
-families would run a job on whichever GPU it found first, not on the one the scheduler chose and priced.
+State Change`` events to the home bus. AWS Batch chooses neither the GPU model nor the size, so a
+queue that mixed families would run a job on whichever GPU it found first, and one that mixed sizes
+on whichever size packed best (a g5.12xlarge at 5.672 USD/h for a job priced on a g5.xlarge at
+1.006): not the instance the scheduler chose and priced.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from berth.domain.batch_queues import instance_family
 from berth.domain.cloud import ACTED_ON_STATUSES
 from berth_infra.cloud_config import FORWARD_ROLE_PREFIX, FORWARD_RULE_NAME, CloudRegion
 
@@ -45,9 +48,11 @@ RUNNABLE_LIMIT_REASONS = (
 BATCH_STATE_CHANGE = "Batch Job State Change"
 
 
-def construct_prefix(family: str, spot: bool) -> str:
-    """Construct and output id prefix of a family's compute environment and queue: ``G6eSpot``."""
-    return re.sub(r"[^A-Za-z0-9]", "", family).capitalize() + ("Spot" if spot else "OnDemand")
+def construct_prefix(instance_type: str, spot: bool) -> str:
+    """Construct and output id prefix of an instance type's compute environment and queue:
+    ``g6e.48xlarge`` -> ``G6e48xlargeSpot``."""
+    parts = re.split(r"[^A-Za-z0-9]+", instance_type)
+    return "".join(p.capitalize() for p in parts) + ("Spot" if spot else "OnDemand")
 
 
 def home_bus_arn(partition: str, home_region: str, account: str, bus_name: str) -> str:
@@ -148,17 +153,17 @@ class BatchRegionStack(Stack):
             self, "InstanceProfile", roles=[self.instance_role.role_name]
         )
 
-        # -- compute environments and queues: one of each per (family, purchase type) ---------------
+        # -- compute environments and queues: one of each per (instance type, purchase type) -------
         self.compute_environments: dict[tuple[str, bool], batch.CfnComputeEnvironment] = {}
         self.job_queues: dict[tuple[str, bool], batch.CfnJobQueue] = {}
-        for family in cloud_region.families:
+        for instance_type in cloud_region.instance_types:
             for spot in (False, True):
-                ce = self._compute_environment(family, spot, subnets)
-                self.compute_environments[family, spot] = ce
-                self.job_queues[family, spot] = batch.CfnJobQueue(
+                ce = self._compute_environment(instance_type, spot, subnets)
+                self.compute_environments[instance_type, spot] = ce
+                self.job_queues[instance_type, spot] = batch.CfnJobQueue(
                     self,
-                    f"{construct_prefix(family, spot)}Queue",
-                    job_queue_name=cloud_region.name(family, spot),
+                    f"{construct_prefix(instance_type, spot)}Queue",
+                    job_queue_name=cloud_region.name(instance_type, spot),
                     priority=1,
                     state="ENABLED",
                     compute_environment_order=[
@@ -217,12 +222,12 @@ class BatchRegionStack(Stack):
         )
 
         outputs: dict[str, tuple[str, str]] = {}
-        for (family, spot), queue in self.job_queues.items():
-            what = f"{family} {'spot' if spot else 'on-demand'}"
-            prefix = construct_prefix(family, spot)
+        for (instance_type, spot), queue in self.job_queues.items():
+            what = f"{instance_type} {'spot' if spot else 'on-demand'}"
+            prefix = construct_prefix(instance_type, spot)
             outputs[f"{prefix}QueueArn"] = (queue.ref, f"GPU job queue, {what}")
             outputs[f"{prefix}ComputeEnvironmentArn"] = (
-                self.compute_environments[family, spot].ref,
+                self.compute_environments[instance_type, spot].ref,
                 f"GPU compute environment, {what}",
             )
         outputs["ForwardRoleArn"] = (self.forward_role.role_arn, "Forwards job state changes to the home bus")
@@ -267,7 +272,7 @@ class BatchRegionStack(Stack):
         return vpc
 
     def _compute_environment(
-        self, family: str, spot: bool, subnets: list[str]
+        self, instance_type: str, spot: bool, subnets: list[str]
     ) -> batch.CfnComputeEnvironment:
         region = self.cloud_region
         resources = batch.CfnComputeEnvironment.ComputeResourcesProperty(
@@ -275,7 +280,7 @@ class BatchRegionStack(Stack):
             allocation_strategy=SPOT_ALLOCATION if spot else ONDEMAND_ALLOCATION,
             minv_cpus=0,
             maxv_cpus=region.max_vcpus,
-            instance_types=list(region.instance_types_of(family)),
+            instance_types=[instance_type],
             subnets=subnets,
             security_group_ids=[self.security_group.attr_group_id],
             instance_role=self.instance_profile.attr_arn,
@@ -289,7 +294,8 @@ class BatchRegionStack(Stack):
             bid_percentage=100 if spot else None,
             tags={
                 "berth:region": region.region,
-                "berth:family": family,
+                "berth:family": instance_family(instance_type),
+                "berth:instance-type": instance_type,
                 "berth:capacity": "spot" if spot else "ondemand",
             },
         )
@@ -297,8 +303,8 @@ class BatchRegionStack(Stack):
         # use), so the stack holds no role with AWSBatchServiceRole attached.
         return batch.CfnComputeEnvironment(
             self,
-            f"{construct_prefix(family, spot)}Compute",
-            compute_environment_name=region.name(family, spot),
+            f"{construct_prefix(instance_type, spot)}Compute",
+            compute_environment_name=region.name(instance_type, spot),
             type="MANAGED",
             state="ENABLED",
             compute_resources=resources,

@@ -11,9 +11,10 @@ Context keys (cdk.json or ``-c``):
   else ``us-east-1``.
 
 Names are deterministic (docs/cloud.md), so no stack refers to another one. Each region gets one
-compute environment and job queue per (instance family, purchase type), ``berth-<region>-<family>-
-<ondemand|spot>`` (``berth.domain.batch_queues``): AWS Batch does not choose a GPU model, so a queue
-holds one family (one GPU model) only.
+compute environment and job queue per (instance type, purchase type), ``berth-<region>-<family>_<size>-
+<ondemand|spot>`` (``berth.domain.batch_queues``): AWS Batch chooses neither the GPU model nor the
+instance size, and the sizes of one family differ in price, so a queue holds the one instance type the
+scheduler priced.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from berth.pricing.catalog import load_offers
 DEFAULT_FAMILIES = ("g5", "g6", "g6e", "p3", "p4d", "p5")
 #: vCPU ceiling of each compute environment (8 x p5.48xlarge = 1536; 4 x p4d.24xlarge = 384).
 DEFAULT_MAX_VCPUS = 768
-#: Instance families per region: two compute environments and two job queues each, under AWS Batch's
+#: Instance types per region: two compute environments and two job queues each, under AWS Batch's
 #: default quota of 50 of each per account and region (room left for other users of the account).
-MAX_FAMILIES_PER_REGION = 20
+MAX_INSTANCE_TYPES_PER_REGION = 20
 #: The tenants ``berth local up`` seeds (tools/berth_tools/localcloud/seed.py DEFAULT_USERS).
 DEFAULT_TENANTS = ("vision", "nlp", "platform")
 DEFAULT_HOME_REGION = "us-east-1"
@@ -68,17 +69,16 @@ class CloudRegion:
 
     @property
     def families(self) -> tuple[str, ...]:
-        """The instance families of ``instance_types``, in first-seen order (one compute environment
-        and one job queue per family and purchase type)."""
+        """The instance families (GPU models) of ``instance_types``, in first-seen order."""
         return tuple(dict.fromkeys(instance_family(t) for t in self.instance_types))
 
     def instance_types_of(self, family: str) -> tuple[str, ...]:
         return tuple(t for t in self.instance_types if instance_family(t) == family)
 
-    def name(self, family: str, spot: bool) -> str:
+    def name(self, instance_type: str, spot: bool) -> str:
         """Compute environment and job queue name (= scheduler ``CloudOffer.queue_name(spot)`` of an
-        offer of this family in this region)."""
-        return batch_queue_name(self.region, family, spot)
+        offer of this instance type in this region): one per instance type and purchase type."""
+        return batch_queue_name(self.region, instance_type, spot)
 
     @property
     def stack_name(self) -> str:
@@ -89,13 +89,13 @@ class CloudRegion:
             "region": self.region,
             "instance_types": list(self.instance_types),
             "max_vcpus": self.max_vcpus,
-            "families": {
-                family: {
-                    "instance_types": list(self.instance_types_of(family)),
-                    "ondemand": self.name(family, False),
-                    "spot": self.name(family, True),
+            "families": {family: list(self.instance_types_of(family)) for family in self.families},
+            "queues": {
+                instance_type: {
+                    "ondemand": self.name(instance_type, False),
+                    "spot": self.name(instance_type, True),
                 }
-                for family in self.families
+                for instance_type in self.instance_types
             },
         }
 
@@ -144,10 +144,10 @@ def parse_cloud_regions(value: object) -> list[CloudRegion]:
         if not isinstance(max_vcpus, int) or isinstance(max_vcpus, bool) or max_vcpus <= 0:
             raise CloudConfigError(f"berth:cloudRegions: {region} max_vcpus must be a positive integer")
         cloud_region = CloudRegion(region, tuple(dict.fromkeys(types)), max_vcpus)
-        if len(cloud_region.families) > MAX_FAMILIES_PER_REGION:
+        if len(cloud_region.instance_types) > MAX_INSTANCE_TYPES_PER_REGION:
             raise CloudConfigError(
-                f"berth:cloudRegions: {region} has {len(cloud_region.families)} instance families; at most "
-                f"{MAX_FAMILIES_PER_REGION} (each is two compute environments and two job queues)"
+                f"berth:cloudRegions: {region} has {len(cloud_region.instance_types)} instance types; at "
+                f"most {MAX_INSTANCE_TYPES_PER_REGION} (each is two compute environments and two job queues)"
             )
         regions.append(cloud_region)
     names = [r.region for r in regions]

@@ -27,6 +27,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from berth.domain.batch_queues import QUEUE_PREFIX
 from berth_infra.cloud_config import (
     EXEC_ROLE_PREFIX,
     FORWARD_ROLE_PREFIX,
@@ -145,12 +146,10 @@ class CloudRoles(Construct):
             ),
             description="Berth cloud dispatcher: submit a job of the session's tenant to AWS Batch",
         )
-        queues = [
-            f"arn:{part}:batch:{r.region}:{acct}:job-queue/{r.name(family, spot)}"
-            for r in regions
-            for family in r.families
-            for spot in (False, True)
-        ]
+        # Berth's queues of each configured region by their prefix (as the forwarding rule matches
+        # them): one queue per instance type and purchase type, listed one by one, would overflow the
+        # role's inline policy (10,240 characters) with three regions of the default catalog.
+        queues = [f"arn:{part}:batch:{r.region}:{acct}:job-queue/{QUEUE_PREFIX}{r.region}-*" for r in regions]
         definitions = [f"arn:{part}:batch:{r.region}:{acct}:job-definition/berth-*" for r in regions]
         jobs = [f"arn:{part}:batch:{r.region}:{acct}:job/*" for r in regions]
         self.job_role_arns = f"arn:{part}:iam::{acct}:role/{JOB_ROLE_PREFIX}*"

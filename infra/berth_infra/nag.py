@@ -279,6 +279,17 @@ def _cloud_acknowledgments(stack: BerthStack) -> list[NagAck]:
     for region in cloud.regions:
         definitions = acct.format(service="batch", region=region.region, rest="job-definition/berth-*")
         jobs = acct.format(service="batch", region=region.region, rest="job/*")
+        queues = acct.format(service="batch", region=region.region, rest=f"job-queue/berth-{region.region}-*")
+        acks.append(
+            NagAck(
+                role,
+                f"AwsSolutions-IAM5[Resource::{queues}]",
+                "Berth's job queues of the region (one per instance type and purchase type, "
+                "berth-<region>-<family>_<size>-<ondemand|spot>, all created by Berth's regional stack): "
+                "listed one by one they overflow the role's inline policy; SubmitJob is further limited "
+                "to jobs tagged with the session's tenant.",
+            )
+        )
         acks.append(
             NagAck(
                 role,

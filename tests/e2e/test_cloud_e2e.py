@@ -201,9 +201,10 @@ def test_burst_to_cloud_while_residency_keeps_a_job_onprem(
     placement = done["placement"]
     region, queue = placement["region"], placement["queue"]
     assert region and placement["instance_type"], placement
-    # The queue of the chosen instance type's family only (its compute environment holds no other GPU).
-    family = placement["instance_type"].split(".")[0]
-    assert queue == f"berth-{region}-{family}-{'spot' if placement['spot'] else 'ondemand'}", placement
+    # The queue of the chosen instance type only (its compute environment holds no other GPU, no other
+    # size: the price the scheduler used is the instance's).
+    family, size = placement["instance_type"].split(".")
+    assert queue == f"berth-{region}-{family}_{size}-{'spot' if placement['spot'] else 'ondemand'}", placement
     lines = log_lines(alice, burst, done["attempts"], 2)
     assert lines == ["hello from the cloud", "epoch 1 done"], lines
     # served from the stream AWS Batch's awslogs driver named (`batch/default/<task id>`), not an

@@ -110,3 +110,22 @@ def test_killing_one_rank_fails_the_gang(local_cloud: LocalCloudProcess, tmp_pat
     print(f"gang failed {time.monotonic() - running_at:.1f} s after it was seen RUNNING")
     assert job["status"] == "FAILED", job
     assert "gang node 1 exited with code 137" in job["reason"], job
+    # Logs per rank: rank 1's own stream (its Batch node's), through the API and `berth logs --rank`.
+    alice, deadline = local_cloud.client("alice"), time.monotonic() + 30  # a hang guard
+    while True:
+        r = alice.get(f"/v1/jobs/{job_id}/logs", params={"rank": "1"})
+        assert r.status == 200, r.text
+        if "rank 1 of 2 is killed" in [e["message"] for e in r.json()["events"]]:
+            break
+        assert time.monotonic() < deadline, json.dumps(r.json())
+        time.sleep(0.25)
+    out = subprocess.run(
+        [sys.executable, "-m", "berth_tools.cli.main", "logs", job_id, "--rank", "1"],
+        env=local_cloud.cli_env("alice"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0 and "rank 1 of 2 is killed" in out.stdout.splitlines(), out
+    assert alice.get(f"/v1/jobs/{job_id}/logs", params={"rank": "2"}).status == 422

@@ -34,7 +34,7 @@ from berth.logic.cloud_dispatch import CloudDispatchService
 from tests.functional.conftest import EVENTS, TABLES, create_tables
 
 REGION = "us-east-1"
-QUEUE = f"berth-{REGION}-g5-ondemand"
+QUEUE = f"berth-{REGION}-g5_xlarge-ondemand"
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
 

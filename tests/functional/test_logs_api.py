@@ -75,3 +75,17 @@ def test_short_lines_still_come_as_one_page(api: Invoke, spec: dict[str, Any]) -
     job_id = _started_job(api, spec, lines)
     got, pages = _read_all(api, job_id)
     assert got == lines and pages == 2  # the page, then the empty end
+
+
+def test_a_rank_outside_the_gang_is_a_4xx_and_rank_zero_is_the_job(api: Invoke, spec: dict[str, Any]) -> None:
+    """``?rank=`` (issue 23): a single-node job has rank 0 only; a rank it does not have is 422 with
+    the node count, a negative or non-numeric one 422 naming the parameter: never a 5xx."""
+    job_id = _started_job(api, spec, ["only line"])
+    status, page = api("GET", f"/v1/jobs/{job_id}/logs", query={"rank": "0"})
+    assert status == 200 and page["rank"] == 0 and [e["message"] for e in page["events"]] == ["only line"]
+    status, body = api("GET", f"/v1/jobs/{job_id}/logs", query={"rank": "1"})
+    assert status == 422, body
+    assert body["error"]["details"] == {"nodes": 1} and "rank 1 does not exist" in body["error"]["message"]
+    for bad in ("-1", "x"):
+        status, body = api("GET", f"/v1/jobs/{job_id}/logs", query={"rank": bad})
+        assert status == 422 and body["error"]["details"][0]["field"] == "query:rank", (bad, body)

@@ -6,6 +6,7 @@ shipped price file), independently of infra/.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -46,9 +47,18 @@ INSTANCE_TYPES = {
     "us-east-2": ["p4d.24xlarge", "p5.48xlarge"],
     "us-west-2": ["g5.xlarge", "g6.xlarge", "p3.16xlarge", "p3.2xlarge", "p4d.24xlarge", "p5.48xlarge"],
 }
-#: One compute environment and job queue per (region, instance family, purchase type): AWS Batch does
-#: not choose a GPU model, so each holds one family's (one GPU model's) types only.
 FAMILIES = {region: sorted({t.split(".")[0] for t in types}) for region, types in INSTANCE_TYPES.items()}
+#: One compute environment and job queue per (region, instance type, purchase type): AWS Batch chooses
+#: neither the GPU model nor the size, so each holds the one type the scheduler priced.
+KINDS = ("ondemand", "spot")
+
+
+def _queue(region: str, instance_type: str, kind: str) -> str:
+    """``berth-us-east-1-g5_12xlarge-ondemand`` (Batch names allow no dot), written out here."""
+    family, size = instance_type.split(".")
+    return f"berth-{region}-{family}_{size}-{kind}"
+
+
 TENANTS = ("vision", "nlp", "platform")
 PASSED_TO = ["batch.amazonaws.com", "ecs-tasks.amazonaws.com"]
 SESSION_TENANT = "${aws:PrincipalTag/berth:tenant}"
@@ -85,8 +95,8 @@ def test_default_regions_and_types_come_from_the_price_file() -> None:
     for region in regions:
         assert sorted(region.instance_types) == sorted(INSTANCE_TYPES[region.region])
         assert sorted(region.families) == FAMILIES[region.region]
-        assert region.name("g5", False) == f"berth-{region.region}-g5-ondemand"
-        assert region.name("p4d", True) == f"berth-{region.region}-p4d-spot"
+        assert region.name("g5.xlarge", False) == f"berth-{region.region}-g5_xlarge-ondemand"
+        assert region.name("p4d.24xlarge", True) == f"berth-{region.region}-p4d_24xlarge-spot"
 
 
 def test_queue_names_match_the_schedulers_offers() -> None:
@@ -96,8 +106,10 @@ def test_queue_names_match_the_schedulers_offers() -> None:
     region = parse_cloud_regions(
         [{"region": "us-east-2", "instance_types": ["p4d.24xlarge", "p5.48xlarge"]}]
     )[0]
-    assert offer.queue_name(True) == region.name("p5", True) == "berth-us-east-2-p5-spot"
-    assert offer.queue_name(False) == region.name("p5", False) == "berth-us-east-2-p5-ondemand"
+    assert offer.queue_name(True) == region.name("p5.48xlarge", True) == "berth-us-east-2-p5_48xlarge-spot"
+    assert (
+        offer.queue_name(False) == region.name("p5.48xlarge", False) == "berth-us-east-2-p5_48xlarge-ondemand"
+    )
 
 
 def test_a_regions_families_split_its_instance_types() -> None:
@@ -165,15 +177,15 @@ def _compute_environments(s: Synthesized, region: str) -> dict[str, dict[str, An
     }
 
 
-def test_compute_environments_per_region_and_family(synthesized: Synthesized) -> None:
+def test_compute_environments_per_region_and_instance_type(synthesized: Synthesized) -> None:
     for region in REGIONS:
         envs = _compute_environments(synthesized, region)
-        assert set(envs) == {
-            f"berth-{region}-{f}-{k}" for f in FAMILIES[region] for k in ("ondemand", "spot")
-        }
-        for family in FAMILIES[region]:
-            ondemand = envs[f"berth-{region}-{family}-ondemand"]
-            spot = envs[f"berth-{region}-{family}-spot"]
+        assert set(envs) == {_queue(region, t, k) for t in INSTANCE_TYPES[region] for k in KINDS}
+        # Under AWS Batch's default quota of 50 compute environments (and queues) per region.
+        assert len(envs) <= 40
+        for instance_type in INSTANCE_TYPES[region]:
+            ondemand = envs[_queue(region, instance_type, "ondemand")]
+            spot = envs[_queue(region, instance_type, "spot")]
             for env, kind, strategy in (
                 (ondemand, "EC2", "BEST_FIT_PROGRESSIVE"),
                 (spot, "SPOT", "SPOT_PRICE_CAPACITY_OPTIMIZED"),
@@ -184,28 +196,20 @@ def test_compute_environments_per_region_and_family(synthesized: Synthesized) ->
                 resources = env["ComputeResources"]
                 assert resources["Type"] == kind
                 assert resources["AllocationStrategy"] == strategy
-                # Only this family's types (one GPU model): Batch cannot pick another model.
-                assert sorted(resources["InstanceTypes"]) == sorted(
-                    t for t in INSTANCE_TYPES[region] if t.split(".")[0] == family
-                )
+                # Only this instance type: Batch can pick neither another model nor another size.
+                assert resources["InstanceTypes"] == [instance_type]
                 assert resources["MinvCpus"] == 0 and resources["MaxvCpus"] > 0
                 assert resources["Ec2Configuration"] == [{"ImageType": "ECS_AL2023_NVIDIA"}]
                 assert resources["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": "LaunchTemplate"}
                 assert "Ec2KeyPair" not in resources  # no SSH into GPU instances
-                assert resources["Tags"]["berth:family"] == family
-        # Every configured type is in exactly one compute environment of each purchase type.
-        for kind in ("ondemand", "spot"):
-            held = [
-                t for n, e in envs.items() if n.endswith(kind) for t in e["ComputeResources"]["InstanceTypes"]
-            ]
-            assert sorted(held) == sorted(INSTANCE_TYPES[region])
-    # The multi-GPU sizes the scheduler packs several jobs onto are offered.
+                assert resources["Tags"]["berth:family"] == instance_type.split(".")[0]
+                assert resources["Tags"]["berth:instance-type"] == instance_type
+    # The multi-GPU sizes the scheduler packs several jobs onto have queues of their own.
     east1 = _compute_environments(synthesized, "us-east-1")
-    assert east1["berth-us-east-1-g5-spot"]["ComputeResources"]["InstanceTypes"] == [
-        "g5.12xlarge",
-        "g5.xlarge",
+    assert east1["berth-us-east-1-g5_12xlarge-spot"]["ComputeResources"]["InstanceTypes"] == ["g5.12xlarge"]
+    assert east1["berth-us-east-1-g6e_48xlarge-ondemand"]["ComputeResources"]["InstanceTypes"] == [
+        "g6e.48xlarge"
     ]
-    assert "g6e.48xlarge" in east1["berth-us-east-1-g6e-spot"]["ComputeResources"]["InstanceTypes"]
 
 
 def test_an_a10g_jobs_queue_runs_only_g5_instances(synthesized: Synthesized) -> None:
@@ -230,7 +234,31 @@ def test_an_a10g_jobs_queue_runs_only_g5_instances(synthesized: Synthesized) -> 
                 assert ce["Type"] == ("SPOT" if spot else "EC2")
 
 
-def test_job_queues_per_region_and_family(synthesized: Synthesized) -> None:
+def test_the_instance_the_scheduler_priced_is_the_one_batch_launches(synthesized: Synthesized) -> None:
+    """Issue 23 item 6: for every offer of the catalog a region deploys, the queue the scheduler names
+    runs exactly that instance type, so the price it decided on (the offer's) is the price paid. A
+    queue of g5.xlarge and g5.12xlarge let Batch start a 5.672 USD/h g5.12xlarge for a job priced on
+    a 1.006 USD/h g5.xlarge."""
+    from berth.pricing.catalog import load_offers
+
+    for region in REGIONS:
+        template = _batch(synthesized, region)
+        queues = {
+            q["Properties"]["JobQueueName"]: q["Properties"]
+            for q in _resources(template, "AWS::Batch::JobQueue").values()
+        }
+        envs = _resources(template, "AWS::Batch::ComputeEnvironment")
+        offers = [o for o in load_offers(regions=[region]) if o.instance_type in INSTANCE_TYPES[region]]
+        assert {o.instance_type for o in offers} == set(INSTANCE_TYPES[region])
+        for offer in offers:
+            for spot in (False, True):
+                (order,) = queues[offer.queue_name(spot)]["ComputeEnvironmentOrder"]
+                ce = envs[order["ComputeEnvironment"]["Ref"]]["Properties"]["ComputeResources"]
+                assert ce["InstanceTypes"] == [offer.instance_type], offer.queue_name(spot)
+                assert ce["Type"] == ("SPOT" if spot else "EC2")
+
+
+def test_job_queues_per_region_and_instance_type(synthesized: Synthesized) -> None:
     for region in REGIONS:
         template = _batch(synthesized, region)
         envs = {
@@ -241,14 +269,12 @@ def test_job_queues_per_region_and_family(synthesized: Synthesized) -> None:
             q["Properties"]["JobQueueName"]: q["Properties"]
             for q in _resources(template, "AWS::Batch::JobQueue").values()
         }
-        assert set(queues) == {
-            f"berth-{region}-{f}-{k}" for f in FAMILIES[region] for k in ("ondemand", "spot")
-        }
+        assert set(queues) == {_queue(region, t, k) for t in INSTANCE_TYPES[region] for k in KINDS}
         for name, props in queues.items():
             assert props["State"] == "ENABLED"
             (order,) = props["ComputeEnvironmentOrder"]
             # Each queue on the compute environment of the same name (spot never falls to on-demand,
-            # one family never to another).
+            # one instance type never to another).
             assert envs[order["ComputeEnvironment"]["Ref"]] == name
             reasons = {a["Reason"] for a in props["JobStateTimeLimitActions"]}
             assert "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY" in reasons
@@ -257,13 +283,13 @@ def test_job_queues_per_region_and_family(synthesized: Synthesized) -> None:
                 for a in props["JobStateTimeLimitActions"]
             )
         outputs = template["Outputs"]
-        for family in FAMILIES[region]:
-            prefix = family.capitalize()
+        for instance_type in INSTANCE_TYPES[region]:
+            family, size = instance_type.split(".")
+            prefix = family.capitalize() + size.capitalize()  # g6e.48xlarge -> G6e48xlarge
             for key, name in ((f"{prefix}OnDemandQueueArn", "ondemand"), (f"{prefix}SpotQueueArn", "spot")):
                 ref = outputs[key]["Value"]["Ref"]
-                assert (
-                    template["Resources"][ref]["Properties"]["JobQueueName"]
-                    == f"berth-{region}-{family}-{name}"
+                assert template["Resources"][ref]["Properties"]["JobQueueName"] == _queue(
+                    region, instance_type, name
                 )
 
 
@@ -532,14 +558,25 @@ def test_submit_role_acts_on_berth_queues_and_the_sessions_tenant_jobs(synthesiz
     resources = sorted(_text(r) for r in submit["Resource"])
     assert resources == sorted(
         [
-            f"arn:<Partition>:batch:{r}:<AccountId>:job-queue/berth-{r}-{f}-{k}"
+            # Berth's queues of the configured regions (one per instance type would overflow the
+            # role's inline policy), never another region's or another prefix's.
+            f"arn:<Partition>:batch:{r}:<AccountId>:job-queue/berth-{r}-*"
             for r in REGIONS
-            for f in FAMILIES[r]
-            for k in ("ondemand", "spot")
         ]
         + [f"arn:<Partition>:batch:{r}:<AccountId>:job-definition/berth-*" for r in REGIONS]
     )
     assert submit["Condition"] == {"StringEquals": {"aws:RequestTag/BERTH_TENANT": SESSION_TENANT}}
+    # Every queue a regional stack creates is one the role may submit to; no other role policy (no
+    # overflow managed policy: the inline policy fits).
+    for region in REGIONS:
+        for q in _resources(_batch(synthesized, region), "AWS::Batch::JobQueue").values():
+            arn = f"arn:<Partition>:batch:{region}:<AccountId>:job-queue/{q['Properties']['JobQueueName']}"
+            assert any(fnmatch.fnmatchcase(arn, r) for r in resources if ":job-queue/" in r), arn
+    assert not [
+        p
+        for p in synthesized.resources("AWS::IAM::ManagedPolicy").values()
+        if {"Ref": role_id} in p["Properties"].get("Roles", [])
+    ]
     terminate = by_sid["TerminateSessionTenantJobs"]
     assert terminate["Action"] == "batch:TerminateJob"
     assert terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/BERTH_TENANT": SESSION_TENANT}}
@@ -593,12 +630,13 @@ def test_cloud_regions_output_matches_the_regional_stacks(synthesized: Synthesiz
     for entry in regions:
         assert sorted(entry["instance_types"]) == sorted(INSTANCE_TYPES[entry["region"]])
         assert sorted(entry["families"]) == FAMILIES[entry["region"]]
-        for family, queues in entry["families"].items():
-            assert sorted(queues["instance_types"]) == sorted(
+        for family, types in entry["families"].items():
+            assert sorted(types) == sorted(
                 t for t in INSTANCE_TYPES[entry["region"]] if t.startswith(f"{family}.")
             )
-            assert queues["ondemand"] == f"berth-{entry['region']}-{family}-ondemand"
-            assert queues["spot"] == f"berth-{entry['region']}-{family}-spot"
+        assert sorted(entry["queues"]) == sorted(INSTANCE_TYPES[entry["region"]])
+        for instance_type, queues in entry["queues"].items():
+            assert queues == {k: _queue(entry["region"], instance_type, k) for k in KINDS}
 
 
 def test_the_functions_that_read_offers_get_the_deployed_capacity(synthesized: Synthesized) -> None:

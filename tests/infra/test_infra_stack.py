@@ -517,9 +517,11 @@ WILDCARD_ALLOW_LIST: dict[tuple[str, str], str] = {
     },
     # BatchSubmitRole, in each region of the shipped price file.
     **{
-        (action, f"arn::batch:{region}::{resource}"): "Batch names jobs and Berth's definitions at run time"
+        (action, f"arn::batch:{region}::{resource}"): "Batch names jobs, Berth's definitions at run time; "
+        "Berth's queues of the region by their prefix"
         for region in ("us-east-1", "us-east-2", "us-west-2")
         for action, resource in (
+            ("batch:SubmitJob", f"job-queue/berth-{region}-*"),  # one queue per instance type
             ("batch:SubmitJob", "job-definition/berth-*"),
             ("batch:RegisterJobDefinition", "job-definition/berth-*"),
             ("batch:TagResource", "job-definition/berth-*"),

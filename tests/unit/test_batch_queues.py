@@ -1,8 +1,8 @@
-"""Batch queues per instance family and offers limited to the deployed compute environments (issue 11).
+"""Batch queues per instance type and offers limited to the deployed compute environments (issues 11, 23).
 
-AWS Batch does not choose a GPU model, so each queue's compute environment holds one instance family;
-the queue a cloud placement names is the chosen instance type's family's, and nothing is offered
-that no deployed compute environment holds."""
+AWS Batch chooses neither a GPU model nor an instance size, so each queue's compute environment holds
+one instance type; the queue a cloud placement names is the chosen instance type's, and nothing is
+offered that no deployed compute environment holds."""
 
 from __future__ import annotations
 
@@ -42,18 +42,21 @@ CAPACITY = CloudCapacity.of(
 
 
 # -- names ----------------------------------------------------------------------------------------
-def test_queue_names_carry_region_family_and_purchase_type() -> None:
+def test_queue_names_carry_region_instance_type_and_purchase_type() -> None:
     assert instance_family("g6e.48xlarge") == "g6e" and instance_family("p4d.24xlarge") == "p4d"
-    assert batch_queue_name("us-east-1", "g5", False) == "berth-us-east-1-g5-ondemand"
-    assert batch_queue_name("ap-southeast-2", "g6e", True) == "berth-ap-southeast-2-g6e-spot"
-    for region, family, spot in (
-        ("us-east-1", "g5", False),
-        ("ap-southeast-2", "g6e", True),
-        ("eu-west-1", "p5", True),
+    assert batch_queue_name("us-east-1", "g5.xlarge", False) == "berth-us-east-1-g5_xlarge-ondemand"
+    assert (
+        batch_queue_name("ap-southeast-2", "g6e.48xlarge", True) == "berth-ap-southeast-2-g6e_48xlarge-spot"
+    )
+    for region, instance_type, spot in (
+        ("us-east-1", "g5.12xlarge", False),
+        ("ap-southeast-2", "g6e.2xlarge", True),
+        ("eu-west-1", "p5.48xlarge", True),
+        ("us-west-2", "u-6tb1.metal", False),  # a family with a hyphen
     ):
-        assert parse_batch_queue_name(batch_queue_name(region, family, spot)) == QueueName(
-            region, family, spot
-        )
+        parsed = parse_batch_queue_name(batch_queue_name(region, instance_type, spot))
+        assert parsed == QueueName(region, instance_type, spot)
+        assert parsed.family == instance_family(instance_type)
 
 
 @pytest.mark.parametrize(
@@ -61,20 +64,21 @@ def test_queue_names_carry_region_family_and_purchase_type() -> None:
     [
         "berth-us-east-1-ondemand",
         "berth-us-east-1-spot",
-        "someone-us-east-1-g5-spot",
-        "berth-us-east-1-g5-cheap",
+        "berth-us-east-1-g5-ondemand",  # a per-family queue (before issue 23)
+        "someone-us-east-1-g5_xlarge-spot",
+        "berth-us-east-1-g5_xlarge-cheap",
     ],
 )
-def test_other_names_are_not_berth_family_queues(name: str) -> None:
+def test_other_names_are_not_berth_instance_type_queues(name: str) -> None:
     assert parse_batch_queue_name(name) is None
 
 
-def test_an_offer_is_run_by_its_familys_queue() -> None:
+def test_an_offer_is_run_by_its_instance_types_queue() -> None:
     (g5,) = load_offers(regions=["us-west-2"], instance_types=["g5.xlarge"])[:1]
-    assert g5.queue_name(False) == "berth-us-west-2-g5-ondemand"
-    assert g5.queue_name(True) == "berth-us-west-2-g5-spot"
+    assert g5.queue_name(False) == "berth-us-west-2-g5_xlarge-ondemand"
+    assert g5.queue_name(True) == "berth-us-west-2-g5_xlarge-spot"
     (p5,) = load_offers(regions=["us-east-2"], instance_types=["p5.48xlarge"])[:1]
-    assert p5.queue_name(True) == "berth-us-east-2-p5-spot"
+    assert p5.queue_name(True) == "berth-us-east-2-p5_48xlarge-spot"
 
 
 # -- the deployed capacity -----------------------------------------------------------------------
@@ -84,14 +88,16 @@ def test_capacity_round_trips_through_its_environment_variable() -> None:
     assert CAPACITY.has("us-east-1", "g5.12xlarge") and not CAPACITY.has("us-east-1", "p3.2xlarge")
     assert not CAPACITY.has("us-east-2", "p4d.24xlarge")
     assert CAPACITY.queue_names() == [
-        "berth-us-east-1-g5-ondemand",
-        "berth-us-east-1-g5-spot",
-        "berth-us-east-1-p4d-ondemand",
-        "berth-us-east-1-p4d-spot",
-        "berth-us-west-2-g5-ondemand",
-        "berth-us-west-2-g5-spot",
-        "berth-us-west-2-p4d-ondemand",
-        "berth-us-west-2-p4d-spot",
+        "berth-us-east-1-g5_12xlarge-ondemand",
+        "berth-us-east-1-g5_12xlarge-spot",
+        "berth-us-east-1-g5_xlarge-ondemand",
+        "berth-us-east-1-g5_xlarge-spot",
+        "berth-us-east-1-p4d_24xlarge-ondemand",
+        "berth-us-east-1-p4d_24xlarge-spot",
+        "berth-us-west-2-g5_xlarge-ondemand",
+        "berth-us-west-2-g5_xlarge-spot",
+        "berth-us-west-2-p4d_24xlarge-ondemand",
+        "berth-us-west-2-p4d_24xlarge-spot",
     ]
 
 
@@ -151,15 +157,15 @@ def test_storing_an_offer_no_compute_environment_runs_is_refused() -> None:
     assert "us-east-1 p3.2xlarge" in str(err.value) and err.value.details == [
         {"field": "offers", "message": "not deployed: us-east-1 p3.2xlarge"}
     ]
-    # An offer naming another family's queue would run on that family's GPUs: refused too.
-    with pytest.raises(ValidationFailed):
-        svc.put_document(
-            ADMIN, OFFERS, {"offers": [_offer("g5.xlarge", queue="berth-us-east-1-p4d-spot")]}, None
-        )
+    # An offer naming another type's queue would run on that type (another model, or another size
+    # at another price): refused too.
+    for queue in ("berth-us-east-1-p4d_24xlarge-spot", "berth-us-east-1-g5_12xlarge-ondemand"):
+        with pytest.raises(ValidationFailed):
+            svc.put_document(ADMIN, OFFERS, {"offers": [_offer("g5.xlarge", queue=queue)]}, None)
     stored = svc.put_document(
         ADMIN,
         OFFERS,
-        {"offers": [_offer("g5.xlarge"), _offer("g5.xlarge", queue="berth-us-east-1-g5-spot")]},
+        {"offers": [_offer("g5.xlarge"), _offer("g5.xlarge", queue="berth-us-east-1-g5_xlarge-spot")]},
         None,
     )
     assert stored.version == 1
@@ -223,19 +229,15 @@ def test_a_v100_job_gets_no_cloud_placement_when_no_compute_environment_has_v100
     FleetService(unrestricted).check(spec, "vision")
 
 
-def test_an_a10g_job_goes_to_its_regions_g5_queue() -> None:
+def test_an_a10g_job_goes_to_the_queue_of_the_instance_type_it_was_priced_on() -> None:
     source = _source(CAPACITY)
     _pending(source, "A10G")
     (a,) = _placements(source)
     assert a.instance_type.startswith("g5.")
-    assert a.queue == f"berth-{a.region}-g5-{'spot' if a.spot else 'ondemand'}"
-    # The queue's compute environment (the deployed capacity of that family) holds g5 types only.
-    family = parse_batch_queue_name(a.queue)
-    assert family is not None and family.family == "g5"
-    assert {t for t in CAPACITY.regions[a.region] if instance_family(t) == family.family} <= {
-        "g5.xlarge",
-        "g5.12xlarge",
-    }
+    family, size = a.instance_type.split(".")
+    assert a.queue == f"berth-{a.region}-{family}_{size}-{'spot' if a.spot else 'ondemand'}"
+    queue = parse_batch_queue_name(a.queue)
+    assert queue is not None and queue.instance_type == a.instance_type and queue.spot == a.spot
 
 
 def test_an_offer_queue_override_is_kept_for_simulations() -> None:

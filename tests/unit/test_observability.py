@@ -124,6 +124,7 @@ def test_a_queued_job_has_no_logs_or_samples_yet(s: Setup) -> None:
         "job_id": job.id,
         "attempt": None,
         "attempts": 0,
+        "rank": 0,
         "status": "QUEUED",
         "events": [],
         "next_token": None,

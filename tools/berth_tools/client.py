@@ -227,8 +227,9 @@ class BerthClient:
         since: str | None = None,
         limit: int | None = None,
         next_token: str | None = None,
+        rank: int | None = None,
     ) -> Any:
-        query = {"attempt": attempt, "since": since, "limit": limit, "next_token": next_token}
+        query = {"attempt": attempt, "since": since, "limit": limit, "next_token": next_token, "rank": rank}
         return self.call("GET", f"/v1/jobs/{_seg(job_id)}/logs", query=query)
 
     def metrics(self, job_id: str, attempt: int | None = None, limit: int | None = None) -> Any:

@@ -1,11 +1,12 @@
-"""AWS Batch queue names and the deployed cloud capacity (docs/cloud.md, "Queues per instance family").
+"""AWS Batch queue names and the deployed cloud capacity (docs/cloud.md, "Queues per instance type").
 
-AWS Batch does not choose a GPU model: a job asking for one GPU in a queue whose compute environment
-mixes g5 (A10G) and p5 (H100) instances may land on either. So Berth deploys one compute environment
-and one job queue per (region, instance family, purchase type), named
-``berth-<region>-<family>-<ondemand|spot>``, each holding only that family's instance types; the
-scheduler's chosen instance type decides the queue (``CloudOffer.queue_name``), so the GPU model and
-price it chose are the ones that run.
+AWS Batch chooses neither a GPU model nor an instance size: a job asking for one GPU in a queue whose
+compute environment mixes g5.xlarge (1 A10G, 1.006 USD/h) and g5.12xlarge (4 A10G, 5.672 USD/h), or
+g5 (A10G) and p5 (H100) instances, may land on any of them. So Berth deploys one compute environment
+and one job queue per (region, instance type, purchase type), named
+``berth-<region>-<family>_<size>-<ondemand|spot>`` (``g5.12xlarge`` -> ``g5_12xlarge``: Batch names
+allow no dot), each holding that one instance type; the scheduler's chosen offer decides the queue
+(``CloudOffer.queue_name``), so the instance it priced is the one Batch launches.
 
 ``CloudCapacity`` is what those compute environments can run: the instance types of each region. The
 stack passes it to the functions that read offers (``BERTH_CLOUD_CAPACITY``, JSON
@@ -26,9 +27,11 @@ ONDEMAND = "ondemand"
 SPOT = "spot"
 
 _REGION = r"[a-z]{2}(?:-[a-z]+)+-\d"
-_FAMILY = r"[a-z][a-z0-9-]*?"
+_FAMILY = r"[a-z][a-z0-9-]*"
+_SIZE = r"[a-z0-9]+"
 _QUEUE = re.compile(
-    rf"^{QUEUE_PREFIX}(?P<region>{_REGION})-(?P<family>{_FAMILY})-(?P<purchase>{ONDEMAND}|{SPOT})$"
+    rf"^{QUEUE_PREFIX}(?P<region>{_REGION})-(?P<family>{_FAMILY})_(?P<size>{_SIZE})"
+    rf"-(?P<purchase>{ONDEMAND}|{SPOT})$"
 )
 _REGION_ONLY = re.compile(rf"^{_REGION}$")
 _INSTANCE_TYPE = re.compile(r"^(?P<family>[a-z][a-z0-9-]*)\.[a-z0-9]+$")
@@ -47,24 +50,29 @@ def purchase(spot: bool) -> str:
     return SPOT if spot else ONDEMAND
 
 
-def batch_queue_name(region: str, family: str, spot: bool) -> str:
-    """The job queue (and compute environment) of ``family`` instances in ``region``."""
-    return f"{QUEUE_PREFIX}{region}-{family}-{purchase(spot)}"
+def batch_queue_name(region: str, instance_type: str, spot: bool) -> str:
+    """The job queue (and compute environment) of ``instance_type`` instances in ``region``:
+    ``berth-us-east-1-g5_12xlarge-ondemand``."""
+    return f"{QUEUE_PREFIX}{region}-{instance_type.replace('.', '_', 1)}-{purchase(spot)}"
 
 
 @dataclass(frozen=True, slots=True)
 class QueueName:
     region: str
-    family: str
+    instance_type: str
     spot: bool
+
+    @property
+    def family(self) -> str:
+        return instance_family(self.instance_type)
 
 
 def parse_batch_queue_name(name: str) -> QueueName | None:
-    """The parts of a Berth queue name (None: not one of Berth's per-family queues)."""
+    """The parts of a Berth queue name (None: not one of Berth's per-instance-type queues)."""
     m = _QUEUE.match(name)
     if m is None:
         return None
-    return QueueName(m["region"], m["family"], m["purchase"] == SPOT)
+    return QueueName(m["region"], f"{m['family']}.{m['size']}", m["purchase"] == SPOT)
 
 
 @dataclass(frozen=True)
@@ -110,10 +118,10 @@ class CloudCapacity:
         return sorted({instance_family(t) for t in self.regions.get(region, frozenset())})
 
     def queue_names(self) -> list[str]:
-        """Every job queue the deployment has (one per region, family and purchase type)."""
+        """Every job queue the deployment has (one per region, instance type and purchase type)."""
         return [
-            batch_queue_name(region, family, spot)
+            batch_queue_name(region, instance_type, spot)
             for region in sorted(self.regions)
-            for family in self.families(region)
+            for instance_type in sorted(self.regions[region])
             for spot in (False, True)
         ]

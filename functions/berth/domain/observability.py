@@ -64,6 +64,16 @@ STREAM_NEVER_REASON = (
     "attempt {attempt} was placed in the cloud but AWS Batch reported no log stream for it (its "
     "container did not start)"
 )
+#: Why a cloud gang's node ``rank`` has no page (``?rank=N``), and the note on an on-prem gang's page.
+RANK_PENDING_REASON = (
+    "rank {rank} of attempt {attempt} has no log stream yet: AWS Batch names each node's stream when "
+    "that node's container starts"
+)
+RANK_NEVER_REASON = "AWS Batch reported no log stream for rank {rank} of attempt {attempt}"
+ONPREM_RANKS_REASON = (
+    "attempt {attempt} ran on-prem, where every rank of the gang writes the attempt's one stream: "
+    "this is all ranks' output"
+)
 #: The statuses in which the current attempt may still start.
 _MAY_START = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING)
 
@@ -77,10 +87,17 @@ class LogSource:
     reason: str | None = None
 
 
-def attempt_log_source(job: Job, attempt: int) -> LogSource:
+def attempt_log_source(job: Job, attempt: int, rank: int | None = None) -> LogSource:
     """The stream of ``attempt`` of ``job``: the one AWS Batch named (recorded on the job) for a cloud
     attempt, ``<job_id>/<attempt>`` (written by the agent) otherwise. The current attempt in the cloud
-    has no stream until its container starts: then none, with the reason."""
+    has no stream until its container starts: then none, with the reason.
+
+    ``rank`` (a gang's node, already checked to be one of the job's ``nodes``): in the cloud each node
+    of the multi-node parallel job has a stream of its own (recorded from its own events); on-prem the
+    ranks' agents all write the attempt's one stream, which is served with a reason saying so. None
+    (and 0) is the main node's, the gang's default."""
+    if rank:
+        return _rank_log_source(job, attempt, rank)
     recorded = job.run.log_stream_of(attempt)
     if recorded is not None:
         return LogSource(recorded)
@@ -89,6 +106,19 @@ def attempt_log_source(job: Job, attempt: int) -> LogSource:
         return LogSource(None, template.format(attempt=attempt))
     # An on-prem attempt (or an earlier cloud attempt that never started: an empty page either way).
     return LogSource(log_stream(job.id, attempt))
+
+
+def _rank_log_source(job: Job, attempt: int, rank: int) -> LogSource:
+    recorded = job.run.log_stream_of(attempt, rank)
+    if recorded is not None:
+        return LogSource(recorded)
+    in_cloud = job.run.log_stream_of(attempt) is not None or (
+        attempt == job.attempts and isinstance(job.placement, CloudPlacement)
+    )
+    if in_cloud:
+        template = RANK_PENDING_REASON if job.status in _MAY_START else RANK_NEVER_REASON
+        return LogSource(None, template.format(attempt=attempt, rank=rank))
+    return LogSource(log_stream(job.id, attempt), ONPREM_RANKS_REASON.format(attempt=attempt))
 
 
 class _Model(BaseModel):

@@ -235,10 +235,13 @@ class _Model(BaseModel):
 
 class AttemptLogStream(_Model):
     """Where one cloud attempt's output is: the stream AWS Batch's awslogs driver created in the
-    tenant's log group (``<prefix>/default/<ECS task id>``), as DescribeJobs reported it."""
+    tenant's log group (``<prefix>/default/<ECS task id>``), as DescribeJobs reported it. A gang (a
+    multi-node parallel job) has one per node: ``rank`` is the node's index (0, the main node, is the
+    one DescribeJobs of the job itself names)."""
 
     attempt: Annotated[int, Field(ge=1)]
     stream: Annotated[str, Field(min_length=1, max_length=512)]
+    rank: Annotated[int, Field(ge=0)] = 0
 
 
 class AttemptState(_Model):
@@ -327,14 +330,15 @@ class RunState(_Model):
             raise TypeError(f"not fields of AttemptState: {sorted(unknown)}")
         return self.model_copy(update={"attempt": self.attempt.model_copy(update=changes)})
 
-    def log_stream_of(self, attempt: int) -> str | None:
-        """The stream Batch named for ``attempt``, if it has been learnt."""
-        return next((s.stream for s in self.log_streams if s.attempt == attempt), None)
+    def log_stream_of(self, attempt: int, rank: int = 0) -> str | None:
+        """The stream Batch named for ``attempt`` (of a gang: for its node ``rank``), if learnt."""
+        return next((s.stream for s in self.log_streams if s.attempt == attempt and s.rank == rank), None)
 
-    def with_log_stream(self, attempt: int, stream: str) -> RunState:
-        """This state with ``stream`` recorded for ``attempt`` (an earlier record of it replaced)."""
-        kept = tuple(s for s in self.log_streams if s.attempt != attempt)
-        entry = AttemptLogStream(attempt=attempt, stream=stream)
+    def with_log_stream(self, attempt: int, stream: str, rank: int = 0) -> RunState:
+        """This state with ``stream`` recorded for ``attempt`` and ``rank`` (an earlier record of
+        them replaced)."""
+        kept = tuple(s for s in self.log_streams if (s.attempt, s.rank) != (attempt, rank))
+        entry = AttemptLogStream(attempt=attempt, stream=stream, rank=rank)
         return self.model_copy(update={"log_streams": (*kept, entry)})
 
 

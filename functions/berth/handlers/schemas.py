@@ -357,6 +357,7 @@ class LogsOut(BaseModel):
     job_id: str
     attempt: int | None = Field(description="The attempt read (null: the job has not started)")
     attempts: int = Field(description="How many attempts the job has made")
+    rank: int = Field(default=0, description="The gang's node read (`?rank=`; 0: the main node)")
     status: JobStatus = Field(description="The job's status now: a follower stops once it is terminal")
     events: list[LogEventOut]
     next_token: str | None = Field(
@@ -366,7 +367,8 @@ class LogsOut(BaseModel):
     reason: str | None = Field(
         default=None,
         description="Why the page is empty for now, when that is known: the job has not started, or "
-        "its cloud attempt waits for AWS Batch to start its container and name the log stream",
+        "its cloud attempt (or that rank's node) waits for AWS Batch to start its container and name "
+        "the log stream; with `rank` on an on-prem gang, that the page holds every rank's output",
     )
 
 

@@ -346,21 +346,22 @@ class CloudDispatchService:
             return "answered"
         return "waiting"
 
-    def record_log_stream(self, job: Job, bj: BatchJob) -> Job:
+    def record_log_stream(self, job: Job, bj: BatchJob, rank: int = 0) -> Job:
         """Keep the stream Batch named for the attempt the Batch job ran (``container.logStreamName``;
         the attempt from its name) on the job, so ``GET /v1/jobs/{id}/logs`` reads it, also once the
-        job has moved on. Idempotent; returns the job as stored afterwards when it is still on the
-        same version line of that attempt, else the job as given."""
+        job has moved on; ``rank``: the node of a gang whose stream it is (``?rank=``). Idempotent;
+        returns the job as stored afterwards when it is still on the same version line of that
+        attempt, else the job as given."""
         named = _stream_to_record(job, bj)
         if named is None:
             return job
         attempt, stream = named
 
         def record(current: Job) -> Decision:
-            if current.run.log_stream_of(attempt) is not None:
+            if current.run.log_stream_of(attempt, rank) is not None:
                 return Keep()  # recorded already (a stream, once named, does not change)
             return Update(
-                current.updated(current.updated_at, run=current.run.with_log_stream(attempt, stream))
+                current.updated(current.updated_at, run=current.run.with_log_stream(attempt, stream, rank))
             )
 
         try:

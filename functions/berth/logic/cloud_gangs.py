@@ -49,14 +49,15 @@ def on_node_event(
     placement: CloudPlacement,
     node_id: str,
     states: Mapping[str, BatchJob | None],
-    record_stream: Callable[[Job, BatchJob], Job] | None = None,
+    record_stream: Callable[[Job, BatchJob, int], Job] | None = None,
 ) -> str:
     """Reconcile one node's state change of the job's current gang: ``gang-failed`` when it ended the
     gang, ``node`` when the node's state changes nothing, ``stale`` for a node of another Batch job.
     ``states``: what the event's batch already described (others are described here).
-    ``record_stream``: records a Batch job's log stream as its attempt's; the main node's is the
-    gang's (``GET /v1/jobs/{id}/logs``), recorded from its own events too in case DescribeJobs of
-    the gang names none."""
+    ``record_stream``: records a Batch job's log stream as its attempt's stream of a rank: each node's
+    as its rank's (``GET /v1/jobs/{id}/logs?rank=N``); the main node's is also the gang's (rank 0,
+    what the route reads by default), recorded from its own events in case DescribeJobs of the gang
+    names none."""
     parsed = parse_node_job_id(node_id)
     if parsed is None or job.run.attempt.batch_job_id != parsed[0]:
         return "stale"
@@ -65,8 +66,8 @@ def on_node_event(
     described = {b.batch_job_id: b for b in batch.describe(placement.region, wanted)} if wanted else {}
     node = states[node_id] if node_id in states else described.get(node_id)
     parent = states[parent_id] if parent_id in states else described.get(parent_id)
-    if record_stream is not None and node is not None and index == MAIN_NODE and node.log_stream:
-        job = record_stream(job, replace(node, batch_job_id=parent_id))
+    if record_stream is not None and node is not None and node.log_stream:
+        job = record_stream(job, replace(node, batch_job_id=parent_id), index)
     reason = None if node is None else node_failure_reason(index, node)
     if reason is None or parent is None or parent.status.is_terminal:
         return "node"

@@ -122,13 +122,13 @@ class FleetService:
             details = _validation_details(exc)
             message = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
             raise ValidationFailed(f"invalid {kind}: {message}", details=details) from exc
-        # Only what a deployed compute environment runs (its own family's queue, if one is named).
+        # Only what a deployed compute environment runs (its own instance type's queue, if one is named).
         missing = undeployed((o.offer() for o in offers.offers), self.source.capacity)
         if missing:
             raise ValidationFailed(
                 f"invalid {kind}: no deployed compute environment runs {', '.join(missing[:5])}"
                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-                + " (or an offer names a queue other than its family's)",
+                + " (or an offer names a queue other than its instance type's)",
                 details=[{"field": "offers", "message": f"not deployed: {m}"} for m in missing],
             )
         return offers.model_dump(mode="json")

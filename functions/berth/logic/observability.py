@@ -39,15 +39,20 @@ class ObservabilityService:
         since_ms: int | None = None,
         limit: int = DEFAULT_LOG_LIMIT,
         next_token: str | None = None,
+        rank: int | None = None,
     ) -> dict[str, Any]:
         """A page of an attempt's output (default: the latest attempt), oldest first. ``next_token``
         continues a page of the same attempt; ``status`` tells a follower when the job has ended.
-        A cloud attempt whose stream AWS Batch has not named yet gives an empty page and ``reason``."""
+        A cloud attempt whose stream AWS Batch has not named yet gives an empty page and ``reason``.
+        ``rank``: a gang's node (default: the main node, rank 0); one outside the job's ``nodes`` is
+        refused (``ValidationFailed``)."""
         job = self.jobs.get(caller, job_id)
         n = _attempt(job, attempt)
+        _check_rank(job, rank)
         out: dict[str, Any] = {
             "job_id": job.id,
             "attempt": n,
+            "rank": rank if rank is not None else 0,
             "attempts": job.attempts,
             "status": str(job.status),
             "events": [],
@@ -57,9 +62,9 @@ class ObservabilityService:
         if n is None:  # never started: nothing printed yet
             out["reason"] = "the job has not started"
             return out
-        source = attempt_log_source(job, n)
+        source = attempt_log_source(job, n, rank)
+        out["reason"] = source.reason
         if source.stream is None:
-            out["reason"] = source.reason
             return out
         page = self.log_reader.read(
             log_group(job.tenant, self.log_group_prefix),
@@ -93,6 +98,15 @@ class ObservabilityService:
             "samples": [s.public() for s in shown],
             "summary": summarize(stored),
         }
+
+
+def _check_rank(job: Job, rank: int | None) -> None:
+    nodes = job.spec.resources.nodes
+    if rank is not None and not 0 <= rank < nodes:
+        raise ValidationFailed(
+            f"job {job.id} runs on {nodes} node(s), ranks 0 to {nodes - 1}; rank {rank} does not exist",
+            details={"nodes": nodes},
+        )
 
 
 def _attempt(job: Job, attempt: int | None) -> int | None:

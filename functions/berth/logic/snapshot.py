@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from berth.domain.batch_queues import CloudCapacity, batch_queue_name, instance_family
+from berth.domain.batch_queues import CloudCapacity, batch_queue_name
 from berth.domain.cost import cloud_spend, month_of
 from berth.domain.fleet import HostRecord, StoredDocument
 from berth.domain.job import Job
@@ -175,15 +175,14 @@ class OffersDocument(BaseModel):
 
 def deployed(offer: CloudOffer, capacity: CloudCapacity | None) -> bool:
     """Whether a deployed compute environment can run ``offer`` (None: no restriction known). An
-    offer's own ``queue`` must then be one of its family's queues in its region."""
+    offer's own ``queue`` must then be one of its instance type's queues in its region."""
     if capacity is None:
         return True
     if not capacity.has(offer.region, offer.instance_type):
         return False
-    family = instance_family(offer.instance_type)
     return not offer.queue or offer.queue in (
-        batch_queue_name(offer.region, family, False),
-        batch_queue_name(offer.region, family, True),
+        batch_queue_name(offer.region, offer.instance_type, False),
+        batch_queue_name(offer.region, offer.instance_type, True),
     )
 
 

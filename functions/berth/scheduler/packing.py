@@ -108,7 +108,7 @@ def _launch_packed(
     q = ctx.policy.runtime.pack_q
     inst = OpenInstance(
         iid, offer.region, offer.zone, offer.instance_type, offer.gpu_type, chosen[0][1].spot, offer.gpus,
-        price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, chosen[0][1].queue,
+        price, offer.gpus, offer.vcpus, offer.memory_gib, ctx.now, offer.queue_name(chosen[0][1].spot),
     )  # fmt: skip
     led.open(inst)
     for n, (job, own) in enumerate(chosen):

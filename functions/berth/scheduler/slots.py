@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from berth.domain.batch_queues import batch_queue_name
 from berth.domain.placement import Site
 from berth.scheduler.circuit import CircuitState
 from berth.scheduler.decisions import CloudAssignment
@@ -90,6 +91,7 @@ class SlotLedger:
                 OpenInstance(
                     i.instance_id, i.region, i.zone, i.instance_type, i.gpu_type, i.spot, i.gpus,
                     i.hourly_usd, i.free_gpus, i.free_cpu, i.free_memory_gib, i.ready_at,
+                    batch_queue_name(i.region, i.instance_type, i.spot),
                 )
             )  # fmt: skip
         q = ctx.policy.runtime.pack_q

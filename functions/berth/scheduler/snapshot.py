@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from berth.domain.batch_queues import batch_queue_name, instance_family
+from berth.domain.batch_queues import batch_queue_name
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 from berth.domain.placement import Site
 from berth.scheduler.predictor import RuntimePredictor
@@ -136,12 +136,13 @@ class CloudOffer:
     queue: str = ""
 
     def queue_name(self, spot: bool) -> str:
-        """The Batch job queue that runs this offer: its region's queue of its instance family
-        (``berth-<region>-<family>-<ondemand|spot>``), whose compute environment holds that family only,
-        so the GPU model chosen is the one that runs. ``queue`` overrides it (tests, simulations)."""
+        """The Batch job queue that runs this offer: its region's queue of its instance type
+        (``berth-<region>-<family>_<size>-<ondemand|spot>``), whose compute environment holds that type
+        only, so the instance priced is the one Batch launches. ``queue`` overrides it (tests,
+        simulations)."""
         if self.queue:
             return self.queue
-        return batch_queue_name(self.region, instance_family(self.instance_type), spot)
+        return batch_queue_name(self.region, self.instance_type, spot)
 
 
 @dataclass(slots=True, frozen=True)

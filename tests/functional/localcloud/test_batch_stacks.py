@@ -31,7 +31,7 @@ def batch_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCloud
         yield cloud
 
 
-def test_every_region_has_its_family_queues_valid_and_enabled(batch_cloud: LocalCloud) -> None:
+def test_every_region_has_its_instance_type_queues_valid_and_enabled(batch_cloud: LocalCloud) -> None:
     regions = json.loads(batch_cloud.output("CloudRegions"))
     assert (
         {r["region"] for r in regions}
@@ -40,12 +40,15 @@ def test_every_region_has_its_family_queues_valid_and_enabled(batch_cloud: Local
     )
     for entry in regions:
         region = entry["region"]
-        families = entry["families"]
+        by_type = entry["queues"]
+        assert sorted(by_type) == sorted(entry["instance_types"])
         batch = batch_cloud.session(region).client("batch", endpoint_url=batch_cloud.endpoint_url)
         queues = {q["jobQueueName"]: q for q in batch.describe_job_queues()["jobQueues"]}
-        # One queue per (instance family, purchase type): berth-<region>-<family>-<ondemand|spot>.
-        assert set(queues) == {f"berth-{region}-{f}-{k}" for f in families for k in ("ondemand", "spot")}
-        assert set(queues) == {q for f in families.values() for q in (f["ondemand"], f["spot"])}
+        # One queue per (instance type, purchase type): berth-<region>-<family>_<size>-<ondemand|spot>.
+        assert set(queues) == {
+            f"berth-{region}-{t.replace('.', '_')}-{k}" for t in by_type for k in ("ondemand", "spot")
+        }
+        assert set(queues) == {q for names in by_type.values() for q in (names["ondemand"], names["spot"])}
         for queue in queues.values():
             assert (queue["state"], queue["status"]) == ("ENABLED", "VALID")
             assert queue["jobQueueArn"].startswith(f"arn:aws:batch:{region}:")
@@ -55,26 +58,23 @@ def test_every_region_has_its_family_queues_valid_and_enabled(batch_cloud: Local
         }
         assert set(environments) == set(queues)
         outputs = batch_cloud.batch_stacks[region].outputs
-        for family, names in families.items():
+        for instance_type, names in by_type.items():
             spot = environments[names["spot"]]["computeResources"]
             ondemand = environments[names["ondemand"]]["computeResources"]
             assert spot["type"] == "SPOT" and ondemand["type"] == "EC2"
-            # Only the family's own types: Batch never runs the job on another GPU model.
-            assert spot["instanceTypes"] == ondemand["instanceTypes"] == names["instance_types"]
-            assert all(t.startswith(f"{family}.") for t in names["instance_types"])
-            prefix = family.capitalize()
+            # Only that type: Batch never runs the job on another GPU model or another size.
+            assert spot["instanceTypes"] == ondemand["instanceTypes"] == [instance_type]
+            family, size = instance_type.split(".")
+            prefix = family.capitalize() + size.capitalize()
             assert outputs[f"{prefix}SpotQueueArn"] == queues[names["spot"]]["jobQueueArn"]
             assert outputs[f"{prefix}OnDemandQueueArn"] == queues[names["ondemand"]]["jobQueueArn"]
-        assert sorted(t for f in families.values() for t in f["instance_types"]) == sorted(
-            entry["instance_types"]
-        )
 
 
 def test_state_dir_lists_the_batch_stacks(batch_cloud: LocalCloud) -> None:
     assert batch_cloud.state_dir is not None
     stacks = json.loads((batch_cloud.state_dir / "batch-stacks.json").read_text())
     assert set(stacks) == set(batch_cloud.batch_stacks)
-    assert all(outputs["P5OnDemandQueueArn"] for outputs in stacks.values())
+    assert all(outputs["P548xlargeOnDemandQueueArn"] for outputs in stacks.values())
 
 
 def test_batch_state_changes_of_berth_queues_reach_the_home_bus(batch_cloud: LocalCloud) -> None:
@@ -91,7 +91,7 @@ def test_batch_state_changes_of_berth_queues_reach_the_home_bus(batch_cloud: Loc
     sent = set()
     for region in batch_cloud.batch_stacks:
         regional = batch_cloud.session(region).client("events", endpoint_url=batch_cloud.endpoint_url)
-        for queue in (f"berth-{region}-p5-spot", "someone-elses-queue"):
+        for queue in (f"berth-{region}-p5_48xlarge-spot", "someone-elses-queue"):
             arn = f"arn:aws:batch:{region}:123456789012:job-queue/{queue}"
             regional.put_events(
                 Entries=[

@@ -67,8 +67,12 @@ def test_a_cloud_job_is_submitted_to_batch_and_completes(cloud: LocalCloud) -> N
     assert done["site"] == "cloud" and done["placement"]["region"] == "us-east-1"
     assert transitions(cloud, job_id) == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
     batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
+    # The queue of the instance type it was priced on (issue 23): g5.xlarge, the cheapest A10G.
+    assert done["placement"]["instance_type"] == "g5.xlarge"
+    assert done["placement"]["queue"] == "berth-us-east-1-g5_xlarge-ondemand", done["placement"]
     listed = batch.list_jobs(
-        jobQueue="berth-us-east-1-g5-ondemand", filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}]
+        jobQueue="berth-us-east-1-g5_xlarge-ondemand",
+        filters=[{"name": "JOB_NAME", "values": [f"{job_id}-a1"]}],
     )["jobSummaryList"]
     assert len(listed) == 1  # submitted exactly once
     # Its output is served from the stream AWS Batch named (DescribeJobs' container.logStreamName).
@@ -136,13 +140,14 @@ def test_a_region_without_batch_fails_over_and_opens_its_circuit(cloud: LocalClo
     assert job(cloud, ids[0])["attempts"] >= 1
 
 
-def test_compute_environments_are_per_family_so_one_familys_shortage_spares_the_others(
+def test_compute_environments_are_per_instance_type_so_one_familys_shortage_spares_the_others(
     cloud: LocalCloud,
 ) -> None:
-    """Issue 11: each queue's compute environment holds one instance family (one GPU model). With no
-    g5 (A10G) capacity in us-east-1, an A10G job waits RUNNABLE in ``berth-us-east-1-g5-ondemand``,
-    while an A100 job in the same region runs in ``berth-us-east-1-p4d-ondemand`` (a mixed compute
+    """Issues 11 and 23: each queue's compute environment holds one instance type. With no g5 (A10G)
+    capacity in us-east-1, an A10G job waits RUNNABLE in ``berth-us-east-1-g5_xlarge-ondemand``, while
+    an A100 job in the same region runs in ``berth-us-east-1-p4d_24xlarge-ondemand`` (a mixed compute
     environment would have started the A10G job on whatever instance it found)."""
+    g5 = "berth-us-east-1-g5_xlarge-ondemand"
     batch = cloud.session().client("batch", endpoint_url=cloud.endpoint_url, region_name="us-east-1")
 
     def batch_status(queue: str, job_id: str) -> list[str]:
@@ -157,25 +162,23 @@ def test_compute_environments_are_per_family_so_one_familys_shortage_spares_the_
         )
         done = wait_for(cloud, a100, status_in("COMPLETED", "FAILED"), timeout=60)
         assert done["status"] == "COMPLETED", done
-        assert done["placement"]["queue"] == "berth-us-east-1-p4d-ondemand", done["placement"]
+        assert done["placement"]["queue"] == "berth-us-east-1-p4d_24xlarge-ondemand", done["placement"]
         assert done["placement"]["instance_type"] == "p4d.24xlarge"
         deadline = time.monotonic() + 20
-        while (
-            batch_status("berth-us-east-1-g5-ondemand", a10g) != ["RUNNABLE"] and time.monotonic() < deadline
-        ):
+        while batch_status(g5, a10g) != ["RUNNABLE"] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["RUNNABLE"]
+        assert batch_status(g5, a10g) == ["RUNNABLE"]
         time.sleep(1)  # and it stays there
         waiting = job(cloud, a10g)
         assert waiting["status"] == "STARTING", waiting
-        assert waiting["placement"]["queue"] == "berth-us-east-1-g5-ondemand", waiting["placement"]
-        assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["RUNNABLE"]
+        assert waiting["placement"]["queue"] == g5, waiting["placement"]
+        assert batch_status(g5, a10g) == ["RUNNABLE"]
     finally:
         faults.FAULTS.clear()
         faults.FAULTS.apply({"kind": "region-outage", "region": "us-west-2"})  # the module's fault
     done = wait_for(cloud, a10g, status_in("COMPLETED", "FAILED"), timeout=60)
     assert done["status"] == "COMPLETED" and done["attempts"] == 1, done
-    assert batch_status("berth-us-east-1-g5-ondemand", a10g) == ["SUCCEEDED"]
+    assert batch_status(g5, a10g) == ["SUCCEEDED"]
 
 
 def test_a_command_that_does_not_exist_fails_the_job_and_no_circuit(cloud: LocalCloud) -> None:

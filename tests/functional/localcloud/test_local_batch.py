@@ -30,7 +30,7 @@ from berth_tools.localcloud import faults, local_batch, metering
 from berth_tools.localcloud.cloud import LocalCloud
 
 REGION = "us-east-1"
-QUEUE = "berth-us-east-1-g5-ondemand"
+QUEUE = "berth-us-east-1-g5_xlarge-ondemand"
 DEFINITION = "berth-img-test"
 #: A definition without a logConfiguration: Batch's defaults (`/aws/batch/job`, `<definition>/default/...`).
 PLAIN_DEFINITION = "plain-test"

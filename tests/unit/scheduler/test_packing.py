@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from berth.domain.batch_queues import batch_queue_name
 from berth.domain.job_spec import PlacementConstraint, SpotPolicy
 from berth.domain.placement import Site
 from berth.scheduler import schedule
@@ -63,6 +64,9 @@ def test_packed_instances_never_overfill_and_keep_every_constraint(
     offers = {(o.region, o.zone, o.instance_type): o for o in OFFERS}
     taken: dict[str, list[int]] = {}
     for a in d.placements:
+        if isinstance(a, CloudAssignment):
+            # Issue 23: the queue runs exactly the instance type the job was priced on, packed or not.
+            assert a.queue == batch_queue_name(a.region, a.instance_type, a.spot), a
         if not isinstance(a, CloudAssignment) or a.instance_id is None:
             continue
         job = pending[a.job_id]

@@ -2,10 +2,10 @@
 
 The dispatcher names every Batch job ``<job_id>-a<attempt>`` (docs/workflow.md, "The cloud branch"),
 or, for array tasks grouped into one Batch array job, ``<array id>_<first>-<last>-g<attempt>``,
-so one ListJobs per Berth queue (``berth-<region>-<family>-<ondemand|spot>``, found with DescribeJobQueues)
-in every region of the price file, with a ``JOB_NAME`` filter (which makes ListJobs return every
-status), shows whether an attempt was submitted once, never or more than once. Run it after reading
-the meter: these calls are the benchmark's, not the control plane's.
+so one ListJobs per Berth queue (``berth-<region>-<family>_<size>-<ondemand|spot>``, found with
+DescribeJobQueues) in every region of the price file, with a ``JOB_NAME`` filter (which makes
+ListJobs return every status), shows whether an attempt was submitted once, never or more than
+once. Run it after reading the meter: these calls are the benchmark's, not the control plane's.
 """
 
 from __future__ import annotations

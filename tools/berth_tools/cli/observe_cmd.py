@@ -26,6 +26,7 @@ class LogsApi(Protocol):
         since: str | None = None,
         limit: int | None = None,
         next_token: str | None = None,
+        rank: int | None = None,
     ) -> Any: ...
 
 
@@ -38,13 +39,18 @@ def log_pages(
     follow: bool = False,
     poll_s: float = 2.0,
     sleep: Callable[[float], None] = time.sleep,
+    rank: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Pages of a job's output, oldest first, until what is there now is read; with ``follow``,
     until the job has ended and its last attempt's stream is drained. Without an ``attempt`` it
-    reads the latest one and, following, moves on to the next attempt when the job retries."""
+    reads the latest one and, following, moves on to the next attempt when the job retries.
+    ``rank``: one node of a gang (the API's default: the main node)."""
     current, token = attempt, None
+    extra = {} if rank is None else {"rank": rank}  # only when asked: older APIs refuse no rank
     while True:
-        page = api.logs(job_id, attempt=current, since=since if token is None else None, next_token=token)
+        page = api.logs(
+            job_id, attempt=current, since=since if token is None else None, next_token=token, **extra
+        )
         yield page
         if current is None and page.get("attempt") is not None:
             current = int(page["attempt"])  # pin it: a token belongs to one attempt's stream
@@ -67,6 +73,15 @@ def logs(
     job_id: Annotated[str, typer.Argument(help="Job id")],
     attempt: Annotated[
         int | None, typer.Option("--attempt", min=1, help="Which attempt (default: the latest)")
+    ] = None,
+    rank: Annotated[
+        int | None,
+        typer.Option(
+            "--rank",
+            min=0,
+            help="One node of a multi-node job (default: 0, the main node); in the cloud each node "
+            "has its own stream, on-prem all ranks share one",
+        ),
     ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Epoch ms or ISO 8601 time (e.g. 2026-12-01T10:00:00Z)")
@@ -94,7 +109,10 @@ def logs(
     with api_errors(output):
         client = client_for(api_url, profile)
         said = None
-        for page in log_pages(client, job_id, attempt=attempt, since=since, follow=follow, poll_s=poll_s):
+        pages = log_pages(
+            client, job_id, attempt=attempt, since=since, follow=follow, poll_s=poll_s, rank=rank
+        )
+        for page in pages:
             reason = page.get("reason")
             if reason and reason != said and not page.get("events") and output is not OutputFormat.JSON:
                 sys.stderr.write(

@@ -48,6 +48,9 @@ def job_outputs(
     "A page holds at most `limit` events and about 2 MiB of their JSON, whichever comes first; a "
     "line longer than that is cut, ending with `[... N more characters of this line not shown: "
     "longer than one page of logs]`. "
+    "`rank` reads one node of a gang (`resources.nodes` > 1): in the cloud each node of the AWS Batch "
+    "multi-node job has its own stream (default: rank 0, the main node); on-prem every rank writes "
+    "the attempt's one stream. A rank outside the gang is 422. "
     "The same tenant check as `GET /v1/jobs/{id}`.",
     responses={200: {"description": "A page of output"}, **schemas.error_responses(400, 403, 404, 422, 429)},
     tags=["jobs"],
@@ -60,10 +63,13 @@ def job_logs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Most events in the page")] = 200,
     next_token: Annotated[str | None, Query(max_length=4096, description="From the previous page")] = None,
+    rank: Annotated[
+        int | None, Query(ge=0, le=1000, description="A gang's node (default: 0, the main node)")
+    ] = None,
 ) -> schemas.LogsOut:
     caller = services.caller(router.current_event)
     since_ms = None if since is None else parse_since(since)
-    page = services.observability().logs(caller, job_id, attempt, since_ms, limit, next_token)
+    page = services.observability().logs(caller, job_id, attempt, since_ms, limit, next_token, rank)
     return schemas.LogsOut.model_validate(page)
 
 

@@ -209,24 +209,53 @@ Berth.pages.queue = async (main) => {
   main.replaceChildren(...parts);
 };
 
+// What the Fleet page shows of GET /v1/capacity, as plain data (tests/unit/test_console_fleet.py runs
+// it in node): the totals line, each host's health (as `berth capacity` words it, worst first) and
+// one row per GPU fault, fatal ones (out of placement until `berth gpu-clear`) before warnings.
+function fleetPageData(cap) {
+  const t = cap.totals;
+  const health = (h) => !h.alive ? "lease lost" : h.healthy === false ? "unhealthy"
+    : h.degraded ? "degraded (GPU fault)" : "healthy";
+  return {
+    summary: `${t.hosts} hosts, ${t.gpus} GPUs: ${t.used_gpus} used, ${t.free_gpus} free, ${t.unavailable_gpus} unavailable`
+      + (t.faulted_gpus ? `, ${t.faulted_gpus} faulted` : ""),
+    health: Object.fromEntries(cap.hosts.map((h) => [h.host_id, health(h)])),
+    faults: cap.hosts.flatMap((h) => (h.gpu_faults || []).map((f) => ({
+      host: h.host_id,
+      gpu: f.index === null || f.index === undefined ? f.gpu_id : `${f.index} (${f.gpu_id})`,
+      severity: f.severity === "fatal" ? "fatal: out of placement" : "warning",
+      fault: f.reason,
+      since: f.at,
+    }))),
+  };
+}
+
 Berth.pages.fleet = async (main) => {
   const cap = await api("GET", "/v1/capacity");
-  const t = cap.totals;
+  const data = fleetPageData(cap);
   const drain = (h) => el("button", { "data-testid": "drain-" + h.host_id, onclick: async (ev) => {
     if (!window.confirm(`${h.draining ? "Undrain" : "Drain"} host ${h.host_id}?`)) return;
     try { await api("PUT", "/v1/hosts/" + encodeURIComponent(h.host_id) + "/drain", { drain: !h.draining }); route(); }
     catch (err) { ev.target.after(errorBox(err)); }
   } }, h.draining ? "Undrain" : "Drain");
   const regions = (cap.cloud && cap.cloud.regions) || [];
+  const faults = data.faults.length ? [el("h2", {}, "GPU faults"),
+    el("p", { class: "muted" }, "A fatal fault keeps the GPU out of placement until an admin clears it (berth gpu-clear HOST GPU)."),
+    el("table", { "data-testid": "gpu-faults" },
+      el("thead", {}, el("tr", {}, ["Host", "GPU", "Severity", "Fault", "Age"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, data.faults.map((f) => el("tr", { "data-host": f.host },
+        el("td", {}, f.host), el("td", {}, f.gpu), el("td", {}, f.severity), el("td", {}, f.fault),
+        el("td", { class: "muted" }, fmtAge(f.since))))))] : [];
   main.replaceChildren(el("h1", {}, "Fleet"),
-    el("p", {}, `${t.hosts} hosts, ${t.gpus} GPUs: ${t.used_gpus} used, ${t.free_gpus} free, ${t.unavailable_gpus} unavailable`),
+    el("p", {}, data.summary),
     el("table", { "data-testid": "hosts" },
       el("thead", {}, el("tr", {}, ["Host", "Pool", "GPUs", "Used", "Free", "Health", "Drain", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, cap.hosts.map((h) => el("tr", { "data-host": h.host_id },
         el("td", {}, h.host_id), el("td", {}, h.pool), el("td", {}, `${h.gpus} × ${h.gpu_type}`),
         el("td", {}, h.used_gpus), el("td", {}, h.free_gpus),
-        el("td", {}, !h.alive ? "lease lost" : h.healthy ? "healthy" : "unhealthy"),
+        el("td", {}, data.health[h.host_id]),
         el("td", {}, h.draining ? "draining" : ""), el("td", {}, drain(h)))))),
+    ...faults,
     el("h2", {}, "Cloud regions" + (cap.cloud && cap.cloud.enabled === false ? " (cloud disabled)" : "")),
     el("table", { "data-testid": "regions" },
       el("thead", {}, el("tr", {}, ["Region", "Circuit", "Instance types"].map((h) => el("th", {}, h)))),
