@@ -1,17 +1,15 @@
-"""The first hour: `berth local up` as `make up` starts it, then the README's "Use it locally" commands,
-each run as a user runs it (a `berth` subprocess with the sourced env file), each exiting 0 with
-sensible output. Once with the default relative state dir (`.berth/local` under the working
-directory, no flag: what failed on a fresh clone) and once with an absolute one.
+"""The first hour: `berth local up` as `make up` starts it, with the default relative state dir
+(`.berth/local` under the working directory, no flag: what failed on a fresh clone), then every
+command block of the README and of docs/api.md that talks to the local cloud, extracted from the
+markdown and run as a user runs it (a `berth` subprocess in the reader's shell: the sourced env file,
+the exported profile), each exiting 0 with the output the docs promise (``test_docs_command_blocks_run``),
+and every example job in examples/jobs submitted and followed until it COMPLETES
+(``test_every_example_runs``). An absolute ``--state-dir`` is the restart test's.
 
 Then what a job may see of the local cloud (a job cannot read the state dir when jobs run under uids
 of their own) and what a restart on the same state dir does (the earlier run's keys and attempt
-files are gone and it says so).
-
-And, on the default state dir only: every command block of the README and of docs/api.md that talks
-to the local cloud, extracted from the markdown and run as written (``test_docs_command_blocks_run``),
-and every example job in examples/jobs submitted and followed until it COMPLETES
-(``test_every_example_runs``). These need real agent processes (the session-scoped ``local_cloud``
-fixture's scripted agents do not run a job's command), so they reuse this module's cloud.
+files are gone and it says so). These need real agent processes (the session-scoped ``local_cloud``
+fixture's scripted agents do not run a job's command), so they use this module's cloud.
 """
 
 from __future__ import annotations
@@ -83,63 +81,16 @@ def wait_status(
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="module", params=["relative", "absolute"])
-def first_hour(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """(cloud, the user's working directory, whether the state dir was the default relative one)."""
-    user_dir = tmp_path_factory.mktemp(f"clone-{request.param}")
-    if request.param == "relative":
-        cloud = start_local_cloud(None, *UP_ARGS, cwd=user_dir, log_path=user_dir / "up.log")
-    else:
-        state = tmp_path_factory.mktemp("elsewhere") / "state"
-        cloud = start_local_cloud(state.resolve(), *UP_ARGS, cwd=user_dir, log_path=user_dir / "up.log")
+@pytest.fixture(scope="module")
+def first_hour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """(cloud, the user's working directory): `berth local up` with no --state-dir, from that directory."""
+    user_dir = tmp_path_factory.mktemp("clone")
+    cloud = start_local_cloud(None, *UP_ARGS, cwd=user_dir, log_path=user_dir / "up.log")
     try:
-        yield cloud, user_dir, request.param == "relative"
+        yield cloud, user_dir
     finally:
         status = cloud.stop()
     assert status == 0, cloud.log_tail()
-
-
-def test_readme_use_it_locally(first_hour: Any) -> None:
-    cloud, cwd, relative = first_hour
-    if relative:
-        assert cloud.state_dir == cwd / ".berth" / "local"
-        assert cloud.env[STATE_DIR_ENV] == str((cwd / ".berth" / "local").resolve())
-    agents = json.loads((cloud.state_dir / "agents.json").read_text())
-    assert [a["kind"] for a in agents] == ["process"] and len(agents[0]["gpus"]) == 4
-
-    submitted = ok(berth(cloud, "submit", "-f", str(HELLO), "--output", "json", cwd=cwd))
-    job_id = json.loads(submitted)["id"]
-    assert job_id in ok(berth(cloud, "ls", cwd=cwd))
-    assert "hello-gpu" in ok(berth(cloud, "status", job_id, cwd=cwd))
-    logs = ok(berth(cloud, "logs", "-f", job_id, "--poll", "0.5", cwd=cwd, timeout=180))
-    assert "hello from" in logs and "done" in logs, logs
-    assert wait_status(cloud, job_id, ENDED, cwd) == "COMPLETED"
-    events = json.loads(ok(berth(cloud, "events", job_id, "--output", "json", cwd=cwd)))["events"]
-    assert [e["to"] for e in events][-1] == "COMPLETED" and "RUNNING" in [e["to"] for e in events]
-    assert "RUNNING" in ok(berth(cloud, "events", job_id, cwd=cwd))
-
-    capacity = json.loads(ok(berth(cloud, "capacity", "--output", "json", cwd=cwd)))
-    host = agents[0]["host_id"]
-    assert host in json.dumps(capacity)
-    assert "active jobs" in ok(berth(cloud, "quota", "vision", cwd=cwd))
-    usage = json.loads(ok(berth(cloud, "usage", "--output", "json", cwd=cwd)))
-    assert usage["tenant"] == "vision", usage
-    assert host in ok(berth(cloud, "drain", host, profile="admin", cwd=cwd))
-    assert host in ok(berth(cloud, "drain", host, "--undo", profile="admin", cwd=cwd))
-
-    # `berth local fault` without --state-dir: from the sourced env (BERTH_LOCAL_STATE_DIR), from any
-    # directory; and, not sourced, from `.berth/local` in the working directory.
-    out = ok(berth(cloud, "local", "fault", "region-outage", "us-east-1", profile=None, cwd=Path("/")))
-    assert "region outages: us-east-1" in out, out
-    if relative:
-        out = ok(berth(cloud, "local", "fault", "show", profile=None, cwd=cwd, sourced=False))
-        assert "us-east-1" in out, out
-    out = ok(berth(cloud, "local", "fault", "clear", profile=None, cwd=cwd))
-    assert "region outages: none" in out, out
-
-    second = json.loads(ok(berth(cloud, "submit", "-f", str(HELLO), "--output", "json", cwd=cwd)))["id"]
-    assert second in ok(berth(cloud, "cancel", second, cwd=cwd))
-    assert wait_status(cloud, second, ENDED, cwd) == "CANCELED"
 
 
 def test_fault_without_a_running_cloud_says_where_it_looked(tmp_path: Path) -> None:
@@ -183,7 +134,7 @@ print("PROBE " + json.dumps(out))
     "uid to switch to) and can read what it reads; docs/local-cloud.md, 'What a job can reach'",
 )
 def test_a_job_cannot_read_the_state_dir(first_hour: Any, tmp_path: Path) -> None:
-    cloud, cwd, _ = first_hour
+    cloud, cwd = first_hour
     state = cloud.state_dir.resolve()
     jobs = Path((state / "jobs-root").read_text().strip())
     hosts = [a["host_id"] for a in json.loads((state / "agents.json").read_text())]
@@ -328,6 +279,7 @@ def run_doc_block(
             assert job_id is not None, f"{command!r} needs a job: no `berth submit` before it"
             command = command.replace("JOB_ID", job_id)
         command = command.replace("HOST", host)
+        started = time.monotonic()
         result = subprocess.run(
             ["bash", "-c", "\n".join(["set -e", *prelude, command])],
             cwd=cwd,
@@ -338,6 +290,7 @@ def run_doc_block(
             check=False,
         )
         out = result.stdout + result.stderr
+        print(f"{time.monotonic() - started:6.1f} s  {command}")  # with -s: where the test's time goes
         assert result.returncode == 0, f"{command!r} exited {result.returncode}:\n{out[-3000:]}"
         if re.search(r"\bberth submit\b", command) and "--dry-run" not in command:
             found = JOB_ID_RE.search(out)
@@ -347,12 +300,15 @@ def run_doc_block(
     return outputs
 
 
-@pytest.mark.parametrize("first_hour", ["relative"], indirect=True)
 def test_docs_command_blocks_run(first_hour: Any) -> None:
-    """Every command of the README's and docs/api.md's local blocks, as written, on this local cloud."""
-    cloud, cwd, relative = first_hour
-    assert relative  # once, on the default state dir (`source .berth/local/env`)
-    host = json.loads((cloud.state_dir / "agents.json").read_text())[0]["host_id"]
+    """Every command of the README's and docs/api.md's local blocks, as written, on this local cloud
+    (started from the user's directory with no --state-dir: the env file names `.berth/local` there)."""
+    cloud, cwd = first_hour
+    assert cloud.state_dir == cwd / ".berth" / "local"
+    assert cloud.env[STATE_DIR_ENV] == str((cwd / ".berth" / "local").resolve())
+    agents = json.loads((cloud.state_dir / "agents.json").read_text())
+    assert [a["kind"] for a in agents] == ["process"] and len(agents[0]["gpus"]) == 4
+    host = agents[0]["host_id"]
     ran: dict[str, str] = {}
     shells: dict[Path, list[str]] = {}  # one reader's shell per page
     for path, heading in DOC_SECTIONS:
@@ -380,20 +336,33 @@ def test_docs_command_blocks_run(first_hour: Any) -> None:
     assert (cwd / "out" / "outputs" / "hello.txt").read_text() == "hello\n"
     status = next(v for k, v in ran.items() if re.search(r"berth status j-", k))
     assert "/jobs/" in status and "berth outputs" in status, status
+    assert host in next(v for k, v in ran.items() if k.endswith("berth capacity"))
+    assert "active jobs" in next(v for k, v in ran.items() if k.endswith("berth quota vision"))
+    assert host in next(v for k, v in ran.items() if k.endswith(f"berth drain {host}"))
+    assert "region outages: us-east-1" in next(v for k, v in ran.items() if "fault region-outage" in k)
+    assert "region outages: none" in next(v for k, v in ran.items() if k.endswith("fault clear"))
+    # `berth local fault` finds the cloud from the sourced env (BERTH_LOCAL_STATE_DIR) in any directory,
+    # and, not sourced, from `.berth/local` in the working directory
+    out = ok(berth(cloud, "local", "fault", "region-outage", "us-west-2", profile=None, cwd=Path("/")))
+    assert "region outages: us-west-2" in out, out
+    out = ok(berth(cloud, "local", "fault", "show", profile=None, cwd=cwd, sourced=False))
+    assert "us-west-2" in out, out
+    out = ok(berth(cloud, "local", "fault", "clear", profile=None, cwd=cwd, sourced=False))
+    assert "region outages: none" in out, out
 
 
 #: Which profile submits an example (bert-nlp reads team nlp's dataset); bad-* are refused on purpose.
 EXAMPLE_PROFILE = {"bert-nlp.yaml": "bob"}
 
 
-@pytest.mark.parametrize("first_hour", ["relative"], indirect=True)
 def test_every_example_runs(first_hour: Any) -> None:
     """Each example job in examples/jobs (but the refused one) COMPLETES on `berth local up`, once the
     README's one command lets teams burst (the V100 and cloud examples burst; the rest run on the
     A100 agent)."""
-    cloud, cwd, relative = first_hour
-    assert relative
+    cloud, cwd = first_hour
     burst = doc_blocks(README, "## Bursting to the cloud")[0][1]
+    lets_burst = [c for c in shell_commands(burst) if "berth policy --set" in c]
+    assert len(lets_burst) == 1, burst  # the block's sweep is among the examples below
     # the reader's shell after the README's "Use it locally" block: its env file and profile
     reader = [
         c
@@ -401,7 +370,7 @@ def test_every_example_runs(first_hour: Any) -> None:
         if re.match(r"^(source|export) ", c)
     ]
     assert "export AWS_PROFILE=alice" in reader, reader
-    run_doc_block(cloud, cwd, burst, host="", prelude=reader)
+    run_doc_block(cloud, cwd, lets_burst[0], host="", prelude=reader)
     examples = sorted(p for p in (REPO / "examples" / "jobs").glob("*.yaml") if not p.name.startswith("bad-"))
     assert len(examples) >= 6
     submitted = {}
