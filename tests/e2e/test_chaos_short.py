@@ -22,6 +22,7 @@ def test_a_short_chaos_run_loses_nothing_and_runs_nothing_twice() -> None:
         kinds=ALL_KINDS,
     )
     summary = {k: v for k, v in report.items() if k not in ("command",)}
+    print({k: report.get(k) for k in ("ready_s", "chaos_s", "drain_s", "ctrl_c_to_gone_s")})  # pytest -s
     assert report["jobs_accepted"] >= 20, summary
     assert report["faults_injected"] >= 4 and len(report["fault_kinds"]) >= 4, summary
     assert report["lost"] == 0, summary

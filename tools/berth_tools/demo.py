@@ -687,7 +687,9 @@ def run(s: Scenario) -> None:
         burst["first"] = [alice.submit(cloud_job(f"vision-burst-{i}"))["id"] for i in range(3)]
         done = [wait_for(j, is_("COMPLETED", "FAILED", "CANCELED"), 90) for j in burst["first"]]
         assert all(d["status"] == "COMPLETED" and d["site"] == "cloud" for d in done), done
-        where = sorted({f"{d['placement']['region']} {d['placement']['instance_type']}" for d in done})
+        # one Batch queue per instance type: the one the scheduler priced is the one Batch launches
+        assert all(d["placement"]["instance_type"].replace(".", "_") in d["placement"]["queue"] for d in done)
+        where = sorted({f"{d['placement']['region']} {d['placement']['queue']}" for d in done})
         nlp_job = s.client("bob").get(ids["nlp_waits"])
         assert nlp_job["status"] == "QUEUED" and nlp_job["site"] is None, nlp_job
         return (
@@ -763,9 +765,16 @@ def run(s: Scenario) -> None:
         heard = next((line for line in lines if "heard" in line), "")
         assert heard, lines[-5:]
         ids["gang"] = done["id"]
+        deadline = time.monotonic() + 30  # rank 1's stream is named by its node's own Batch event
+        rank1: list[str] = []
+        while not rank1 and time.monotonic() < deadline:
+            rank1 = [e["message"] for e in alice.logs(done["id"], rank=1)["events"]]
+            time.sleep(0 if rank1 else 1)
+        assert any("rank 1 of 2" in line for line in rank1), rank1
         return (
             f"{done['id']}: one Batch multi-node parallel job of {p['instances']} {p['instance_type']} "
-            f"on-demand in {p['region']}; rank 0's log: {heard.strip()}"
+            f"on-demand in {p['region']}; rank 0's log: {heard.strip()}; `berth logs --rank 1`: "
+            f"{rank1[0].strip()}"
         )
 
     def locality_sim() -> str:

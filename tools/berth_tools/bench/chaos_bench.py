@@ -271,7 +271,11 @@ def run_chaos(
     chaos_s = time.monotonic() - t0
     load_during = os.getloadavg()
     final = wait_for_ends(clients, ledger, drain_timeout_s)
-    time.sleep(settle_s)  # agents reap what they stop; then anything left is an orphan
+    # Agents reap what they stop (a partitioned one once its lease is gone): anything still alive
+    # after settle_s is an orphan. Polled: a run whose processes are all gone goes on at once.
+    settle_until = time.monotonic() + settle_s
+    while chaos_audit.orphans(chaos_audit.read_runs(records), marker) and time.monotonic() < settle_until:
+        time.sleep(1.0)
     report = summarise(final, ledger, events)
     report.update(chaos_audit.audit(records, marker, final))
     chaos_audit.kill(report["orphan_pids"])
