@@ -25,7 +25,7 @@ from berth.domain.errors import DomainError
 from berth.domain.job import Job
 from berth.domain.placement import MAX_BATCH_GROUP, BatchGroup, CloudPlacement
 from berth.domain.reasons import exit_words, logs_pointer
-from berth.domain.storage import bundle_key, job_output_prefix, parse_digest
+from berth.domain.storage import bundle_key, job_checkpoint_prefix, job_output_prefix, parse_digest
 from berth.domain.workflow import Failure
 
 #: A Batch job name: letters, digits, hyphens and underscores, at most 128.
@@ -522,7 +522,7 @@ def submission(job: Job, placement: CloudPlacement, settings: CloudSettings) -> 
         code=None if code is None else LaunchCode.model_validate(code),
         data=tuple(LaunchData(source=d.source, mount=d.mount) for d in spec.data),
         outputs=LaunchOutputs(bucket=settings.data_bucket, prefix=outputs),
-        checkpoint_prefix=outputs + "checkpoints/",
+        checkpoint_prefix=job_checkpoint_prefix(job.tenant, job.id),
         timeout_s=timeout_s,
         aws_region=placement.region,
         endpoint_url=settings.endpoint_url,

@@ -38,6 +38,11 @@ def job_output_prefix(tenant: str, job_id: str) -> str:
     return f"{tenant}/jobs/{job_id}/"
 
 
+def job_checkpoint_prefix(tenant: str, job_id: str) -> str:
+    """Where every attempt of a job syncs ``$BERTH_CHECKPOINT_DIR`` (and a retry restores it from)."""
+    return job_output_prefix(tenant, job_id) + "checkpoints/"
+
+
 def secret_prefix(tenant: str) -> str:
     return f"berth/{tenant}/"
 

@@ -294,8 +294,9 @@ class RunState(_Model):
     checkpoint_at: datetime | None = None
     checkpoint_bytes: int | None = None
     checkpoint_attempt: int | None = None
-    """The job's last synced checkpoint (any attempt; its agent says so in heartbeats and its final
-    report): when, how many bytes, which attempt. Public as the job's ``checkpoint``."""
+    """The job's last synced checkpoint (any attempt; an on-prem agent says so in heartbeats and its
+    final report, a cloud attempt's prefix is read when its Batch job ends): when, how many bytes,
+    which attempt. Public as the job's ``checkpoint``."""
     log_streams: tuple[AttemptLogStream, ...] = ()
     """The CloudWatch Logs streams AWS Batch named for the job's cloud attempts (one per attempt,
     kept across attempts: ``GET /v1/jobs/{id}/logs?attempt=N`` reads an earlier one)."""
@@ -329,6 +330,19 @@ class RunState(_Model):
         if unknown:  # model_copy would keep a misspelt field silently
             raise TypeError(f"not fields of AttemptState: {sorted(unknown)}")
         return self.model_copy(update={"attempt": self.attempt.model_copy(update=changes)})
+
+    def with_checkpoint(self, attempt: int, ckpt: CheckpointInfo, now: datetime) -> RunState | None:
+        """This state with ``attempt``'s checkpoint ``ckpt`` recorded, its time clamped to ``now``
+        (the reporter's clock, an agent's or S3's, may run ahead of the control plane's); None when
+        the stored one is as new or newer: a checkpoint reported again, or late, never replaces a
+        later one. The one rule for every reporter (agents' heartbeats and reports, cloud attempts'
+        ends)."""
+        at = min(ckpt.at, now)
+        if self.checkpoint_at is not None and at <= self.checkpoint_at:
+            return None
+        return self.model_copy(
+            update={"checkpoint_at": at, "checkpoint_bytes": ckpt.size_bytes, "checkpoint_attempt": attempt}
+        )
 
     def log_stream_of(self, attempt: int, rank: int = 0) -> str | None:
         """The stream Batch named for ``attempt`` (of a gang: for its node ``rank``), if learnt."""

@@ -319,14 +319,10 @@ class AgentService:
     def _note_checkpoint(self, job: Job, attempt: int, ckpt: CheckpointInfo) -> Job:
         """Keep the attempt's last checkpoint on the job's run state when it is newer than the one
         stored: one conditional write per new checkpoint (every 30 s at most per running job),
-        best effort (a lost race leaves it to the next heartbeat). The time is clamped to now."""
-        at = min(ckpt.at, self.clock())
-        stored = job.run.checkpoint_at
-        if stored is not None and at <= stored:
+        best effort (a lost race leaves it to the next heartbeat). ``RunState.with_checkpoint`` rules."""
+        run = job.run.with_checkpoint(attempt, ckpt, self.clock())
+        if run is None:
             return job
-        run = job.run.model_copy(
-            update={"checkpoint_at": at, "checkpoint_bytes": ckpt.size_bytes, "checkpoint_attempt": attempt}
-        )
         nxt = job.updated(job.updated_at, run=run)
         try:
             self.jobs.update(nxt)
