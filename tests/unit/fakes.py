@@ -547,6 +547,31 @@ class FakeBundles:
         self.referenced.add((tenant, digest))
 
 
+class FakeCheckpointStore:
+    """The data bucket's objects as a listing sees them: key -> (size, LastModified, whole seconds
+    as S3 gives them); ``fail``: every read raises, as S3 unreachable does through the adapter."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, tuple[int, datetime]] = {}
+        self.fail = False
+        self.reads: list[str] = []
+
+    def put(self, key: str, size: int, at: datetime | None = None) -> None:
+        self.objects[key] = (size, (at or datetime.now(UTC)).replace(microsecond=0))
+
+    def last_checkpoint(self, prefix: str) -> Any:
+        from berth.domain.errors import StoreUnavailable
+        from berth.domain.workflow import CheckpointInfo
+
+        self.reads.append(prefix)
+        if self.fail:
+            raise StoreUnavailable("data store unavailable (EndpointConnectionError)")
+        found = [v for k, v in self.objects.items() if k.startswith(prefix)]
+        if not found:
+            return None
+        return CheckpointInfo(at=max(at for _, at in found), size_bytes=sum(size for size, _ in found))
+
+
 class FakeSecrets:
     def __init__(self, names: set[str] | None = None) -> None:
         self.names = set(names or ())

@@ -21,6 +21,7 @@ from berth.domain.queue_summary import QueueSummary
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
 from berth.domain.tenancy import Quota, Role
+from berth.domain.workflow import CheckpointInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,4 +474,14 @@ class OutputStore(Protocol):
     ) -> ObjectPage:
         """Up to ``limit`` objects under ``prefix`` after the key ``start_after``, key order, each
         with a GET URL valid for ``expires_in_s``."""
+        ...
+
+
+class CheckpointStore(Protocol):
+    """A job's checkpoints in the data bucket (``<tenant>/jobs/<job>/checkpoints/``), as its
+    attempts synced them: the cloud branch reads them once when a cloud attempt ends."""
+
+    def last_checkpoint(self, prefix: str) -> CheckpointInfo | None:
+        """The checkpoint under ``prefix``: the newest object's time and the objects' total size,
+        from one (paginated) listing; None when nothing is there. Raises ``StoreUnavailable``."""
         ...
