@@ -9,7 +9,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -26,12 +26,13 @@ from berth.domain.cloud import (
     SubmitRequest,
     job_definition_name,
 )
-from berth.domain.job import Job, new_job, new_job_id
+from berth.domain.job import Job, iso, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
+from berth.domain.storage import job_checkpoint_prefix
 from berth.logic.cloud_dispatch import CloudDispatchService
-from tests.functional.conftest import EVENTS, TABLES, create_tables
+from tests.functional.conftest import BUCKETS, EVENTS, TABLES, cold_start, create_tables
 
 REGION = "us-east-1"
 QUEUE = f"berth-{REGION}-g5_xlarge-ondemand"
@@ -273,6 +274,65 @@ def test_the_events_handler_reads_the_forwarded_event(
     after = service.jobs.get(job.id)
     assert after is not None and after.run.log_stream_of(1) == described
     assert described != sample["detail"]["container"]["logStreamName"]
+
+
+def test_the_end_of_an_attempt_records_its_checkpoint_from_the_data_bucket(
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the events handler: the SUCCEEDED event lists the job's checkpoint prefix on S3 once
+    and keeps the newest object's time and the objects' total size on the job."""
+    from berth.dal.checkpoints import S3CheckpointStore
+    from berth.handlers import batch_events
+
+    service, tokens, _ = cloud
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="berth-data")
+    # a clock a day ahead: the objects' LastModified (now) is not clamped to it
+    later = datetime.now(UTC) + timedelta(days=1)
+    service = dataclasses.replace(service, checkpoints=S3CheckpointStore("berth-data"), clock=lambda: later)
+    job = _placed(service)
+    prefix = job_checkpoint_prefix(job.tenant, job.id)
+    for key, size in (("step-1/model.pt", 300), ("step-1/optim.pt", 500), ("latest", 6)):
+        s3.put_object(Bucket="berth-data", Key=prefix + key, Body=b"x" * size)
+    s3.put_object(Bucket="berth-data", Key=f"vision/jobs/{job.id}/outputs/model.pt", Body=b"x" * 99)
+    newest = max(
+        o["LastModified"] for o in s3.list_objects_v2(Bucket="berth-data", Prefix=prefix)["Contents"]
+    )
+    service.dispatch(job.id, 1, "tok")
+    service.submit(SubmitRequest(job_id=job.id, attempt=1))
+    stored = service.jobs.get(job.id)
+    assert stored is not None and stored.run.attempt.batch_job_id
+    _wait_for(boto3.client("batch", region_name=REGION), stored.run.attempt.batch_job_id, "SUCCEEDED")
+    monkeypatch.setattr(batch_events, "cloud_dispatch_service", lambda: service)
+    sample = json.loads((EVENTS / "eventbridge_batch_job_state_change.json").read_text())
+    sample["detail"].update(jobId=stored.run.attempt.batch_job_id, jobName=f"{job.id}-a1", status="SUCCEEDED")
+    record = {"messageId": "m1", "receiptHandle": "r", "body": json.dumps(sample), "attributes": {}}
+    record.update(messageAttributes={}, md5OfBody="", eventSource="aws:sqs", awsRegion=REGION)
+
+    class Ctx:
+        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
+        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
+
+    assert batch_events.lambda_handler({"Records": [record]}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
+    assert tokens.calls == [("succeed", "tok", {"result": "succeeded", "exit_code": 0})]
+    after = service.jobs.get(job.id)
+    assert after is not None
+    assert after.checkpoint() == {"at": iso(newest), "size_bytes": 806, "attempt": 1}
+
+
+def test_the_events_functions_dispatcher_reads_checkpoints_from_the_data_bucket(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from berth.dal.checkpoints import S3CheckpointStore
+    from berth.handlers import runtime
+
+    monkeypatch.setenv(
+        "BERTH_BATCH_SUBMIT_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/berth-submit.fifo"
+    )
+    cold_start()
+    service = runtime.cloud_dispatch_service()
+    assert service is not None and isinstance(service.checkpoints, S3CheckpointStore)
+    assert service.checkpoints.bucket == BUCKETS["BERTH_DATA_BUCKET"]
 
 
 def _client_error(code: str, status: int) -> ClientError:

@@ -10,6 +10,7 @@ from functools import cache
 
 from berth.dal.arrays import DynamoArrayRepository
 from berth.dal.batch import BotoBatchGateway, RateLimiter, SqsSubmitQueue
+from berth.dal.checkpoints import S3CheckpointStore
 from berth.dal.circuits import DynamoCircuitRepository
 from berth.dal.credentials import StsCredentialVendor
 from berth.dal.documents import DynamoDocumentRepository
@@ -278,4 +279,6 @@ def cloud_dispatch_service() -> CloudDispatchService | None:
             # the tenants' secrets live in the control plane's region (Lambda sets AWS_REGION)
             home_region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "",
         ),
+        # read by the Batch events function only (on an attempt's end), the one granted the listing
+        checkpoints=S3CheckpointStore(cfg.data_bucket) if cfg.data_bucket else None,
     )

@@ -41,9 +41,17 @@ from berth.domain.cloud import (
 from berth.domain.job import Job
 from berth.domain.observability import is_log_stream_name
 from berth.domain.placement import CloudPlacement
-from berth.domain.ports import BatchGateway, CircuitRepository, JobRepository, SubmitQueue, TaskTokens
+from berth.domain.ports import (
+    BatchGateway,
+    CheckpointStore,
+    CircuitRepository,
+    JobRepository,
+    SubmitQueue,
+    TaskTokens,
+)
 from berth.domain.status import JobStatus
 from berth.domain.workflow import Failure
+from berth.logic.cloud_checkpoints import note_cloud_checkpoint
 from berth.logic.cloud_gangs import on_node_event
 from berth.logic.job_update import Decision, JobKeptChanging, JobMissing, Keep, Save, Update, update_job
 
@@ -80,6 +88,8 @@ class CloudDispatchService:
     circuits: CircuitRepository
     clock: Clock
     settings: CloudSettings = field(default_factory=CloudSettings)
+    #: Where attempts' checkpoints are read when they end (None: not read; on-prem agents report theirs).
+    checkpoints: CheckpointStore | None = None
     #: Group name -> its array job's id, as this sandbox submitted or found it (ids never change).
     _parents: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -245,7 +255,9 @@ class CloudDispatchService:
         batch read for all its events at once). Events of an older attempt (or of a job Berth no
         longer runs) are ignored, and their Batch job terminated if still alive. An event that
         ``reported`` an earlier state than Batch's outcome moves the job to RUNNING at most: the
-        outcome's own event answers the token (once), the sweep when that event is missed."""
+        outcome's own event answers the token (once), the sweep when that event is missed. The
+        outcome's event first records the attempt's last checkpoint (``logic/cloud_checkpoints.py``;
+        the sweep does not: a missed event leaves the job without it)."""
         parsed = batch_job_task(batch_job_id, name)
         if parsed is None:
             return "foreign"
@@ -280,6 +292,8 @@ class CloudDispatchService:
             if bj.started_at is None:
                 return "waiting"
             return self.reconcile(job, replace(bj, status=BatchStatus.RUNNING))
+        if self.checkpoints is not None and bj.status.is_terminal:
+            job = note_cloud_checkpoint(self.jobs, self.checkpoints, job, bj, self.clock)
         return self.reconcile(job, bj)
 
     def _state(self, region: str, batch_job_id: str, reads: EventReads) -> BatchJob | None:
