@@ -156,6 +156,15 @@ class BerthStack(Stack):
             )
         )
 
+        # The Batch events function lists a cloud attempt's checkpoint prefix once when it ends
+        # (berth.logic.cloud_checkpoints): only checkpoint prefixes, never an object's content.
+        self.workflow.batch_events_fn.allow(
+            "CheckpointsList",
+            ["s3:ListBucket"],
+            [self.storage.data.bucket_arn],
+            {"StringLike": {"s3:prefix": ["*/jobs/*/checkpoints/"]}},
+        )
+
         # The cloud path's roles (Batch job role per tenant, the dispatcher's submit role), the tenants'
         # job log groups and the bus rule for forwarded Batch events (docs/cloud.md).
         self.cloud = CloudRoles(

@@ -413,6 +413,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("TenantsTableName", "CIRCUITS"): {"dynamodb:PutItem"},
         (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
         ("*", None): {"batch:DescribeJobs"},
+        # an attempt's last checkpoint, listed once when it ends (logic/cloud_checkpoints.py)
+        ("DataBucketName", "s3:prefix=*/jobs/*/checkpoints/"): {"s3:ListBucket"},
         # Batch calls act through BatchSubmitRole, assumed with a berth:tenant session tag
         ("BatchSubmitRoleArn", None): {"sts:AssumeRole", "sts:TagSession"},
         ("BatchEventsQueueUrl", None): {
