@@ -26,8 +26,11 @@ class ArrayOut(BaseModel):
 
 
 class CheckpointOut(BaseModel):
-    at: str = Field(description="When the agent last synced the job's checkpoint directory (ISO time)")
-    size_bytes: int | None = Field(default=None, description="The checkpoint directory's size then")
+    at: str = Field(
+        description="When the job's checkpoint directory was last synced (ISO time; on-prem: the agent's "
+        "last upload, cloud: the newest object under the prefix when the attempt ended)"
+    )
+    size_bytes: int | None = Field(default=None, description="The checkpoint's size then (bytes)")
     attempt: int | None = Field(default=None, description="The attempt that wrote it")
 
 
@@ -99,7 +102,9 @@ class JobOut(_JobFields):
         default=None, description="When the current (or last) attempt started running (null before)"
     )
     checkpoint: CheckpointOut | None = Field(
-        default=None, description="The last synced checkpoint (on-prem attempts); null before the first"
+        default=None,
+        description="The last synced checkpoint: on-prem attempts report it while they run, cloud attempts "
+        "when they end; null before the first",
     )
     queue_position: QueuePosition = None
     queue_length: QueueLength = None

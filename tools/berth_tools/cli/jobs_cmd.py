@@ -109,7 +109,8 @@ def _job_table(job: dict[str, Any]) -> None:
 
 
 def _checkpoint_row(job: dict[str, Any]) -> list[tuple[str, str]]:
-    """``checkpoint: <time> (<size>, attempt N)`` once the job's agent synced one."""
+    """``checkpoint: <time> (<size>, attempt N)`` once the job has one (an on-prem agent's report,
+    or a cloud attempt's prefix read when it ended)."""
     ckpt = job.get("checkpoint")
     if not ckpt:
         return []
