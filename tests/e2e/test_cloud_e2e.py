@@ -286,6 +286,9 @@ def test_spot_interruption_resumes_from_checkpoint(
     done = _wait(alice, job_id, timeout=120)
     assert done["status"] == "COMPLETED", done
     assert done["attempts"] == 2, done
+    # the last checkpoint, read from S3 when attempt 2's Batch job ended (cloud attempts report it then)
+    assert done["checkpoint"] is not None and done["checkpoint"]["attempt"] == 2, done
+    assert done["checkpoint"]["size_bytes"] == len(str(STEPS)), done
     retry = [e for e in _events(alice, job_id) if e["to"] == "RETRYING"]
     assert len(retry) == 1 and "SpotInterruption" in retry[0]["reason"], retry
     first = log_lines(alice, job_id, 1, 1)
