@@ -200,6 +200,13 @@ def test_a_missing_queue_fails_the_attempt_and_feeds_the_region_circuit(
     assert (entry.region, entry.instance_type, len(entry.failures)) == (REGION, "*", 1)
 
 
+class Ctx:
+    """The Lambda context the handlers are invoked with."""
+
+    function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
+    invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
+
+
 def test_the_submit_handler_processes_sqs_records(
     cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,23 +221,19 @@ def test_the_submit_handler_processes_sqs_records(
     record.update(body=message["Body"], attributes={**record["attributes"], **message["Attributes"]})
     bad = {**record, "messageId": "bad", "body": "{not json"}
 
-    class Ctx:
-        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
-        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
-
     out = batch_submit.lambda_handler({"Records": [record, bad]}, Ctx())  # type: ignore[arg-type]
     assert out == {"batchItemFailures": []}  # a malformed request can never succeed: logged, dropped
     stored = service.jobs.get(job.id)
     assert stored is not None and stored.run.attempt.batch_job_id
 
 
-def test_the_events_handler_reads_the_forwarded_event(
-    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _succeeded_event(
+    service: CloudDispatchService, job: Job, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Job, dict[str, Any], dict[str, Any]]:
+    """Dispatch and submit ``job``'s attempt 1 until Batch says SUCCEEDED, point the events handler
+    at ``service``: (the job as stored with its Batch job id, the forwarded event, its SQS record)."""
     from berth.handlers import batch_events
 
-    service, tokens, _ = cloud
-    job = _placed(service)
     service.dispatch(job.id, 1, "tok")
     service.submit(SubmitRequest(job_id=job.id, attempt=1))
     stored = service.jobs.get(job.id)
@@ -250,10 +253,17 @@ def test_the_events_handler_reads_the_forwarded_event(
         "eventSourceARN": f"arn:aws:sqs:{REGION}:123456789012:berth-batch-events",
         "awsRegion": REGION,
     }
+    return stored, sample, record
 
-    class Ctx:
-        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
-        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
+
+def test_the_events_handler_reads_the_forwarded_event(
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from berth.handlers import batch_events
+
+    service, tokens, _ = cloud
+    job = _placed(service)
+    stored, sample, record = _succeeded_event(service, job, monkeypatch)
 
     # The same Batch job's earlier event in the same SQS batch, and a record that is no event at all.
     early = json.loads(json.dumps(sample))
@@ -298,21 +308,7 @@ def test_the_end_of_an_attempt_records_its_checkpoint_from_the_data_bucket(
     newest = max(
         o["LastModified"] for o in s3.list_objects_v2(Bucket="berth-data", Prefix=prefix)["Contents"]
     )
-    service.dispatch(job.id, 1, "tok")
-    service.submit(SubmitRequest(job_id=job.id, attempt=1))
-    stored = service.jobs.get(job.id)
-    assert stored is not None and stored.run.attempt.batch_job_id
-    _wait_for(boto3.client("batch", region_name=REGION), stored.run.attempt.batch_job_id, "SUCCEEDED")
-    monkeypatch.setattr(batch_events, "cloud_dispatch_service", lambda: service)
-    sample = json.loads((EVENTS / "eventbridge_batch_job_state_change.json").read_text())
-    sample["detail"].update(jobId=stored.run.attempt.batch_job_id, jobName=f"{job.id}-a1", status="SUCCEEDED")
-    record = {"messageId": "m1", "receiptHandle": "r", "body": json.dumps(sample), "attributes": {}}
-    record.update(messageAttributes={}, md5OfBody="", eventSource="aws:sqs", awsRegion=REGION)
-
-    class Ctx:
-        function_name, memory_limit_in_mb, aws_request_id = "f", 128, "req"
-        invoked_function_arn = f"arn:aws:lambda:{REGION}:123456789012:function:f"
-
+    _, _, record = _succeeded_event(service, job, monkeypatch)
     assert batch_events.lambda_handler({"Records": [record]}, Ctx()) == {"batchItemFailures": []}  # type: ignore[arg-type]
     assert tokens.calls == [("succeed", "tok", {"result": "succeeded", "exit_code": 0})]
     after = service.jobs.get(job.id)
