@@ -57,6 +57,12 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 60, every: float
         time.sleep(every)
 
 
+#: How many jobs alice's team has while the pages are measured (the issue's target: 1,000).
+TEAM_JOBS = [0]
+SWEEP_JOBS = 1000
+ENDED = {"CANCELED", "COMPLETED", "FAILED"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,7 +125,13 @@ def _open(ctx: Any, url: str, name: str, ready: str) -> Any:
     page.goto(url)
     page.wait_for_selector(ready, timeout=30_000)
     page.wait_for_selector("#main[data-loaded-ms]")
-    print(f"console page {name}: loaded in {page.get_attribute('#main', 'data-loaded-ms')} ms")
+    page.wait_for_selector("#main[data-complete-ms]", timeout=60_000)
+    loaded, complete = (page.get_attribute("#main", f"data-{k}-ms") for k in ("loaded", "complete"))
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(
+        f"console page {name}: shown in {loaded} ms, every panel filled in {complete} ms "
+        f"(team's jobs: {TEAM_JOBS[0]}; load average {load})"
+    )
     return page
 
 
@@ -171,23 +183,28 @@ def _write_samples(cloud: LocalCloudProcess, job: dict[str, Any], n: int) -> Non
         )
 
 
+def _spec(gpus: int, gpu_type: str, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "busybox",
+        "command": ["sleep", "600"],
+        "resources": {"gpu_type": gpu_type, "gpus": gpus},
+        "expected_duration_minutes": 30,
+        "constraints": {"placement": "onprem"},
+        "env": {"SCRIPTED_RUN_S": "600"},
+    }
+
+
 def test_the_console_in_a_browser(
     local_cloud: LocalCloudProcess, consoles: dict[str, str], browser_context: Any
 ) -> None:
-    alice = local_cloud.client("alice")
+    alice, admin = local_cloud.client("alice"), local_cloud.client("admin")
     submitted: list[str] = []
+    sweep: list[str] = []
+    restore: list[dict[str, Any]] = []
 
     def submit(gpus: int, gpu_type: str, name: str) -> dict[str, Any]:
-        spec = {
-            "name": name,
-            "image": "busybox",
-            "command": ["sleep", "600"],
-            "resources": {"gpu_type": gpu_type, "gpus": gpus},
-            "expected_duration_minutes": 30,
-            "constraints": {"placement": "onprem"},
-            "env": {"SCRIPTED_RUN_S": "600"},
-        }
-        r = alice.post("/v1/jobs", json=spec)
+        r = alice.post("/v1/jobs", json=_spec(gpus, gpu_type, name))
         assert r.status == 201, r.text
         submitted.append(r.json()["id"])
         return r.json()
@@ -216,6 +233,22 @@ def test_the_console_in_a_browser(
         assert ranked["estimated_start_basis"] == "onprem", ranked
         start = datetime.fromisoformat(ranked["estimated_start"].replace("Z", "+00:00"))
         assert timedelta(minutes=-2) < start - datetime.now(UTC) < timedelta(minutes=40), ranked
+        # The pages are measured with the team at SWEEP_JOBS jobs: a sweep queues behind the waiting
+        # job (its quota raised for it, and restored after).
+        quota = admin.get("/v1/tenants/vision/quota").json()
+        raised = {**quota, "max_active_jobs": max(quota["max_active_jobs"], 2 * SWEEP_JOBS)}
+        assert admin.put("/v1/tenants/vision/quota", json=raised).status == 200
+        restore.append(quota)
+        size = SWEEP_JOBS - len(submitted)
+        r = alice.post("/v1/jobs", json={**_spec(1, model, "sweep"), "array": {"size": size}})
+        assert r.status == 201, r.text
+        sweep.append(r.json()["id"])
+        _wait(
+            "the sweep's tasks in the team's ranked queue",
+            lambda: alice.get("/v1/queue").json()["waiting"] >= size + 1,
+            timeout=180,
+        )
+        TEAM_JOBS[0] = len(submitted) + size
         runner = _wait(
             "a running filler",
             lambda: next(
@@ -261,6 +294,11 @@ def test_the_console_in_a_browser(
         row = queue.locator("[data-testid=queue] tbody tr", has_text=waiting["id"])
         assert row.inner_text().startswith(f"{ranked['queue_position']} of")
         assert "rank" in queue.locator("[data-testid=fair-share]").inner_text()
+        # the head of a deep queue, in the scheduler's order (not the newest 100 queued jobs)
+        head = queue.locator("[data-testid=queue-head]").inner_text()
+        assert int(head.split()[0]) >= size + 1 and "the first 100 shown" in head, head
+        assert queue.locator("[data-testid=queue] tbody tr").count() == 100
+        assert queue.locator("[data-testid=queue] tbody tr").first.inner_text().startswith("1 of")
         queue.screenshot(path=str(SHOTS / "console-queue.png"))
         wait_page.click("[data-testid=cancel]")  # the confirmation is accepted (page.on("dialog"))
         _wait("the cancel", lambda: alice.get(f"/v1/jobs/{waiting['id']}").json()["status"] == "CANCELED")
@@ -299,7 +337,17 @@ def test_the_console_in_a_browser(
         other = _open(browser_context, consoles["bob"] + f"#/job/{runner['id']}", "job (bob)", "[role=alert]")
         assert "NotFound" in other.locator("[role=alert]").inner_text()
     finally:
-        # The session's cloud is shared: leave its fleet free for the next module.
+        # The session's cloud is shared: leave its fleet free (and the team's quota) for the next module.
+        # The sweep first, while the fillers still hold every GPU: none of its tasks is placed meanwhile.
+        for array_id in sweep:
+            alice.post(f"/v1/jobs/{array_id}/cancel")
+        _wait(
+            "the sweep's tasks to end",
+            lambda: all(set(alice.get(f"/v1/jobs/{i}").json()["array"]["counts"]) <= ENDED for i in sweep),
+            timeout=300,
+        )
+        for quota in restore:
+            admin.put("/v1/tenants/vision/quota", json=quota)
         for job_id in submitted:
             alice.post(f"/v1/jobs/{job_id}/cancel")
         _wait(

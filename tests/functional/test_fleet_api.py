@@ -473,3 +473,44 @@ def test_a_waiting_job_shows_its_queue_position_and_estimated_start(
     fleet("POST", f"/v1/jobs/{first['id']}/cancel")
     assert fleet("GET", f"/v1/jobs/{first['id']}")[1]["queue_position"] is None
     assert fleet("GET", f"/v1/jobs/{second['id']}", user="bob")[0] == 404
+
+
+def test_a_teams_queue_is_answered_in_the_passs_order_whatever_its_depth(
+    fleet: Invoke, spec: dict[str, Any]
+) -> None:
+    from berth.dal.queue_summaries import DynamoQueueSummaries
+    from berth.domain.queue_summary import summarize
+
+    # no pass has ranked the team's queue yet: an empty answer, not an error
+    status, empty = fleet("GET", "/v1/tenants/vision/queue")
+    assert status == 200 and empty == {"tenant": "vision", "as_of": None, "waiting": 0, "jobs": []}
+    body = {**spec, "constraints": {"placement": "onprem"}}
+    a, b, c = (fleet("POST", "/v1/jobs", body=body)[1] for _ in range(3))
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    # the pass serves c first, then a, then b; 250 more wait behind its read budget
+    rows = [(c["id"], 1, now.timestamp() + 60, "onprem"), (a["id"], 2, None, None), (b["id"], 3, None, None)]
+    DynamoQueueSummaries(TABLES["BERTH_TENANTS_TABLE"]).put(summarize("vision", rows, 250, now))
+    status, q = fleet("GET", "/v1/tenants/vision/queue")
+    assert status == 200, q
+    assert q["as_of"] == "2026-12-01T12:00:00.000Z" and q["waiting"] == 253
+    assert [j["id"] for j in q["jobs"]] == [c["id"], a["id"], b["id"]]
+    assert [j["queue_position"] for j in q["jobs"]] == [1, 2, 3]
+    assert q["jobs"][0]["estimated_start"] == "2026-12-01T12:01:00.000Z" and q["jobs"][0]["spec"]["name"]
+    assert [j["id"] for j in fleet("GET", "/v1/tenants/vision/queue", query={"limit": "2"})[1]["jobs"]] == [
+        c["id"],
+        a["id"],
+    ]
+    # a job that left the queue since that pass is left out (positions then skip)
+    fleet("POST", f"/v1/jobs/{a['id']}/cancel")
+    q = fleet("GET", "/v1/tenants/vision/queue")[1]
+    assert [(j["id"], j["queue_position"]) for j in q["jobs"]] == [(c["id"], 1), (b["id"], 3)]
+    # another team's member may not read it; an admin may; an unknown team is 404; bad input is 422
+    status, err = fleet("GET", "/v1/tenants/vision/queue", user="bob")
+    assert status == 403 and err["error"]["code"] == "Forbidden"
+    assert fleet("GET", "/v1/tenants/vision/queue", user="admin")[1]["waiting"] == 253
+    # GET /v1/queue is the caller's own team's
+    assert fleet("GET", "/v1/queue")[1] == fleet("GET", "/v1/tenants/vision/queue")[1]
+    assert fleet("GET", "/v1/queue", user="bob")[1]["tenant"] == "nlp"
+    assert fleet("GET", "/v1/tenants/nosuchteam/queue", user="admin")[0] == 404
+    assert fleet("GET", "/v1/tenants/vision/queue", query={"limit": "0"})[0] == 422
+    assert fleet("GET", "/v1/tenants/vision/queue", query={"limit": "101"})[0] == 422

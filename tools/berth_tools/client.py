@@ -217,6 +217,12 @@ class BerthClient:
     def get_quota(self, tenant: str) -> Any:
         return self.call("GET", f"/v1/tenants/{_seg(tenant)}/quota")
 
+    def queue(self, tenant: str | None = None, limit: int = 50) -> Any:
+        """A team's waiting jobs in the order the scheduler serves them (its last pass's ranking);
+        None: the caller's own team."""
+        path = "/v1/queue" if tenant is None else f"/v1/tenants/{_seg(tenant)}/queue"
+        return self.call("GET", path, query={"limit": str(limit)})
+
     def put_quota(self, tenant: str, quota: dict[str, Any]) -> Any:
         return self.call("PUT", f"/v1/tenants/{_seg(tenant)}/quota", body=quota)
 

@@ -161,6 +161,20 @@ class JobList(BaseModel):
     next_token: str | None = None
 
 
+class TeamQueueOut(BaseModel):
+    """A team's waiting jobs in the order the scheduler serves them (the head its last pass ranked)."""
+
+    tenant: str
+    as_of: str | None = Field(
+        description="When the pass that ranked these jobs ran (null: no pass has ranked this queue)"
+    )
+    waiting: int = Field(description="The team's queued jobs as that pass counted them, however deep")
+    jobs: list[JobOut] = Field(
+        description="Still queued, by position (a job ranked since started or ended is left out, so "
+        "positions may skip); each with `queue_position` and `estimated_start`"
+    )
+
+
 class EventOut(BaseModel):
     at: str
     from_: JobStatus | None = Field(default=None, alias="from")

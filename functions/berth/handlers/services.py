@@ -34,6 +34,7 @@ from berth.logic.outputs import OutputService
 from berth.logic.plan import PlanService
 from berth.logic.ratelimit import RateLimiter
 from berth.logic.storage import StorageService
+from berth.logic.team_queue import TeamQueueService
 from berth.logic.tenants import TenantService
 from berth.logic.usage import UsageService
 from berth.logic.workflow import WorkflowHooks
@@ -61,6 +62,16 @@ def jobs() -> JobService:
 @cache
 def tenants() -> TenantService:
     return TenantService(DynamoTenantRepository(settings().tenants_table))
+
+
+@cache
+def team_queues() -> TeamQueueService:
+    repository = runtime.job_repository()
+    return TeamQueueService(
+        get_many=lambda ids: repository.get_many(ids, consistent=False),  # a view: eventual is enough
+        summaries=runtime.queue_summaries(),
+        tenants=DynamoTenantRepository(settings().tenants_table),
+    )
 
 
 @cache

@@ -50,6 +50,7 @@ def _register() -> None:
         observe_cmd,
         outputs_cmd,
         prices_cmd,
+        queue_cmd,
         sim_cmd,
         ui_cmd,
     )
@@ -68,6 +69,7 @@ def _register() -> None:
     observe_cmd.register(app)
     outputs_cmd.register(app)
     prices_cmd.register(app)
+    queue_cmd.register(app)
     ui_cmd.register(app)
 
 

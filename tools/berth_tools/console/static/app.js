@@ -5,6 +5,7 @@
 const Berth = {
   pages: {},
   timers: [],
+  visits: 0,
   info: null,
 };
 
@@ -139,12 +140,26 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren(el("p", { class: "muted" }, "Loading…"));
   const render = Berth.pages[page] || Berth.pages.jobs;
+  // A page resolves when it is shown (data-loaded-ms), with the answers still filling parts of it in,
+  // if any (data-complete-ms once they have all arrived). A newer route leaves these alone.
+  const visit = ++Berth.visits;
   const started = performance.now();
+  const stamp = (key) => {
+    if (visit === Berth.visits) main.dataset[key] = String(Math.round(performance.now() - started));
+  };
+  delete main.dataset.loadedMs;
+  delete main.dataset.completeMs;
   Promise.resolve(render(main, arg))
-    .catch((err) => main.replaceChildren(errorBox(err)))
+    .then((rest) => {
+      stamp("loadedMs");
+      return Promise.allSettled(rest || []);
+    }, (err) => {
+      if (visit === Berth.visits) main.replaceChildren(errorBox(err));
+      stamp("loadedMs");
+    })
     .finally(() => {
-      main.dataset.loadedMs = String(Math.round(performance.now() - started));
-      main.dataset.page = page;
+      stamp("completeMs");
+      if (visit === Berth.visits) main.dataset.page = page;
     });
 }
 

@@ -100,8 +100,10 @@ Berth.pages.job = async (main, jobId) => {
     if (j.status !== "QUEUED") { why.hidden = true; return; }
     why.hidden = false;
     const parts = [el("h2", {}, "Why is it waiting"), el("p", {}, j.reason), el("p", {}, queueLine(j))];
+    const fresh = explained && Date.now() - explainedAt <= 30000;
+    if (!fresh) why.replaceChildren(...parts, el("p", { class: "muted" }, "Asking the scheduler…"));
     try {
-      if (!explained || Date.now() - explainedAt > 30000) {
+      if (!fresh) {
         explained = await api("GET", "/v1/jobs/" + encodeURIComponent(j.id) + "/explain");
         explainedAt = Date.now();
       }
@@ -161,19 +163,27 @@ Berth.pages.job = async (main, jobId) => {
       m.samples.length ? lineChart(series, 640, 180) : el("p", { class: "muted" }, "No samples yet."),
       el("p", { class: "muted" }, `${m.samples.length} samples` + note));
   };
+  // The page is shown once its head is drawn; the timeline, output, chart and the scheduler's
+  // explanation fill in as their answers arrive (route() records when the last one did).
   drawHead(job);
-  tail().catch(() => {});
-  usage().catch(() => {});
-  await Promise.all([drawWhy(job), drawEvents(job)]);
+  const rest = [drawWhy(job), drawEvents(job), tail(), usage()].map((p) => p.catch(() => {}));
   every(1000, () => { if (!ENDED.includes(current.status) || token) tail().catch(() => {}); });
   every(3000, () => refresh().catch(() => {}));
   every(5000, () => usage().catch(() => {}));
+  return rest;
 };
 
+// The team's queue in the order the scheduler serves it: the head its last pass ranked (one read
+// however deep the queue). Guarantees and the fair-share line fill in after the table is shown.
 Berth.pages.queue = async (main) => {
-  const jobs = (await api("GET", "/v1/jobs?status=QUEUED&limit=100")).jobs.filter((j) => !j.array);
-  jobs.sort((a, b) => (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9));
-  const parts = [el("h1", {}, "Queue"),
+  const queue = await api("GET", "/v1/queue?limit=100");
+  const jobs = queue.jobs;
+  const fair = el("div", { "data-testid": "fair-share-box" });
+  const guarantees = el("div", { "data-testid": "guarantees" });
+  const head = queue.as_of ? `${queue.waiting} waiting; positions from the scheduling pass at ` +
+    new Date(queue.as_of).toLocaleString() + (jobs.length < queue.waiting ? `; the first ${jobs.length} shown` : "")
+    : "No scheduling pass has ranked this team's queue yet.";
+  const parts = [el("h1", {}, "Queue"), el("p", { class: "muted", "data-testid": "queue-head" }, head),
     el("table", { "data-testid": "queue" },
       el("thead", {}, el("tr", {}, ["Position", "Job", "Waiting", "Estimated start (an estimate)", "Reason"]
         .map((h) => el("th", {}, h)))),
@@ -184,29 +194,29 @@ Berth.pages.queue = async (main) => {
         el("td", { class: "estimate" }, j.estimated_start ? new Date(j.estimated_start).toLocaleString() +
           (j.estimated_start_basis === "burst" ? " (burst wait ends)" : " (on-prem predicted free)") : "no estimate"),
         el("td", { class: "muted" }, j.reason)))
-        : el("tr", {}, el("td", { colspan: 5, class: "muted" }, "Nothing waiting."))))];
-  if (jobs.length) {
-    // Fair share: the scheduler core's explanation of the team's next job (a pass over the store now).
-    try {
-      const e = (await api("GET", "/v1/jobs/" + encodeURIComponent(jobs[0].id) + "/explain")).explanation;
-      if (e && e.tenants) {
-        parts.push(el("p", { "data-testid": "fair-share" }, `Fair share now: ${Number(e.fair_share).toFixed(3)} ` +
-          `(rank ${e.fair_share_rank} of ${e.tenants} teams; the lowest share is served first)`));
-      }
-    } catch (err) { parts.push(errorBox(err)); }
-  }
-  try {
-    const usage = await api("GET", "/v1/usage");
-    const quota = await api("GET", "/v1/tenants/" + encodeURIComponent(usage.tenant) + "/quota");
-    const gpus = Object.entries(quota.gpus || {});
-    parts.push(el("h2", {}, "Team " + usage.tenant + ": guarantees and borrowing"),
-      el("p", { class: "muted" }, `fair-share weight ${quota.weight ?? 1}; at most ${quota.max_active_jobs ?? "?"} active jobs`),
+        : el("tr", {}, el("td", { colspan: 5, class: "muted" }, "Nothing waiting.")))),
+    fair, guarantees];
+  main.replaceChildren(...parts);
+  const quota = api("GET", "/v1/tenants/" + encodeURIComponent(queue.tenant) + "/quota").then((q) => {
+    const gpus = Object.entries(q.gpus || {});
+    guarantees.replaceChildren(el("h2", {}, "Team " + queue.tenant + ": guarantees and borrowing"),
+      el("p", { class: "muted" }, `fair-share weight ${q.weight ?? 1}; at most ${q.max_active_jobs ?? "?"} active jobs`),
       el("table", {}, el("thead", {}, el("tr", {}, ["GPU model", "Guaranteed", "May borrow"].map((h) => el("th", {}, h)))),
         el("tbody", {}, gpus.length ? gpus.map(([m, g]) => el("tr", {}, el("td", {}, m), el("td", {}, g.guaranteed ?? 0),
           el("td", {}, g.borrow_limit ?? "no limit")))
           : el("tr", {}, el("td", { colspan: 3, class: "muted" }, "No guarantees: the team shares the fleet by fair share.")))));
-  } catch (err) { parts.push(errorBox(err)); }
-  main.replaceChildren(...parts);
+  }, (err) => guarantees.replaceChildren(errorBox(err)));
+  if (!jobs.length) return [quota];
+  // Fair share: the scheduler core's explanation of the team's next job, a pass over the store now,
+  // so it is asked for after the page is shown.
+  fair.replaceChildren(el("p", { class: "muted" }, "Asking the scheduler for the team's fair share…"));
+  const fairShare = api("GET", "/v1/jobs/" + encodeURIComponent(jobs[0].id) + "/explain").then((ex) => {
+    const e = ex.explanation;
+    fair.replaceChildren(...(e && e.tenants ? [el("p", { "data-testid": "fair-share" },
+      `Fair share now: ${Number(e.fair_share).toFixed(3)} ` +
+      `(rank ${e.fair_share_rank} of ${e.tenants} teams; the lowest share is served first)`)] : []));
+  }, (err) => fair.replaceChildren(errorBox(err)));
+  return [quota, fairShare];
 };
 
 // What the Fleet page shows of GET /v1/capacity, as plain data (tests/unit/test_console_fleet.py runs
