@@ -450,6 +450,13 @@ def run(s: Scenario) -> None:
             time.sleep(1)
         code, listed, err = s.cli("alice", "ls", "--array", array_id, "--limit", "100")
         assert code == 0 and len(listed["jobs"]) == 50, (code, err)
+        # the team's queue in the order the scheduler serves it (the head its last pass ranked)
+        code, queue, err = s.cli("alice", "queue", "--limit", "5")
+        assert code == 0 and queue["tenant"] == "vision", (code, queue, err)
+        positions = [j["queue_position"] for j in queue["jobs"]]
+        assert positions == sorted(positions), positions
+        head = ", ".join(f"#{j['queue_position']} {j['id']}" for j in queue["jobs"][:3]) or "none"
+        console.print(f"  [dim]berth queue: {queue['waiting']} waiting; head {head}[/]")
         code, out, err = s.cli("alice", "cancel", array_id)
         assert code == 0 and out["id"] == array_id, (code, out, err)
         deadline = time.monotonic() + 120
