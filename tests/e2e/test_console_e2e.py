@@ -271,6 +271,15 @@ def test_the_console_in_a_browser(
             .startswith("position")
         )
         jobs.screenshot(path=str(SHOTS / "console-jobs.png"))
+        # the filters: the sweep is one row with its progress; status (a new listing) and text (in page)
+        assert "ended" in jobs.locator(f"tr[data-job='{sweep[0]}']").inner_text()
+        jobs.select_option("select[aria-label=status]", "RUNNING")
+        jobs.wait_for_selector(f"tr[data-job='{waiting['id']}']", state="detached", timeout=30_000)
+        rows = "[data-testid=jobs] tbody tr[data-job]"
+        assert jobs.locator(f"tr[data-job='{runner['id']}']").count() == 1
+        assert jobs.locator(rows).count() == len(submitted) - 1  # the fillers
+        jobs.fill("input[aria-label=search]", runner["id"])
+        _wait("the text filter", lambda: jobs.locator(rows).count() == 1, timeout=10)
 
         job = _open(browser_context, ui + f"#/job/{runner['id']}", "job (running)", "[data-testid=logs]")
         expect(job.locator("[data-testid=logs]")).to_contain_text("epoch 2", timeout=30_000)
@@ -300,10 +309,13 @@ def test_the_console_in_a_browser(
         assert queue.locator("[data-testid=queue] tbody tr").count() == 100
         assert queue.locator("[data-testid=queue] tbody tr").first.inner_text().startswith("1 of")
         queue.screenshot(path=str(SHOTS / "console-queue.png"))
-        # Measured: the sweep drains while the rest runs (the fillers still hold every GPU, so none of
-        # its tasks is placed meanwhile); the pages from here on are timed while it does.
-        for array_id in sweep:
-            assert alice.post(f"/v1/jobs/{array_id}/cancel").status == 202
+        # Cancel all of the sweep from its page (its tasks drain while the rest runs: the fillers still
+        # hold every GPU, so none is placed meanwhile); the pages from here on are timed while it does.
+        array_page = _open(browser_context, ui + f"#/job/{sweep[0]}", "array", "[data-testid=cancel]")
+        assert array_page.locator("[data-testid=cancel]").inner_text() == "Cancel all tasks"
+        array_page.click("[data-testid=cancel]")  # the confirmation is accepted (page.on("dialog"))
+        sweep_url = f"/v1/jobs/{sweep[0]}"
+        _wait("the sweep's cancel", lambda: "cancel requested" in alice.get(sweep_url).json()["reason"])
         TEAM_JOBS[0] = f"{TEAM_JOBS[0]}, the sweep being canceled"
         wait_page.click("[data-testid=cancel]")  # the confirmation is accepted (page.on("dialog"))
         _wait("the cancel", lambda: alice.get(f"/v1/jobs/{waiting['id']}").json()["status"] == "CANCELED")
