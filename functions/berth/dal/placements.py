@@ -1,4 +1,5 @@
-"""DynamoDB placement writer: a scheduling decision applied as one TransactWriteItems.
+"""DynamoDB placement writer: a scheduling decision (or several, ``place_many``) applied as one
+TransactWriteItems.
 
 The items: one hold per host (``DynamoHostRepository.add_hold``: the named GPU UUIDs all free, the
 attempt holding nothing there yet), the job under its version and its event
@@ -21,8 +22,9 @@ from berth.dal.errors import translated
 from berth.dal.hosts import DynamoHostRepository
 from berth.dal.jobs import DynamoJobRepository
 from berth.dal.models import MAX_POOL_CONNECTIONS
-from berth.domain.fleet import HoldRequest, check_hold_requests
+from berth.domain.fleet import HoldRequest, check_hold_requests, check_placement_group
 from berth.domain.job import Job, JobEvent
+from berth.domain.ports import PlacementWrite
 
 
 def request_token(job: Job) -> str:
@@ -30,6 +32,16 @@ def request_token(job: Job) -> str:
     token), so a retry of the same write is recognised and nothing else is."""
     seed = f"{job.id}#{job.version}#{job.run.attempt.fencing_token}".encode()
     return hashlib.sha256(seed).hexdigest()[:36]
+
+
+def _counted(job: Job) -> bool:
+    """Whether placing the job also moves its array's counter (``add_save``: one more item)."""
+    return job.spec.array_task is not None
+
+
+def _counter(job: Job) -> str:
+    task = job.spec.array_task
+    return "" if task is None else task.array_id
 
 
 class DynamoPlacementWriter:
@@ -47,3 +59,25 @@ class DynamoPlacementWriter:
             for h in holds:
                 self._hosts.add_hold(tx, h.host_id, attempt, h.gpu_ids, h.cpu, h.memory_gib, h.at)
             self._jobs.add_save(tx, job, event)
+
+    def place_many(self, writes: Sequence[PlacementWrite]) -> None:
+        """Several placements as one transaction: each host updated once with every hold it gets."""
+        check_placement_group([w.holds for w in writes], array_tasks=sum(_counted(w.job) for w in writes))
+        if len({w.job.id for w in writes}) != len(writes):
+            raise ValueError("a placement group names each job once")
+        counters = [_counter(w.job) for w in writes if _counted(w.job)]
+        if len(set(counters)) != len(counters):
+            raise ValueError("a placement group moves each array counter once (one task per array)")
+        per_host: dict[str, list[tuple[str, HoldRequest]]] = {}
+        for w in writes:
+            for h in w.holds:
+                per_host.setdefault(h.host_id, []).append((w.attempt, h))
+        token = hashlib.sha256("|".join(request_token(w.job) for w in writes).encode()).hexdigest()[:36]
+        with (
+            translated(f"place jobs {', '.join(w.job.id for w in writes)}"),
+            TransactWrite(connection=self._conn, client_request_token=token) as tx,
+        ):
+            for host_id, holds in per_host.items():
+                self._hosts.add_holds(tx, host_id, holds)
+            for w in writes:
+                self._jobs.add_save(tx, w.job, w.event)
