@@ -41,9 +41,10 @@ from itertools import zip_longest
 from typing import Any, TypeVar
 
 from berth.domain.cost import CostRates, onprem_hourly_usd
-from berth.domain.fleet import HostRecord
+from berth.domain.fleet import HoldRequest, HostRecord, attempt_key
 from berth.domain.job import Job, JobEvent
 from berth.domain.placement import BatchGroup, HostGpus
+from berth.domain.ports import PlacementWrite
 from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.workflow import AttemptState
@@ -193,6 +194,31 @@ def placed_job(
         attempts=attempt,
         run=run,
     )
+
+
+def group_writes(
+    members: Sequence[tuple[Job, Assignment, dict[str, tuple[str, ...] | None] | None]],
+    now: datetime,
+    rates: CostRates,
+    new_token: Callable[[], str],
+) -> list[PlacementWrite] | None:
+    """The writes placing on-prem ``members`` (job, assignment, the GPUs picked for it on each host)
+    together; None when one of them did not get its GPUs from the snapshot."""
+    writes: list[PlacementWrite] = []
+    for job, assignment, gpu_ids in members:
+        if not isinstance(assignment, OnPremAssignment):
+            return None
+        held: list[HostGpus] = []
+        holds: list[HoldRequest] = []
+        for host_id, gpus in assignment.hosts:
+            ids = None if gpu_ids is None else gpu_ids.get(host_id)
+            if ids is None or len(ids) != gpus:
+                return None
+            held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=ids))
+            holds.append(HoldRequest(host_id, ids, assignment.cpu, assignment.memory_gib, now))
+        nxt, event = placed_job(job, assignment, now, tuple(held), rates, new_token())
+        writes.append(PlacementWrite(nxt, event, attempt_key(job.id, job.attempts + 1), holds))
+    return writes
 
 
 def heads_first(changes: list[tuple[QueueEntry, str]]) -> list[tuple[QueueEntry, str]]:

@@ -31,7 +31,6 @@ from berth.domain.ports import (
     HostRepository,
     JobRepository,
     PassTrigger,
-    PlacementWrite,
     PlacementWriter,
     QueueSummaries,
     TaskTokens,
@@ -52,6 +51,7 @@ from berth.logic.pass_apply import (
     GpuPicker,
     HostLocks,
     Outcome,
+    group_writes,
     heads_first,
     placed_job,
     placement_groups,
@@ -392,19 +392,9 @@ class SchedulerService:
         """Place on-prem ``members`` (job, assignment, the GPUs picked for it on each host) in one
         transaction, then answer their tokens; whether each one was placed, or None when the
         transaction lost a race (nothing written: the caller applies them one by one)."""
-        writes: list[PlacementWrite] = []
-        for job, assignment, gpu_ids in members:
-            held: list[HostGpus] = []
-            holds: list[HoldRequest] = []
-            assert isinstance(assignment, OnPremAssignment)
-            for host_id, gpus in assignment.hosts:
-                ids = None if gpu_ids is None else gpu_ids.get(host_id)
-                if ids is None or len(ids) != gpus:
-                    return None
-                held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=ids))
-                holds.append(HoldRequest(host_id, ids, assignment.cpu, assignment.memory_gib, now))
-            nxt, event = placed_job(job, assignment, now, tuple(held), rates, self.new_token())
-            writes.append(PlacementWrite(nxt, event, attempt_key(job.id, job.attempts + 1), holds))
+        writes = group_writes(members, now, rates, self.new_token)
+        if writes is None:
+            return None
         assert self.placements is not None
         try:
             with locks.holding(h.host_id for w in writes for h in w.holds):
