@@ -13,6 +13,7 @@ client request token makes the SDK's own retry of a transaction whose answer was
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 
 from pynamodb.connection import Connection
@@ -49,12 +50,25 @@ class DynamoPlacementWriter:
         self._jobs = jobs
         self._hosts = hosts
         self._conn = Connection(max_pool_connections=MAX_POOL_CONNECTIONS)
+        self._client_lock = threading.Lock()
+        self._client_ready = False
+
+    def _connection(self) -> Connection:
+        """The connection, its SDK client created once: pynamodb creates it on first use without a
+        lock, in a botocore session per thread, so the scheduler's apply pool starting at once built
+        one per thread (each loading the SDK's endpoint and service models)."""
+        if not self._client_ready:
+            with self._client_lock:
+                if not self._client_ready:
+                    _ = self._conn.client
+                    self._client_ready = True
+        return self._conn
 
     def place(self, job: Job, event: JobEvent, attempt: str, holds: Sequence[HoldRequest]) -> None:
         check_hold_requests(holds)
         with (
             translated(f"place job {job.id}"),
-            TransactWrite(connection=self._conn, client_request_token=request_token(job)) as tx,
+            TransactWrite(connection=self._connection(), client_request_token=request_token(job)) as tx,
         ):
             for h in holds:
                 self._hosts.add_hold(tx, h.host_id, attempt, h.gpu_ids, h.cpu, h.memory_gib, h.at)
@@ -75,7 +89,7 @@ class DynamoPlacementWriter:
         token = hashlib.sha256("|".join(request_token(w.job) for w in writes).encode()).hexdigest()[:36]
         with (
             translated(f"place jobs {', '.join(w.job.id for w in writes)}"),
-            TransactWrite(connection=self._conn, client_request_token=token) as tx,
+            TransactWrite(connection=self._connection(), client_request_token=token) as tx,
         ):
             for host_id, holds in per_host.items():
                 self._hosts.add_holds(tx, host_id, holds)

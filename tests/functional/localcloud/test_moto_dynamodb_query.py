@@ -149,6 +149,26 @@ QUERIES: list[dict[str, Any]] = [
 ]
 
 
+#: GetItem and Scan with projections (Item.project): top-level names, missing ones, nested paths.
+GETS: list[dict[str, Any]] = [
+    {
+        "Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}},
+        "ProjectionExpression": "job, doc, tags, #b",
+        "ExpressionAttributeNames": {"#b": "blob"},
+    },
+    {"Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}}, "ProjectionExpression": "nothing, n"},
+    {
+        "Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}},
+        "ProjectionExpression": "doc.hosts[0], #s",
+        "ExpressionAttributeNames": {"#s": "status"},
+    },
+]
+SCANS: list[dict[str, Any]] = [
+    {"ProjectionExpression": "job, prio, #b", "ExpressionAttributeNames": {"#b": "blob"}},
+    {"ProjectionExpression": "job, doc.gpus", "Limit": 9},
+]
+
+
 def _canonical(value: Any) -> Any:
     """An answer with each set's members sorted (DynamoDB sets are unordered, and moto's own projection
     rebuilds them through a Python set, whose order changes from one process to the next)."""
@@ -188,15 +208,25 @@ def test_every_query_answers_as_moto_does(ddb: Any) -> None:
         None,
         "hosts",
     )
+    for args in GETS:
+        expected[("get", str(args))] = _canonical(ddb.get_item(TableName="jobs", **args).get("Item"))
+    for args in SCANS:
+        expected[("scan", str(args))] = _canonical(ddb.scan(TableName="jobs", **args)["Items"])
     undo = moto_dynamodb_query.install()
     try:
         before = moto_dynamodb_query.stats["narrowed"]
-        for (i, limit), pages in [(k, v) for k, v in expected.items() if k != "hosts"]:
+        for (i, limit), pages in [(k, v) for k, v in expected.items() if isinstance(k[0], int)]:
             assert _pages(ddb, QUERIES[i], limit) == pages, (QUERIES[i], limit)
         hosts = {"KeyConditionExpression": "host = :h", "ExpressionAttributeValues": {":h": {"S": "h3"}}}
         assert _pages(ddb, hosts, None, "hosts") == expected["hosts"]
         assert moto_dynamodb_query.stats["narrowed"] > before
         assert moto_dynamodb_query.stats["projected"] > 0  # the INCLUDE and KEYS_ONLY queries
+        for args in GETS:
+            assert (
+                _canonical(ddb.get_item(TableName="jobs", **args).get("Item")) == expected[("get", str(args))]
+            )
+        for args in SCANS:
+            assert _canonical(ddb.scan(TableName="jobs", **args)["Items"]) == expected[("scan", str(args))]
         assert sum(len(items) for items, _, _ in expected[(4, None)]) > 10  # the GSI query found something
     finally:
         undo()

@@ -570,6 +570,12 @@ SURFACES: tuple[Surface, ...] = (
         "moto.dynamodb.models.table:Table.all_indexes", "called", "the queried index, for its projection"
     ),
     Surface(
+        "moto.dynamodb.models.dynamo_type:Item.project",
+        "replaced",
+        "a projection of top-level names copies those attributes as they are",
+        ("projection_expressions",),
+    ),
+    Surface(
         "moto.dynamodb.models.table:SecondaryIndex#projection", "read", "ProjectionType, NonKeyAttributes"
     ),
     Surface("moto.dynamodb.models.table:SecondaryIndex#table_key_attrs", "read", "an entry's table keys"),

@@ -24,10 +24,15 @@ given its candidates already projected (the index's entries, as DynamoDB stores 
 stored attribute objects, which moto's query deep-copies before answering): moto no longer deep-copies
 whole items to drop most of their attributes, and the 1 MB page limit counts the entries' size, as
 DynamoDB counts it for an index. A query with a legacy ``QueryFilter`` keeps whole candidates.
+
+A ``ProjectionExpression`` of top-level names (``Item.project``, for Query, Scan and GetItem alike)
+copies those attributes as they are; moto converted the whole item to plain JSON once per name and
+the kept attributes back, checking the item's size again at each one. Nested paths go moto's way.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections.abc import Callable
@@ -37,6 +42,7 @@ from berth_tools.localcloud import moto_compat
 
 _TABLE = "moto.dynamodb.models.table:Table"
 _INDEX = "moto.dynamodb.models.table:SecondaryIndex"
+_ITEM = "moto.dynamodb.models.dynamo_type:Item"
 _scope = threading.local()
 stats = {"narrowed": 0, "whole": 0, "projected": 0}
 
@@ -62,6 +68,28 @@ def _entry(item: Any, names: list[str]) -> Any:
     dict.update(attrs, {n: item.attrs[n] for n in names if n in item.attrs})
     entry.attrs = attrs
     return entry
+
+
+def _item_project(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``Item.project`` of top-level attribute names: a copy of those attributes as they are (moto's
+    converted the whole item to plain JSON once per name, then the kept ones back, validating the
+    item's size again at every attribute). Nested paths and list indexes go moto's way."""
+
+    @functools.wraps(original)
+    def project(self: Any, projection_expressions: Any) -> Any:
+        if not projection_expressions or any(
+            not isinstance(path, list) or len(path) != 1 or not isinstance(path[0], str)
+            for path in projection_expressions
+        ):
+            return original(self, projection_expressions)
+        names = [path[0] for path in projection_expressions]
+        entry = _entry(self, names)
+        for name in list(entry.attrs):
+            dict.__setitem__(entry.attrs, name, copy.deepcopy(entry.attrs[name]))
+        return entry
+
+    project._berth_projection = True  # type: ignore[attr-defined]
+    return project
 
 
 def _project(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -185,6 +213,7 @@ def install() -> Callable[[], None]:
         moto_compat.replace(f"{_TABLE}.all_items", _all_items(moto_compat.surface(f"{_TABLE}.all_items"))),
         moto_compat.replace(f"{_TABLE}.query", _query(current)),
         moto_compat.replace(f"{_INDEX}.project", _project(moto_compat.surface(f"{_INDEX}.project"))),
+        moto_compat.replace(f"{_ITEM}.project", _item_project(moto_compat.surface(f"{_ITEM}.project"))),
     ]
 
     def undo() -> None:
