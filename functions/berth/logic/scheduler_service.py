@@ -6,8 +6,10 @@ attempts and free GPUs never go negative) and the job moved QUEUED -> STARTING w
 (conditional on its version, so a job is placed once) and its event, all or nothing. A racing pass
 loses the whole transaction and skips that job. After the write, the execution's placement token is
 answered; a pass that dies in between leaves a STARTING job whose token the next pass answers again
-(``reanswer_placements``). Placements are applied concurrently and stop at a deadline
-(``berth.logic.pass_apply``); whatever a pass did not apply, the next one decides again from the store.
+(``reanswer_placements``). Placements on one host are written together, as one such transaction
+(``PlacementWriter.place_many``; a group that loses a race is applied again one placement at a time).
+Placements are applied concurrently and stop at a deadline (``berth.logic.pass_apply``); whatever a pass
+did not apply, the next one decides again from the store.
 """
 
 from __future__ import annotations
