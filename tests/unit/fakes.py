@@ -25,14 +25,14 @@ from berth.domain.fleet import (
     HostRecord,
     StoredDocument,
     admission_for,
-    check_hold_requests,
+    check_placement_group,
 )
 from berth.domain.gpu_health import CLEARED_KEPT, GpuFault
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
 from berth.domain.log_pages import LOG_PAGE_BUDGET_BYTES, fit_page
 from berth.domain.observability import LogEvent, LogPage, MetricSample, StoredSample
-from berth.domain.ports import Member, Page, QueueHead, TenantRecord, UploadTicket
+from berth.domain.ports import Member, Page, PlacementWrite, QueueHead, TenantRecord, UploadTicket
 from berth.domain.queue import QueueEntry, queue_entry
 from berth.domain.status import JobStatus
 from berth.domain.storage import DataGrants, Dataset
@@ -378,33 +378,42 @@ class FakePlacements:
         self.hosts = hosts
 
     def place(self, job: Job, event: JobEvent, attempt: str, holds: Any) -> None:
-        check_hold_requests(holds)
-        if self.jobs.before_save is not None:
-            hook, self.jobs.before_save = self.jobs.before_save, None
-            hook(job)
+        self.place_many([PlacementWrite(job, event, attempt, holds)])
+
+    def place_many(self, writes: Sequence[PlacementWrite]) -> None:
+        check_placement_group([w.holds for w in writes])
+        if len({w.job.id for w in writes}) != len(writes):
+            raise ValueError("a placement group names each job once")
+        for w in writes:
+            if self.jobs.before_save is not None:
+                hook, self.jobs.before_save = self.jobs.before_save, None
+                hook(w.job)
         with self.hosts.lock, self.jobs.table.lock:
-            stored = self.jobs.jobs.get(job.id)
-            if stored is None or stored.version != job.version - 1:
-                raise Conflict("version moved")
             updated: dict[str, HostRecord] = {}
-            for h in holds:
-                current = self.hosts.hosts.get(h.host_id)
-                if current is None:
-                    raise Conflict(f"host {h.host_id!r} is not registered")
-                if (
-                    not h.gpu_ids
-                    or len(set(h.gpu_ids)) != len(h.gpu_ids)
-                    or attempt in current.holds
-                    or not set(h.gpu_ids) <= set(current.free_gpu_ids)
-                ):
-                    raise Conflict(f"GPUs {list(h.gpu_ids)} of {h.host_id!r} are not all free")
-                hold = Hold(gpu_ids=h.gpu_ids, cpu=h.cpu, memory_gib=h.memory_gib, at=h.at)
-                updated[h.host_id] = current.model_copy(
-                    update={"holds": {**current.holds, attempt: hold}, "version": current.version + 1}
-                )
+            for w in writes:
+                stored = self.jobs.jobs.get(w.job.id)
+                if stored is None or stored.version != w.job.version - 1:
+                    raise Conflict("version moved")
+                for h in w.holds:
+                    current = updated.get(h.host_id) or self.hosts.hosts.get(h.host_id)
+                    if current is None:
+                        raise Conflict(f"host {h.host_id!r} is not registered")
+                    if (
+                        not h.gpu_ids
+                        or len(set(h.gpu_ids)) != len(h.gpu_ids)
+                        or w.attempt in current.holds
+                        or not set(h.gpu_ids) <= set(current.free_gpu_ids)
+                    ):
+                        raise Conflict(f"GPUs {list(h.gpu_ids)} of {h.host_id!r} are not all free")
+                    hold = Hold(gpu_ids=h.gpu_ids, cpu=h.cpu, memory_gib=h.memory_gib, at=h.at)
+                    version = self.hosts.hosts[h.host_id].version + 1  # one update per host
+                    updated[h.host_id] = current.model_copy(
+                        update={"holds": {**current.holds, w.attempt: hold}, "version": version}
+                    )
             self.hosts.hosts.update(updated)
-            self.jobs.jobs[job.id] = job
-            self.jobs.history[job.id].append(event)
+            for w in writes:
+                self.jobs.jobs[w.job.id] = w.job
+                self.jobs.history[w.job.id].append(w.event)
 
 
 class FakeDocuments:

@@ -1,5 +1,6 @@
-"""The scheduling pass's apply path: parallel, one transaction per placement, a deadline, and a pass
-killed at any point of it that the next passes complete with every job placed exactly once."""
+"""The scheduling pass's apply path: parallel, one transaction per placement (or per group of
+placements on one host), a deadline, and a pass killed at any point of it that the next passes
+complete with every job placed exactly once."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from berth.domain.fleet import HostRecord, attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import OnPremPlacement
 from berth.domain.status import JobStatus
-from berth.logic.pass_apply import Deadline, GpuPicker, HostLocks, run_bounded
+from berth.logic.pass_apply import (
+    MAX_GROUP,
+    Deadline,
+    GpuPicker,
+    HostLocks,
+    placement_groups,
+    run_bounded,
+)
 from tests.unit.fakes import FakePlacements
 from tests.unit.test_workflow_services import World
 
@@ -27,9 +35,13 @@ class Killed(BaseException):
     """The pass's process died here (not an Exception: nothing in the pass may catch it)."""
 
 
-def _world(hosts: int, gpus: int, sizes: list[int], workers: int) -> tuple[World, list[Job]]:
+def _world(
+    hosts: int, gpus: int, sizes: list[int], workers: int, max_group: int = 1
+) -> tuple[World, list[Job]]:
+    """``max_group`` 1 (by default): each placement its own transaction, as these tests count them."""
     w = World(hosts=hosts, gpus=gpus)
     object.__setattr__(w.scheduler, "apply_workers", workers)
+    object.__setattr__(w.scheduler, "max_group", max_group)
     jobs = []
     for g in sizes:
         job = w.submit(gpus=g)
@@ -247,6 +259,7 @@ class Dying:
     def install(self, w: World) -> list[tuple[Any, str, Any]]:
         targets = [
             (w.scheduler.placements, "place"),
+            (w.scheduler.placements, "place_many"),
             (w.tokens, "succeed"),
             (w.jobs, "set_reason"),
             (w.trigger, "request"),
@@ -260,8 +273,8 @@ class Dying:
 SIZES = [4, 4, 8, 2, 2, 1]  # 21 GPUs of 24: they all fit, in any order
 
 
-def _killable_world(workers: int) -> tuple[World, list[Job]]:
-    w, jobs = _world(hosts=3, gpus=8, sizes=SIZES, workers=workers)
+def _killable_world(workers: int, max_group: int = 1) -> tuple[World, list[Job]]:
+    w, jobs = _world(hosts=3, gpus=8, sizes=SIZES, workers=workers, max_group=max_group)
     for _ in range(2):  # no V100 host: these wait, with a reason written
         job = w.submit(resources={"gpu_type": "V100", "gpus": 1})
         w.workflow.await_placement(job.id, f"place-{job.id}")
@@ -269,21 +282,25 @@ def _killable_world(workers: int) -> tuple[World, list[Job]]:
     return w, jobs
 
 
-def _calls_of_a_clean_pass(workers: int) -> tuple[int, int]:
-    w, jobs = _killable_world(workers)
+def _calls_of_a_clean_pass(workers: int, max_group: int = 1) -> tuple[int, int]:
+    w, jobs = _killable_world(workers, max_group)
     counter = Dying(at=10**6, after=False)
     counter.install(w)
     w.scheduler.run_pass()
     return counter.calls, len(_check_placed_once(w, jobs))
 
 
+@pytest.mark.parametrize("max_group", [1, MAX_GROUP])
 @pytest.mark.parametrize("workers", [1, 4])
 @pytest.mark.parametrize("after", [False, True])
-def test_a_pass_killed_at_any_point_loses_and_doubles_nothing(workers: int, after: bool) -> None:
-    calls, placed = _calls_of_a_clean_pass(workers)
-    assert calls > placed * 2  # transactions, tokens, reasons and a request: every point is tried
+def test_a_pass_killed_at_any_point_loses_and_doubles_nothing(
+    workers: int, after: bool, max_group: int
+) -> None:
+    calls, placed = _calls_of_a_clean_pass(workers, max_group)
+    # transactions (one per placement, or fewer, grouped), tokens, reasons and a request: every point
+    assert calls > placed * 2 if max_group == 1 else calls > placed + 2
     for at in range(calls):
-        w, jobs = _killable_world(workers)
+        w, jobs = _killable_world(workers, max_group)
         saved = Dying(at, after).install(w)
         with pytest.raises(Killed):
             w.scheduler.run_pass()
@@ -355,3 +372,62 @@ def test_a_pass_writes_at_most_its_reason_budget_heads_of_every_tenant_first() -
     third = w.scheduler.run_pass()
     assert third.reasons_written == total - 6 and third.reasons_deferred == 0
     assert all(w.job(j.id).reason.startswith("waiting for placement (") for js in queued.values() for j in js)
+
+
+# -- placements on one host written together -------------------------------------------------------------
+class RecordingPlacements(FakePlacements):
+    """Records each transaction's jobs; ``lose`` (a job id): that job moves before the first group that
+    holds it is written, so the group's transaction fails on it."""
+
+    def __init__(self, jobs: Any, hosts: Any, lose: str | None = None) -> None:
+        super().__init__(jobs, hosts)
+        self.transactions: list[list[str]] = []
+        self.lose = lose
+
+    def place_many(self, writes: Any) -> None:
+        ids = [w.job.id for w in writes]
+        self.transactions.append(ids)
+        if self.lose in ids and len(ids) > 1:
+            moved = self.jobs.jobs[self.lose]
+            self.jobs.jobs[self.lose] = moved.model_copy(update={"version": moved.version + 1})
+        super().place_many(writes)
+
+
+def test_placements_on_one_host_are_one_transaction_and_each_token_is_answered() -> None:
+    w, jobs = _world(hosts=3, gpus=8, sizes=[1, 1, 2, 4, 2, 2, 4, 8], workers=4, max_group=MAX_GROUP)
+    recording = RecordingPlacements(w.jobs, w.hosts)
+    object.__setattr__(w.scheduler, "placements", recording)
+    report = w.scheduler.run_pass()
+    placed = _check_placed_once(w, jobs)
+    assert report.placed == len(placed) == len(jobs) and report.skipped == report.deferred == 0
+    assert len(recording.transactions) < len(jobs)  # fewer transactions than placements
+    assert sorted(j for t in recording.transactions for j in t) == sorted(j.id for j in jobs)
+    for ids in recording.transactions:  # a transaction's jobs share one host
+        hosts = {h.host_id for i in ids for h in w.job(i).placement.hosts}  # type: ignore[union-attr]
+        assert len(hosts) == 1
+    answered = [c[1] for c in w.tokens.of("succeed")]
+    assert sorted(answered) == sorted(f"place-{j.id}" for j in jobs)  # once each
+
+
+def test_a_group_that_loses_a_race_is_applied_placement_by_placement() -> None:
+    w, jobs = _world(hosts=1, gpus=8, sizes=[2, 2, 2, 2], workers=2, max_group=MAX_GROUP)
+    recording = RecordingPlacements(w.jobs, w.hosts, lose=jobs[1].id)
+    object.__setattr__(w.scheduler, "placements", recording)
+    report = w.scheduler.run_pass()
+    assert report.placed == 3 and report.skipped == 1
+    assert sorted(recording.transactions[0]) == sorted(j.id for j in jobs)  # the group, lost on jobs[1]
+    assert sorted(recording.transactions[1:]) == sorted([j.id] for j in jobs)  # then one by one
+    placed = _check_placed_once(w, jobs)
+    assert {j.id for j in placed} == {jobs[0].id, jobs[2].id, jobs[3].id}
+    assert ("placements lost a race", 1) in w.trigger.requests
+
+
+def test_placement_groups_keep_to_one_host_a_window_a_size_and_one_task_per_array() -> None:
+    one, two = ("h0",), ("h1",)
+    assert placement_groups([one, one, two, one, None, two], [None] * 6) == [[0, 1, 3], [2, 5], [4]]
+    assert placement_groups([one, one, one], [None] * 3, max_group=2) == [[0, 1], [2]]
+    assert placement_groups([one, one, one], [None] * 3, max_group=1) == [[0], [1], [2]]
+    assert placement_groups([one, two, one], [None] * 3, window=2) == [[0], [1], [2]]
+    assert placement_groups([one, one, one], ["a", "a", "b"]) == [[0], [1, 2]]  # a new group takes over
+    gang = ("h0", "h1")
+    assert placement_groups([one, gang, one], [None] * 3) == [[0, 2], [1]]  # a gang is written alone

@@ -384,6 +384,9 @@ def test_a_pass_crashing_half_way_leaves_the_store_consistent() -> None:
         raise RuntimeError("the pass died here")
 
     object.__setattr__(w.scheduler, "after_apply", crash)
+    # One transaction per placement (both share the host: grouped, they would be one write; the kill
+    # test of tests/unit/test_parallel_pass.py covers groups)
+    object.__setattr__(w.scheduler, "max_group", 1)
     with pytest.raises(RuntimeError):
         w.scheduler.run_pass()
     statuses = sorted(str(w.job(j.id).status) for j in (a, b))

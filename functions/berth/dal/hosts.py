@@ -22,7 +22,15 @@ from berth.dal.errors import translated
 from berth.dal.models import HostRow, host_model
 from berth.domain.agent_wire import CachedDataset
 from berth.domain.errors import Conflict, NotFound
-from berth.domain.fleet import Admission, Containment, Hold, HostInventory, HostRecord, admission_for
+from berth.domain.fleet import (
+    Admission,
+    Containment,
+    Hold,
+    HoldRequest,
+    HostInventory,
+    HostRecord,
+    admission_for,
+)
 from berth.domain.gpu_health import CLEARED_KEPT, GpuFault
 
 #: Register retries when a hold or release lands between its read and its conditional write.
@@ -176,21 +184,30 @@ class DynamoHostRepository:
         self, attempt: str, gpu_ids: tuple[str, ...], cpu: float, memory_gib: float, at: datetime | None
     ) -> tuple[list[Action], Condition]:
         """The actions and condition that move ``gpu_ids`` from the free set into ``attempt``'s hold."""
+        return self._holds_update([(attempt, HoldRequest("", gpu_ids, cpu, memory_gib, at))])
+
+    def _holds_update(self, holds: Sequence[tuple[str, HoldRequest]]) -> tuple[list[Action], Condition]:
+        """One update of a host that moves each (attempt, request)'s GPUs from the free set into that
+        attempt's hold: every GPU free, named once in all, and no attempt holding anything there yet."""
         R = self._Row
-        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
-            raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
-        condition: Condition = R.host_id.exists() & R.holds[attempt].does_not_exist()
-        for g in gpu_ids:
+        condition: Condition = R.host_id.exists()
+        actions: list[Action] = []
+        taken: list[str] = []
+        for attempt, h in holds:
+            gpu_ids = tuple(h.gpu_ids)
+            if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+                raise Conflict(f"a hold names each GPU once and at least one ({list(gpu_ids)})")
+            condition = condition & R.holds[attempt].does_not_exist()
+            hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": h.cpu, "memory_gib": h.memory_gib}
+            if h.at is not None:
+                hold["at"] = h.at.isoformat()
+            actions.append(R.holds[attempt].set(hold))
+            taken.extend(gpu_ids)
+        if len(set(taken)) != len(taken) or len({a for a, _ in holds}) != len(holds):
+            raise Conflict(f"holds on one host name each GPU and each attempt once ({taken})")
+        for g in taken:
             condition = condition & R.free_gpu_ids.contains(g)
-        hold: dict[str, Any] = {"gpu_ids": list(gpu_ids), "cpu": cpu, "memory_gib": memory_gib}
-        if at is not None:
-            hold["at"] = at.isoformat()
-        actions: list[Action] = [
-            R.free_gpu_ids.delete(set(gpu_ids)),
-            R.holds[attempt].set(hold),
-            R.version.add(1),
-        ]
-        return actions, condition
+        return [R.free_gpu_ids.delete(set(taken)), *actions, R.version.add(1)], condition
 
     def hold(
         self,
@@ -225,6 +242,11 @@ class DynamoHostRepository:
     ) -> None:
         """``hold`` as one item of the transaction ``tx`` (its condition fails the whole transaction)."""
         actions, condition = self._hold_update(attempt, gpu_ids, cpu, memory_gib, at)
+        tx.update(self._Row(host_id), actions=actions, condition=condition)
+
+    def add_holds(self, tx: TransactWrite, host_id: str, holds: Sequence[tuple[str, HoldRequest]]) -> None:
+        """Several attempts' holds on one host as one item of the transaction ``tx``."""
+        actions, condition = self._holds_update(holds)
         tx.update(self._Row(host_id), actions=actions, condition=condition)
 
     def release(self, host_id: str, attempt: str) -> bool:

@@ -63,6 +63,21 @@ MAX_TRANSACTION_ITEMS = 100
 PLACEMENT_JOB_ITEMS = 2
 
 
+def placement_group_items(holds_per_job: Sequence[Sequence[HoldRequest]], array_tasks: int = 0) -> int:
+    """The transaction items of placements written together: each host's update once, each job's own
+    items, and one array counter update per array task among them."""
+    hosts = {h.host_id for holds in holds_per_job for h in holds}
+    return len(hosts) + PLACEMENT_JOB_ITEMS * len(holds_per_job) + array_tasks
+
+
+def check_placement_group(holds_per_job: Sequence[Sequence[HoldRequest]], array_tasks: int = 0) -> None:
+    """Each placement's holds valid (``check_hold_requests``) and all of them one transaction (ValueError)."""
+    for holds in holds_per_job:
+        check_hold_requests(holds)
+    if placement_group_items(holds_per_job, array_tasks) > MAX_TRANSACTION_ITEMS:
+        raise ValueError(f"{len(holds_per_job)} placements do not fit one transaction")
+
+
 def check_hold_requests(holds: Sequence[HoldRequest]) -> None:
     """One hold per host, and few enough to fit one transaction with the job's items (ValueError)."""
     hosts = [h.host_id for h in holds]

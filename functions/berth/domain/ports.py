@@ -110,8 +110,19 @@ class JobRepository(Protocol):
         being queued at the entry's version; Conflict otherwise."""
 
 
+@dataclass(frozen=True, slots=True)
+class PlacementWrite:
+    """One placement as the writer stores it: the placed job (version n), its event, the attempt's
+    key and the GPUs it holds on each host."""
+
+    job: Job
+    event: JobEvent
+    attempt: str
+    holds: Sequence[HoldRequest]
+
+
 class PlacementWriter(Protocol):
-    """Applies one scheduling decision atomically (one DynamoDB transaction)."""
+    """Applies scheduling decisions atomically (one DynamoDB transaction each call)."""
 
     def place(self, job: Job, event: JobEvent, attempt: str, holds: Sequence[HoldRequest]) -> None:
         """All or nothing: hold exactly these GPUs for ``attempt`` on each host (every UUID free there,
@@ -119,6 +130,11 @@ class PlacementWriter(Protocol):
         n-1) with its event. Conflict (nothing written) if any of that does not hold: a GPU taken, the
         job moved, a host unknown. StoreUnavailable if the store failed; the write may then have
         happened or not (the next pass sees which). ValueError for holds that name a host twice."""
+
+    def place_many(self, writes: Sequence[PlacementWrite]) -> None:
+        """``place`` of several jobs as one all-or-nothing write (the holds of one host merged into
+        one update of it): Conflict, and nothing written, if any one of them would fail. ValueError
+        when they do not fit one transaction (``fleet.check_placement_group``) or name a job twice."""
 
 
 class HostRepository(Protocol):

@@ -10,6 +10,14 @@
   in context variables). Placements that share a host take that host's lock (``HostLocks``, in sorted
   order) around their transaction, so they follow one another instead of cancelling each other with
   ``TransactionConflict``.
+- **Placements on one host written together.** Placements of the pass on the same single host, close
+  in decision order (within ``GROUP_WINDOW`` placements) and at most ``MAX_GROUP`` of them, one task
+  per job array, are one transaction (``PlacementWriter.place_many``: the host updated once with every
+  hold, each job and event): all or nothing, as one placement is. The core packs jobs onto hosts, so
+  a host often gets several jobs in a row; one at a time they waited on the host's lock, one round
+  trip each. A group that loses a race is applied again placement by placement, so only the
+  placements whose condition failed are skipped. Gangs across hosts, cloud placements and array
+  tasks of an array already in the group are written alone.
 - **A deadline.** ``Deadline`` says when to stop starting work: ``time_left()`` (the Lambda context's
   remaining time) below ``reserve_s``. Work not started is left for the next pass, which decides it
   again from the store; work started finishes. A pass always starts its first ``MIN_PLACEMENTS``
@@ -33,9 +41,10 @@ from itertools import zip_longest
 from typing import Any, TypeVar
 
 from berth.domain.cost import CostRates, onprem_hourly_usd
-from berth.domain.fleet import HostRecord
+from berth.domain.fleet import HoldRequest, HostRecord, attempt_key
 from berth.domain.job import Job, JobEvent
 from berth.domain.placement import BatchGroup, HostGpus
+from berth.domain.ports import PlacementWrite
 from berth.domain.queue import QueueEntry
 from berth.domain.status import JobStatus
 from berth.domain.workflow import AttemptState
@@ -45,8 +54,14 @@ T = TypeVar("T")
 
 #: Threads applying one pass's placements (and writing its reasons) at once.
 APPLY_WORKERS = 16
-#: Placements a pass starts whatever its deadline says (one round of the pool).
+#: Placements a pass starts whatever its deadline says (one round of the pool): tasks of the pool, a
+#: group of placements on one host counting as one.
 MIN_PLACEMENTS = APPLY_WORKERS
+#: Placements on one host written in one transaction at most (an 8-GPU host holds at most 8 jobs).
+MAX_GROUP = 8
+#: How far apart in decision order placements on one host may be and still be written together (a
+#: group's members start when its first one does; this keeps the apply order near the decision order).
+GROUP_WINDOW = 256
 #: Reasons a pass writes at most (advisory: ``explain`` renders the live one). A first pass over a
 #: deep fresh queue would otherwise spend most of its calls on them (7,000 UpdateItems beside 3,000
 #: placements at 10,000 queued); the heads of every tenant's queue get theirs first, round-robin,
@@ -181,6 +196,31 @@ def placed_job(
     )
 
 
+def group_writes(
+    members: Sequence[tuple[Job, Assignment, dict[str, tuple[str, ...] | None] | None]],
+    now: datetime,
+    rates: CostRates,
+    new_token: Callable[[], str],
+) -> list[PlacementWrite] | None:
+    """The writes placing on-prem ``members`` (job, assignment, the GPUs picked for it on each host)
+    together; None when one of them did not get its GPUs from the snapshot."""
+    writes: list[PlacementWrite] = []
+    for job, assignment, gpu_ids in members:
+        if not isinstance(assignment, OnPremAssignment):
+            return None
+        held: list[HostGpus] = []
+        holds: list[HoldRequest] = []
+        for host_id, gpus in assignment.hosts:
+            ids = None if gpu_ids is None else gpu_ids.get(host_id)
+            if ids is None or len(ids) != gpus:
+                return None
+            held.append(HostGpus(host_id=host_id, gpus=gpus, gpu_ids=ids))
+            holds.append(HoldRequest(host_id, ids, assignment.cpu, assignment.memory_gib, now))
+        nxt, event = placed_job(job, assignment, now, tuple(held), rates, new_token())
+        writes.append(PlacementWrite(nxt, event, attempt_key(job.id, job.attempts + 1), holds))
+    return writes
+
+
 def heads_first(changes: list[tuple[QueueEntry, str]]) -> list[tuple[QueueEntry, str]]:
     """Each tenant's changes in queue order, interleaved: every tenant's first, then every second..."""
     by_tenant: dict[str, list[tuple[QueueEntry, str]]] = {}
@@ -188,3 +228,38 @@ def heads_first(changes: list[tuple[QueueEntry, str]]) -> list[tuple[QueueEntry,
         by_tenant.setdefault(change[0].tenant, []).append(change)
     rounds = zip_longest(*(by_tenant[t] for t in sorted(by_tenant)))
     return [c for round_ in rounds for c in round_ if c is not None]
+
+
+def placement_groups(
+    hosts: Sequence[tuple[str, ...] | None],
+    arrays: Sequence[str | None],
+    max_group: int = MAX_GROUP,
+    window: int = GROUP_WINDOW,
+) -> list[list[int]]:
+    """The pass's placements (``hosts[i]``: the on-prem hosts placement ``i`` holds GPUs on, None for a
+    cloud one; ``arrays[i]``: its job array, if any) as groups of indices written together, in the
+    order of their first member: those on one single host, within ``window`` of the group's first,
+    at most ``max_group``, one task per array. Every other placement is a group of its own."""
+    groups: list[list[int]] = []
+    open_by_host: dict[str, int] = {}
+    arrays_of: dict[int, set[str]] = {}
+    for i, where in enumerate(hosts):
+        if max_group > 1 and where is not None and len(where) == 1:
+            g = open_by_host.get(where[0])
+            if g is not None:
+                members = groups[g]
+                array = arrays[i]
+                if (
+                    len(members) < max_group
+                    and i - members[0] < window
+                    and (array is None or array not in arrays_of[g])
+                ):
+                    members.append(i)
+                    if array is not None:
+                        arrays_of[g].add(array)
+                    continue
+            open_by_host[where[0]] = len(groups)
+            first = arrays[i]
+            arrays_of[len(groups)] = set() if first is None else {first}
+        groups.append([i])
+    return groups

@@ -6,8 +6,10 @@ attempts and free GPUs never go negative) and the job moved QUEUED -> STARTING w
 (conditional on its version, so a job is placed once) and its event, all or nothing. A racing pass
 loses the whole transaction and skips that job. After the write, the execution's placement token is
 answered; a pass that dies in between leaves a STARTING job whose token the next pass answers again
-(``reanswer_placements``). Placements are applied concurrently and stop at a deadline
-(``berth.logic.pass_apply``); whatever a pass did not apply, the next one decides again from the store.
+(``reanswer_placements``). Placements on one host are written together, as one such transaction
+(``PlacementWriter.place_many``; a group that loses a race is applied again one placement at a time).
+Placements are applied concurrently and stop at a deadline (``berth.logic.pass_apply``); whatever a pass
+did not apply, the next one decides again from the store.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from berth.domain.cloud import form_batch_groups
@@ -43,14 +46,17 @@ from berth.logic.cloud_sweep import CloudSweep, SweepReport
 from berth.logic.pass_apply import (
     APPLY_WORKERS,
     DEADLINE_RESERVE_S,
+    MAX_GROUP,
     MAX_REASON_WRITES,
     MIN_PLACEMENTS,
     Deadline,
     GpuPicker,
     HostLocks,
     Outcome,
+    group_writes,
     heads_first,
     placed_job,
+    placement_groups,
     run_bounded,
 )
 from berth.logic.pass_figures import PassFigures, pass_figures
@@ -141,6 +147,8 @@ class SchedulerService:
     deadline_reserve_s: float = DEADLINE_RESERVE_S
     #: Placements a pass starts even past its deadline (progress when the load ate the time).
     min_placements: int = MIN_PLACEMENTS
+    #: Placements on one host written in one transaction at most (1: each placement on its own).
+    max_group: int = MAX_GROUP
     #: Changed reasons a pass writes at most, heads of the tenants' queues first.
     max_reason_writes: int = MAX_REASON_WRITES
     #: Where each tenant's queue as this pass saw it is kept (None: positions are not recorded).
@@ -325,36 +333,87 @@ class SchedulerService:
         # A group's tokens are answered once every placement of the pass is in: the first of its
         # submits reads the group's tasks, and must find each one that will ever carry the group.
         later: list[tuple[str, dict[str, Any]]] = []
-        tasks = []
-        for job, assignment in placements:
+        picked: list[dict[str, tuple[str, ...] | None] | None] = []
+        for _job, assignment in placements:
             gpu_ids = None
             if isinstance(assignment, OnPremAssignment):
                 gpu_ids = {h: picker.take(h, gpus) for h, gpus in assignment.hosts}
+            picked.append(gpu_ids)
 
-            def task(
-                job: Job = job,
-                assignment: Assignment = assignment,
-                gpu_ids: Any = gpu_ids,
-                group: BatchGroup | None = groups.get(job.id),
-            ) -> Outcome:
-                placed = self.apply_placement(
-                    job,
-                    assignment,
-                    now,
-                    rates,
-                    gpu_ids=gpu_ids,
-                    locks=locks,
-                    group=group,
-                    answers=None if group is None else later,
-                )
-                return Outcome.PLACED if placed else Outcome.SKIPPED
+        def one(i: int) -> Outcome:
+            job, assignment = placements[i]
+            placed = self.apply_placement(
+                job,
+                assignment,
+                now,
+                rates,
+                gpu_ids=picked[i],
+                locks=locks,
+                group=groups.get(job.id),
+                answers=None if groups.get(job.id) is None else later,
+            )
+            return Outcome.PLACED if placed else Outcome.SKIPPED
 
-            tasks.append(task)
-        outcomes = run_bounded(
-            tasks, self.apply_workers, deadline or Deadline(), Outcome.DEFERRED, minimum=self.min_placements
+        def task(members: list[int]) -> list[Outcome]:
+            if len(members) == 1:
+                return [one(members[0])]
+            placed = self.apply_group(
+                [(placements[i][0], placements[i][1], picked[i]) for i in members], now, rates, locks
+            )
+            if placed is None:  # the group lost a race: each placement on its own, as it would have been
+                return [one(i) for i in members]
+            return [Outcome.PLACED if p else Outcome.SKIPPED for p in placed]
+
+        units = placement_groups(
+            [None if g is None else tuple(g) for g in picked],
+            [_array_of(job) for job, _ in placements],
+            self.max_group,
         )
+        tasks: list[Callable[[], list[Outcome] | None]] = [partial(task, m) for m in units]
+        results = run_bounded(
+            tasks,
+            self.apply_workers,
+            deadline or Deadline(),
+            None,
+            minimum=self.min_placements,
+        )
+        outcomes = [Outcome.DEFERRED] * len(placements)
+        for members, result in zip(units, results, strict=True):
+            for i, outcome in zip(members, result or [Outcome.DEFERRED] * len(members), strict=True):
+                outcomes[i] = outcome
         self._answer(later)
         return outcomes
+
+    def apply_group(
+        self,
+        members: list[tuple[Job, Assignment, dict[str, tuple[str, ...] | None] | None]],
+        now: datetime,
+        rates: CostRates,
+        locks: HostLocks,
+    ) -> list[bool] | None:
+        """Place on-prem ``members`` (job, assignment, the GPUs picked for it on each host) in one
+        transaction, then answer their tokens; whether each one was placed, or None when the
+        transaction lost a race (nothing written: the caller applies them one by one)."""
+        writes = group_writes(members, now, rates, self.new_token)
+        if writes is None:
+            return None
+        assert self.placements is not None
+        try:
+            with locks.holding(h.host_id for w in writes for h in w.holds):
+                self.placements.place_many(writes)
+        except (Conflict, ValueError):
+            return None
+        except StoreUnavailable:
+            return [False] * len(writes)  # the write may have happened: the next pass sees which
+        for w in writes:
+            if self.after_apply is not None:
+                self.after_apply(w.job)
+        for (job, _, _), w in zip(members, writes, strict=True):
+            token = job.run.placement_token
+            if token:
+                with suppress(StoreUnavailable):  # a later pass answers it (reanswer_placements)
+                    self.tokens.succeed(token, placement_output(w.job))
+        return [True] * len(writes)
 
     def _answer(self, answers: list[tuple[str, dict[str, Any]]]) -> None:
         def answer(token: str, output: dict[str, Any]) -> bool:
@@ -530,6 +589,11 @@ class SchedulerService:
         except (Conflict, StoreUnavailable):
             return False
         return True
+
+
+def _array_of(job: Job) -> str | None:
+    task = job.spec.array_task
+    return None if task is None else task.array_id
 
 
 def _holds(job: Job, host_id: str, key: str) -> bool:

@@ -14,6 +14,7 @@ from berth.domain.fleet import HoldRequest, HostInventory, attempt_key
 from berth.domain.job import Job, JobEvent, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import HostGpus, OnPremPlacement
+from berth.domain.ports import PlacementWrite
 from berth.domain.status import JobStatus
 from tests.functional.contracts.conftest import Store
 
@@ -104,6 +105,52 @@ def test_a_placement_naming_a_host_twice_is_refused(store: Store) -> None:
     with pytest.raises(ValueError):
         store.placements.place(nxt, event, attempt_key(job.id, 1), holds)
     assert _held(store) == {"h1": []}
+
+
+def test_placements_written_together_share_each_host_update(store: Store) -> None:
+    a, b = _host(store, "h1"), _host(store, "h2")
+    jobs = [_queued(store, i) for i in range(3)]
+    holds = [
+        [HoldRequest("h1", a[:2], 2, 16, T0)],
+        [HoldRequest("h1", a[2:], 2, 16, T0)],
+        [HoldRequest("h2", b[:2], 2, 16, T0)],
+    ]
+    writes = [
+        PlacementWrite(*_placed(j, h), attempt_key(j.id, 1), h) for j, h in zip(jobs, holds, strict=True)
+    ]
+    version = store.hosts.get("h1").version  # type: ignore[union-attr]
+    store.placements.place_many(writes)
+    h1, h2 = store.hosts.get("h1"), store.hosts.get("h2")
+    assert h1 is not None and h2 is not None
+    assert h1.holds[f"{jobs[0].id}#1"].gpu_ids == a[:2] and h1.holds[f"{jobs[1].id}#1"].gpu_ids == a[2:]
+    assert h1.free_gpu_ids == () and h2.free_gpu_ids == b[2:]
+    assert h1.version == version + 1  # one update of the host for both holds
+    for job in jobs:
+        stored = store.jobs.get(job.id)
+        assert stored is not None and stored.status is JobStatus.STARTING
+        assert [e.to for e in store.jobs.events(job.id)] == [JobStatus.QUEUED, JobStatus.STARTING]
+
+
+@pytest.mark.parametrize("fault", ["gpu-taken", "job-moved", "same-gpu-twice"])
+def test_placements_written_together_fail_together(store: Store, fault: str) -> None:
+    a = _host(store, "h1")
+    jobs = [_queued(store, i) for i in range(2)]
+    second = a[1:3] if fault == "same-gpu-twice" else a[2:]
+    holds = [[HoldRequest("h1", a[:2], 1, 1)], [HoldRequest("h1", second, 1, 1)]]
+    if fault == "gpu-taken":
+        store.hosts.hold("h1", "j-other#1", a[3:], 1, 1)
+    if fault == "job-moved":
+        store.jobs.update(jobs[1].updated(T0, reason="someone else wrote it"))
+    before = _held(store)
+    writes = [
+        PlacementWrite(*_placed(j, h), attempt_key(j.id, 1), h) for j, h in zip(jobs, holds, strict=True)
+    ]
+    with pytest.raises(Conflict):
+        store.placements.place_many(writes)
+    assert _held(store) == before
+    for job in jobs:
+        stored = store.jobs.get(job.id)
+        assert stored is not None and stored.status is JobStatus.QUEUED
 
 
 @pytest.fixture

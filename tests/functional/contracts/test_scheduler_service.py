@@ -16,6 +16,7 @@ from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import OnPremPlacement
 from berth.domain.status import JobStatus
+from berth.logic.pass_apply import MAX_GROUP
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
 from berth.logic.workflow import WorkflowService, WorkflowSettings
@@ -105,8 +106,10 @@ def test_two_passes_from_one_snapshot_give_no_gpu_twice(store: Store) -> None:
             assert record is not None and record.holds[f"{p.id}#1"].gpu_ids == h.gpu_ids
 
 
-def test_a_pass_dying_half_way_is_completed_by_the_next(store: Store) -> None:
+@pytest.mark.parametrize("max_group", [1, MAX_GROUP])
+def test_a_pass_dying_half_way_is_completed_by_the_next(store: Store, max_group: int) -> None:
     scheduler, _, _ = _world(store, gpus_per_host=8, hosts=1)
+    object.__setattr__(scheduler, "max_group", max_group)
     a, b = _submit(store, 4, 0), _submit(store, 4, 1)
 
     def die(job: Job) -> None:
@@ -116,7 +119,10 @@ def test_a_pass_dying_half_way_is_completed_by_the_next(store: Store) -> None:
     with pytest.raises(RuntimeError):
         scheduler.run_pass()
     statuses = sorted(str(store.jobs.get(j.id).status) for j in (a, b))  # type: ignore[union-attr]
-    assert statuses == ["QUEUED", "STARTING"] and len(_held(store)) == 4
+    if max_group == 1:  # one transaction per placement: the first applied, the second not
+        assert statuses == ["QUEUED", "STARTING"] and len(_held(store)) == 4
+    else:  # both on the one host: one transaction, applied whole
+        assert statuses == ["STARTING", "STARTING"] and len(_held(store)) == 8
     object.__setattr__(scheduler, "after_apply", None)
     scheduler.run_pass()
     assert {store.jobs.get(j.id).status for j in (a, b)} == {JobStatus.STARTING}  # type: ignore[union-attr]

@@ -48,6 +48,14 @@ def ddb(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
                     ],
                     "Projection": {"ProjectionType": "KEYS_ONLY"},
                 },
+                {
+                    "IndexName": "by_status_include",
+                    "KeySchema": [
+                        {"AttributeName": "status", "KeyType": "HASH"},
+                        {"AttributeName": "job", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["doc", "tags", "blob"]},
+                },
             ],
             BillingMode="PAY_PER_REQUEST",
         )
@@ -67,6 +75,10 @@ def ddb(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
                 item["status"] = {"S": ("RUNNING", "QUEUED", "COMPLETED")[i % 3]}
             if i % 5:
                 item["prio"] = {"N": str(i % 6) if i % 2 else f"{i % 6}.0"}  # numbers written two ways
+            if i % 3 == 1:  # projected by by_status_include (with "n", which it does not project)
+                item["doc"] = {"M": {"gpus": {"N": str(i % 8)}, "hosts": {"L": [{"S": f"h{i % 5}"}]}}}
+                item["tags"] = {"SS": [f"t{i % 4}", "x"]}
+                item["blob"] = {"B": bytes([i, 0, 255])}
             client.put_item(TableName="jobs", Item=item)
         for h in range(5):
             client.put_item(TableName="hosts", Item={"host": {"S": f"h{h}"}, "gpus": {"N": "8"}})
@@ -113,7 +125,61 @@ QUERIES: list[dict[str, Any]] = [
         "ExpressionAttributeValues": {":s": {"S": "QUEUED"}},
         "ProjectionExpression": "job, tenant",
     },
+    {
+        "IndexName": "by_status_include",
+        "KeyConditionExpression": "#s = :s",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "QUEUED"}},
+    },
+    {
+        "IndexName": "by_status_include",
+        "KeyConditionExpression": "#s = :s AND job > :j",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "QUEUED"}, ":j": {"S": "j0030"}},
+        "FilterExpression": "attribute_exists(doc)",
+        "ScanIndexForward": False,
+    },
+    {
+        "IndexName": "by_status_include",
+        "KeyConditionExpression": "#s = :s",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": "QUEUED"}},
+        "ProjectionExpression": "job, doc.gpus",
+    },
 ]
+
+
+#: GetItem and Scan with projections (Item.project): top-level names, missing ones, nested paths.
+GETS: list[dict[str, Any]] = [
+    {
+        "Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}},
+        "ProjectionExpression": "job, doc, tags, #b",
+        "ExpressionAttributeNames": {"#b": "blob"},
+    },
+    {"Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}}, "ProjectionExpression": "nothing, n"},
+    {
+        "Key": {"tenant": {"S": "t1"}, "job": {"S": "j0001"}},
+        "ProjectionExpression": "doc.hosts[0], #s",
+        "ExpressionAttributeNames": {"#s": "status"},
+    },
+]
+SCANS: list[dict[str, Any]] = [
+    {"ProjectionExpression": "job, prio, #b", "ExpressionAttributeNames": {"#b": "blob"}},
+    {"ProjectionExpression": "job, doc.gpus", "Limit": 9},
+]
+
+
+def _canonical(value: Any) -> Any:
+    """An answer with each set's members sorted (DynamoDB sets are unordered, and moto's own projection
+    rebuilds them through a Python set, whose order changes from one process to the next)."""
+    if isinstance(value, dict):
+        return {
+            k: sorted(v) if k in ("SS", "NS", "BS") and isinstance(v, list) else _canonical(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_canonical(v) for v in value)
+    return value
 
 
 def _pages(client: Any, query: dict[str, Any], limit: int | None, table: str = "jobs") -> list[Any]:
@@ -127,7 +193,7 @@ def _pages(client: Any, query: dict[str, Any], limit: int | None, table: str = "
     pages, start = [], None
     while True:
         answer = client.query(TableName=table, **args, **({"ExclusiveStartKey": start} if start else {}))
-        pages.append((answer["Items"], answer["Count"], answer.get("LastEvaluatedKey")))
+        pages.append((_canonical(answer["Items"]), answer["Count"], answer.get("LastEvaluatedKey")))
         start = answer.get("LastEvaluatedKey")
         if not start:
             return pages
@@ -142,15 +208,53 @@ def test_every_query_answers_as_moto_does(ddb: Any) -> None:
         None,
         "hosts",
     )
+    for args in GETS:
+        expected[("get", str(args))] = _canonical(ddb.get_item(TableName="jobs", **args).get("Item"))
+    for args in SCANS:
+        expected[("scan", str(args))] = _canonical(ddb.scan(TableName="jobs", **args)["Items"])
     undo = moto_dynamodb_query.install()
     try:
         before = moto_dynamodb_query.stats["narrowed"]
-        for (i, limit), pages in [(k, v) for k, v in expected.items() if k != "hosts"]:
+        for (i, limit), pages in [(k, v) for k, v in expected.items() if isinstance(k[0], int)]:
             assert _pages(ddb, QUERIES[i], limit) == pages, (QUERIES[i], limit)
         hosts = {"KeyConditionExpression": "host = :h", "ExpressionAttributeValues": {":h": {"S": "h3"}}}
         assert _pages(ddb, hosts, None, "hosts") == expected["hosts"]
         assert moto_dynamodb_query.stats["narrowed"] > before
+        assert moto_dynamodb_query.stats["projected"] > 0  # the INCLUDE and KEYS_ONLY queries
+        for args in GETS:
+            assert (
+                _canonical(ddb.get_item(TableName="jobs", **args).get("Item")) == expected[("get", str(args))]
+            )
+        for args in SCANS:
+            assert _canonical(ddb.scan(TableName="jobs", **args)["Items"]) == expected[("scan", str(args))]
         assert sum(len(items) for items, _, _ in expected[(4, None)]) > 10  # the GSI query found something
+    finally:
+        undo()
+
+
+def test_an_index_entry_shares_nothing_with_the_stored_item(ddb: Any) -> None:
+    """The projected answer is a copy: the stored item is unchanged, and reads after a write see it."""
+    undo = moto_dynamodb_query.install()
+    try:
+        query = QUERIES[8]
+        first = _pages(ddb, query, None)
+        ddb.update_item(
+            TableName="jobs",
+            Key={"tenant": {"S": "t1"}, "job": {"S": "j0001"}},
+            UpdateExpression="SET doc.gpus = :g ADD tags :t",
+            ExpressionAttributeValues={":g": {"N": "99"}, ":t": {"SS": ["new"]}},
+        )
+        after = {i["job"]["S"]: i for items, _, _ in _pages(ddb, query, None) for i in items}
+        before = {i["job"]["S"]: i for items, _, _ in first for i in items}
+        assert before["j0001"]["doc"]["M"]["gpus"] == {"N": "1"}
+        assert after["j0001"]["doc"]["M"]["gpus"] == {"N": "99"}
+        assert set(after["j0001"]["tags"]["SS"]) == {"t1", "x", "new"}
+        assert "n" not in after["j0001"] and after["j0001"]["blob"] == {"B": bytes([1, 0, 255])}
+        assert {k: v for k, v in after.items() if k != "j0001"} == {
+            k: v for k, v in before.items() if k != "j0001"
+        }
+        stored = ddb.get_item(TableName="jobs", Key={"tenant": {"S": "t1"}, "job": {"S": "j0001"}})["Item"]
+        assert stored["n"] == {"N": "1"} and stored["doc"]["M"]["gpus"] == {"N": "99"}
     finally:
         undo()
 

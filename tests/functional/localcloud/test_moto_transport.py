@@ -11,7 +11,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from berth_tools.localcloud.moto_server import MotoServer
-from berth_tools.localcloud.moto_transport import InProcessTransport
+from berth_tools.localcloud.moto_transport import InProcessTransport, in_process_clients
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,28 @@ def test_a_moto_failure_is_a_500_not_an_exception_in_the_caller(
     with pytest.raises(ClientError) as err:
         client.list_tables()
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+
+
+def test_clients_created_within_in_process_clients_are_served_in_process(
+    server: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pynamodb.connection import Connection
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # pynamodb's client reads the environment
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    before = _client(server, "sqs", None)
+    with in_process_clients(server.endpoint_url) as transport:
+        inside = _client(server, "sqs", None)
+        elsewhere = boto3.session.Session(
+            aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+        ).client("sqs", endpoint_url="http://127.0.0.1:9")  # another endpoint: left alone
+        table = Connection(region="us-east-1", host=server.endpoint_url)
+        url = inside.create_queue(QueueName="in-process")["QueueUrl"]
+        table.list_tables()
+        assert transport.served == 2
+        assert before.get_queue_url(QueueName="in-process")["QueueUrl"] == url  # the same moto, by socket
+        assert transport.served == 2
+        assert transport.handles("http://127.0.0.1:9") is False and elsewhere.meta.endpoint_url.endswith(":9")
+    after = _client(server, "sqs", None)
+    after.list_queues()
+    assert transport.served == 2  # created after: by socket

@@ -242,6 +242,61 @@ def dynamodb_case(items: int, repeats: int = 5) -> dict[str, float]:
     return {"query_table_page_ms": table, "query_gsi_page_ms": gsi}
 
 
+def queue_page_case(items: int, repeats: int = 5) -> dict[str, float]:
+    """CPU ms of one page of 1,000 entries of a sparse INCLUDE GSI read with a ProjectionExpression of
+    top-level names (the scheduler's queue index: ``queue_pk``, ``queue_sk``, three projected
+    attributes), at ``items`` items of about 2 KB, a tenth of them queued."""
+    with _aws():
+        ddb = boto3.client("dynamodb", region_name=REGION)
+        ddb.create_table(
+            TableName="q",
+            KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+            AttributeDefinitions=[
+                {"AttributeName": n, "AttributeType": "S"} for n in ("job_id", "queue_pk", "queue_sk")
+            ],
+            GlobalSecondaryIndexes=[
+                {
+                    "IndexName": "by_queue",
+                    "KeySchema": [
+                        {"AttributeName": "queue_pk", "KeyType": "HASH"},
+                        {"AttributeName": "queue_sk", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {
+                        "ProjectionType": "INCLUDE",
+                        "NonKeyAttributes": ["version", "reason", "entry"],
+                    },
+                }
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        for start in range(0, items, 25):
+            rows: list[Any] = []
+            for i in range(start, min(items, start + 25)):
+                item: dict[str, Any] = {
+                    "job_id": {"S": f"j{i:08d}"},
+                    "version": {"N": "1"},
+                    "reason": {"S": "waiting for placement"},
+                    "entry": {"S": "e" * 250},
+                    "spec": {"M": {f"k{k}": {"S": "x" * 40} for k in range(40)}},
+                }
+                if i % 10 == 0:
+                    item["queue_pk"], item["queue_sk"] = {"S": "t#0"}, {"S": f"1#{i:08d}"}
+                rows.append({"PutRequest": {"Item": item}})
+            ddb.batch_write_item(RequestItems={"q": rows})
+        page = _cpu_ms(
+            lambda: ddb.query(
+                TableName="q",
+                IndexName="by_queue",
+                KeyConditionExpression="queue_pk = :p",
+                ExpressionAttributeValues={":p": {"S": "t#0"}},
+                ProjectionExpression="job_id, queue_pk, queue_sk, version, reason, entry",
+                Limit=1000,
+            ),
+            repeats,
+        )
+    return {"queue_page_ms": page}
+
+
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "sqs": lambda: run_sqs([50, 200, 800]),
     "events": lambda: [{"case": "events", **_before_after(events_case, _install("moto_events"))}],
@@ -254,6 +309,7 @@ CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
         }
         for n in (1000, 5000)
     ],
+    "queue": lambda: [{"case": "queue", "items": 10_000, **_queue_patches(10_000)}],
 }
 
 
@@ -261,6 +317,25 @@ def _install(module: str) -> Callable[[], Callable[[], None]]:
     import importlib
 
     return lambda: importlib.import_module(f"berth_tools.localcloud.{module}").install()
+
+
+def _queue_patches(items: int) -> dict[str, Any]:
+    """The queue page as shipped, with each of the two patches alone, and with both (they compound: each
+    removes half of what the other leaves)."""
+    case = functools.partial(queue_page_case, items)
+    out: dict[str, Any] = {"moto": case()}
+    for name, modules in (
+        ("moto_dynamodb_query", ["moto_dynamodb_query"]),
+        ("moto_dynamodb_json", ["moto_dynamodb_json"]),
+        ("both", ["moto_dynamodb_query", "moto_dynamodb_json"]),
+    ):
+        undos = [_install(m)() for m in modules]
+        try:
+            out[name] = case()
+        finally:
+            for undo in reversed(undos):
+                undo()
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

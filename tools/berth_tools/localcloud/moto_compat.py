@@ -560,6 +560,47 @@ SURFACES: tuple[Surface, ...] = (
         ),
     ),
     Surface("moto.dynamodb.models.table:Table.all_items", "wrapped", "answers the narrowed candidates"),
+    Surface(
+        "moto.dynamodb.models.table:SecondaryIndex.project",
+        "replaced",
+        "an index entry keeps the projected attributes of the (deep-copied) item as they are",
+        ("item",),
+    ),
+    Surface(
+        "moto.dynamodb.models.table:Table.all_indexes", "called", "the queried index, for its projection"
+    ),
+    Surface(
+        "moto.dynamodb.models.dynamo_type:Item.project",
+        "replaced",
+        "a projection of top-level names copies those attributes as they are",
+        ("projection_expressions",),
+    ),
+    Surface(
+        "moto.dynamodb.models.table:SecondaryIndex#projection", "read", "ProjectionType, NonKeyAttributes"
+    ),
+    Surface("moto.dynamodb.models.table:SecondaryIndex#table_key_attrs", "read", "an entry's table keys"),
+    Surface("moto.dynamodb.models.table:SecondaryIndex#schema", "read", "an entry's index keys"),
+    Surface("moto.dynamodb.models.table:SecondaryIndex#name", "read", "the queried index"),
+    # -- emulator hot paths: DynamoDB attribute values written directly (moto_dynamodb_json) ----------------
+    Surface(
+        "moto.dynamodb.responses:DynamoResult.execute_result",
+        "wrapped",
+        "serialises with a subclass of moto's serializer that writes each AttributeValue directly",
+        ("context",),
+    ),
+    Surface("moto.core.responses:ActionContext#serializer_class", "read", "the serializer moto picked"),
+    Surface(
+        "moto.core.serialize:ResponseSerializer._serialize",
+        "wrapped",
+        "overridden in the subclass for the AttributeValue shape",
+        ("serialized", "value", "shape", "key"),
+    ),
+    Surface(
+        "moto.core.serialize:ResponseSerializer._default_serialize",
+        "called",
+        "writes the directly serialised attribute value under its name",
+        ("serialized", "value", "shape", "key"),
+    ),
     # -- emulator hot paths: parsers built once (moto_events, moto_asl) -------------------------------------
     Surface(
         "moto.events.utils:EventTemplateParser.parse",

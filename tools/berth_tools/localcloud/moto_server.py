@@ -15,6 +15,7 @@ from berth_tools.localcloud import (
     metering,
     moto_asl,
     moto_compat,
+    moto_dynamodb_json,
     moto_dynamodb_query,
     moto_events,
     moto_faithful,
@@ -80,6 +81,7 @@ class MotoServer:
         moto_asl.install()  # a state machine's definition parsed once
         moto_sfn_clients.install()  # a Lambda task's SDK client built once
         moto_dynamodb_query.install()  # a Query reads its partition, not the whole table
+        moto_dynamodb_json.install()  # DynamoDB attribute values serialised without the shape walk
         moto_flask.install()  # moto's Flask apps out of debug mode (it left every request to the gc)
         moto_logs.install()  # the functions' own log streams keep their newest events only
         server = moto_compat.threaded_moto_server()(

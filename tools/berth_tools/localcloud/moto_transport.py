@@ -20,7 +20,9 @@ Flask's routing and request context around it. Every other service goes through 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import io
 import sys
 import traceback
@@ -30,6 +32,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
+from botocore.session import Session
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from berth_tools.localcloud import faults, metering, moto_compat
@@ -153,3 +156,28 @@ class InProcessTransport:
             status, headers, body = 400, {}, exc.response["Error"]["Message"]
         payload = body.encode() if isinstance(body, str) else bytes(body or b"")
         return int(status), [(str(k), str(v)) for k, v in headers.items()], payload
+
+
+@contextlib.contextmanager
+def in_process_clients(endpoint_url: str) -> Iterator[InProcessTransport]:
+    """Every botocore client created meanwhile in this process for ``endpoint_url`` (boto3's and
+    pynamodb's alike: both create theirs through ``botocore.session.Session.create_client``) is served
+    in process. For a benchmark that runs production code in the local cloud's own process (``berth
+    bench pass``): the code and its SDK calls are unchanged, only the loopback socket, the server thread
+    each connection gets (moto's werkzeug server closes every connection) and Flask's routing are gone.
+    Clients created before it, or in other processes, still use the socket."""
+    transport = InProcessTransport(endpoint_url)
+    original = Session.create_client
+
+    @functools.wraps(original)
+    def create_client(self: Session, *args: Any, **kwargs: Any) -> Any:
+        client = original(self, *args, **kwargs)
+        if transport.handles(str(client.meta.endpoint_url)):
+            client.meta.events.register("before-send", transport)  # type: ignore[arg-type]
+        return client
+
+    Session.create_client = create_client  # type: ignore[method-assign]
+    try:
+        yield transport
+    finally:
+        Session.create_client = original  # type: ignore[method-assign]
