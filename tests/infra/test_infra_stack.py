@@ -733,7 +733,7 @@ def test_routes_match_the_http_contract(synthesized: Synthesized) -> None:
     assert set(_method_paths(synthesized)) == public | agent
     assert not public & agent
     assert ("/v1/jobs", "POST") in public and ("/v1/tenants/{tenant}/quota", "PUT") in public
-    assert len(public) == 29
+    assert len(public) == 31
     assert ("/v1/policy", "PUT") in public and ("/v1/offers", "GET") in public
     assert agent == {
         ("/v1/agent/register", "POST"),
