@@ -1,6 +1,6 @@
 """Micro-benchmarks of the local cloud's emulator hot paths, moto as shipped vs. with the local cloud's fixes.
 
-    python -m berth_tools.bench.emulator_bench [sqs|events|sfn|dynamodb|all] [--output json]
+    python -m berth_tools.bench.emulator_bench [sqs|events|sfn|dynamodb|queue|conditions|all] [--output json]
 
 Each case runs in-process on moto (``mock_aws``) through boto3, first with moto 5.2.5 as shipped, then
 with the fix installed (``install()`` of its module, undone afterwards), and prints the CPU time of
@@ -297,6 +297,82 @@ def queue_page_case(items: int, repeats: int = 5) -> dict[str, float]:
     return {"queue_page_ms": page}
 
 
+def conditions_case(repeats: int = 20) -> dict[str, float]:
+    """CPU ms of one TransactWriteItems shaped like a scheduling pass's placements on one host: the
+    host's GPU holds under a condition naming each GPU, three queued jobs moved on under a status and
+    version condition, three events put if absent (each round on fresh keys)."""
+    with _aws():
+        ddb = boto3.client("dynamodb", region_name=REGION)
+        for name in ("hosts", "jobs", "events"):
+            ddb.create_table(
+                TableName=name,
+                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        rounds = itertools.count()
+
+        def one() -> None:
+            r = next(rounds)
+            gpus = {f"#g{i}": f"GPU-{r}-{i}" for i in range(3)}
+            ddb.put_item(TableName="hosts", Item={"pk": {"S": f"h{r}"}, "v": {"N": "1"}, "holds": {"M": {}}})
+            for j in range(3):
+                ddb.put_item(
+                    TableName="jobs",
+                    Item={"pk": {"S": f"j{r}-{j}"}, "status": {"S": "QUEUED"}, "version": {"N": "4"}},
+                )
+            host: Any = {
+                "Update": {
+                    "TableName": "hosts",
+                    "Key": {"pk": {"S": f"h{r}"}},
+                    "UpdateExpression": "SET #v = #v + :one, " + ", ".join(f"#h.{g} = :job" for g in gpus),
+                    "ConditionExpression": "attribute_exists(pk) AND #v = :hv AND "
+                    + " AND ".join(f"attribute_not_exists(#h.{g})" for g in gpus),
+                    "ExpressionAttributeNames": {"#v": "v", "#h": "holds", **gpus},
+                    "ExpressionAttributeValues": {
+                        ":one": {"N": "1"},
+                        ":hv": {"N": "1"},
+                        ":job": {"S": f"j{r}"},
+                    },
+                }
+            }
+            jobs: list[Any] = [
+                {
+                    "Update": {
+                        "TableName": "jobs",
+                        "Key": {"pk": {"S": f"j{r}-{j}"}},
+                        "UpdateExpression": "SET #s = :starting, #ver = #ver + :one",
+                        "ConditionExpression": "#s IN (:queued, :waiting) AND #ver = :ver"
+                        " AND attribute_not_exists(#p)",
+                        "ExpressionAttributeNames": {"#s": "status", "#ver": "version", "#p": "placement"},
+                        "ExpressionAttributeValues": {
+                            ":starting": {"S": "STARTING"},
+                            ":queued": {"S": "QUEUED"},
+                            ":waiting": {"S": "WAITING"},
+                            ":ver": {"N": "4"},
+                            ":one": {"N": "1"},
+                        },
+                    }
+                }
+                for j in range(3)
+            ]
+            events: list[Any] = [
+                {
+                    "Put": {
+                        "TableName": "events",
+                        "Item": {"pk": {"S": f"e{r}-{j}"}, "kind": {"S": "PLACED"}},
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                }
+                for j in range(3)
+            ]
+            ddb.transact_write_items(TransactItems=[host, *jobs, *events])
+
+        one()  # the first round parses every expression: not a repeat
+        tx = _cpu_ms(one, repeats)
+    return {"placement_transaction_ms": tx}
+
+
 CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "sqs": lambda: run_sqs([50, 200, 800]),
     "events": lambda: [{"case": "events", **_before_after(events_case, _install("moto_events"))}],
@@ -310,6 +386,9 @@ CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
         for n in (1000, 5000)
     ],
     "queue": lambda: [{"case": "queue", "items": 10_000, **_queue_patches(10_000)}],
+    "conditions": lambda: [
+        {"case": "conditions", **_before_after(conditions_case, _install("moto_dynamodb_conditions"))}
+    ],
 }
 
 

@@ -625,6 +625,51 @@ SURFACES: tuple[Surface, ...] = (
         "read",
         "the components of a program",
     ),
+    # -- emulator hot paths: DynamoDB condition expressions parsed once (moto_dynamodb_conditions) ----------
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser.parse",
+        "wrapped",
+        "a condition's syntax tree, kept by its text, names and value names; values bound per request",
+    ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser",
+        "read",
+        "subclassed to parse to the tree (its Kind names the value nodes)",
+    ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser.Kind",
+        "read",
+        "EXPRESSION_ATTRIBUTE_VALUE: the kind of the nodes a request's values are bound into",
+    ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser.Node",
+        "read",
+        "the tree's nodes: a namedtuple of nonterminal, kind, text, value, children (copied with _replace)",
+    ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser._lookup_expression_attribute_value",
+        "wrapped",
+        "checks the value is given (raising as moto does), then leaves a reference to it in the tree",
+        ("name",),
+    ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser._make_op_condition",
+        "called",
+        "overridden to stop the template's parse at the tree; called to build each request's operation",
+        ("node",),
+    ),
+    *(
+        Surface(f"moto.dynamodb.comparisons:ConditionExpressionParser#{attr}", "read", "the parse's inputs")
+        for attr in ("condition_expression", "expression_attribute_names", "expression_attribute_values")
+    ),
+    *(
+        Surface(
+            f"moto.dynamodb.comparisons:ConditionExpressionParser#{attr}",
+            "written",
+            "what the expression uses, filled as moto's parse fills it (the response layer checks it)",
+        )
+        for attr in ("expr_attr_names_found", "expr_attr_values_found")
+    ),
     # -- emulator hot paths: Step Functions' Lambda client built once (moto_sfn_clients) --------------------
     Surface(
         "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for",

@@ -15,6 +15,7 @@ from berth_tools.localcloud import (
     metering,
     moto_asl,
     moto_compat,
+    moto_dynamodb_conditions,
     moto_dynamodb_json,
     moto_dynamodb_query,
     moto_events,
@@ -82,6 +83,7 @@ class MotoServer:
         moto_sfn_clients.install()  # a Lambda task's SDK client built once
         moto_dynamodb_query.install()  # a Query reads its partition, not the whole table
         moto_dynamodb_json.install()  # DynamoDB attribute values serialised without the shape walk
+        moto_dynamodb_conditions.install()  # a condition expression's text parsed once, not per item
         moto_flask.install()  # moto's Flask apps out of debug mode (it left every request to the gc)
         moto_logs.install()  # the functions' own log streams keep their newest events only
         server = moto_compat.threaded_moto_server()(
