@@ -17,14 +17,17 @@ from berth.domain.arrays import (
     array_status,
     aws_name,
     counts_from_deltas,
+    order_id,
     parse_task_id,
     substitute,
     task_id,
     task_spec,
 )
 from berth.domain.cloud import batch_job_name, parse_batch_job_name
+from berth.domain.job import new_job
 from berth.domain.job_spec import MAX_ARRAY_SIZE, JobSpec
 from berth.domain.observability import is_log_stream_name, log_stream
+from berth.domain.queue import queue_sort_key
 from berth.domain.status import JobStatus
 
 BASE: dict[str, Any] = {
@@ -164,3 +167,18 @@ def test_cloud_launch_carries_the_array_env() -> None:
     assert sub.environment["BERTH_PARAM_LR"] == "0.1" and ":" not in sub.name
     launch = LaunchSpec.parse(json.loads(sub.environment["BERTH_LAUNCH"]))
     assert launch.array_env["BERTH_ARRAY_INDEX"] == "0"
+
+
+def test_tasks_sort_in_their_index_order() -> None:
+    ids = [task_id(AID, i) for i in (10, 2, 9999, 0, 100, 1)]
+    assert sorted(ids, key=order_id) == [task_id(AID, i) for i in (0, 1, 2, 10, 100, 9999)]
+    assert order_id(AID) == AID and order_id("j-plan") == "j-plan"  # not a task: as it is
+    assert order_id(f"{AID}:x") == f"{AID}:x"
+    # the queue index's sort key (the pass reads each team's head in that order) agrees
+    created = datetime(2026, 12, 4, tzinfo=UTC)
+    jobs = [
+        new_job(tid, "vision", "alice", task_spec(spec(size=10_000), AID, 0, 10_000, None), created)[0]
+        for tid in ids
+    ]
+    by_key = [j.id for j in sorted(jobs, key=queue_sort_key)]
+    assert by_key == [task_id(AID, i) for i in (0, 1, 2, 10, 100, 9999)]

@@ -38,6 +38,16 @@ def parse_task_id(job_id: str) -> tuple[str, int] | None:
     return None if m is None else (m["array"], int(m["index"]))
 
 
+def order_id(job_id: str) -> str:
+    """``job_id`` as it sorts among jobs: a task's index zero-padded to five digits (an array has at
+    most 10,000 tasks), so task 2 comes before task 10 and a sweep is served in its own order; any
+    other id as it is."""
+    head, sep, index = job_id.rpartition(":")
+    if not sep or not index.isdigit() or len(index) >= 5:
+        return job_id
+    return f"{head}:{index.zfill(5)}"
+
+
 def aws_name(job_id: str) -> str:
     """A job id as AWS names allow it (Step Functions execution, Batch job, log stream, STS session
     and SourceIdentity names refuse ``:``): a task's ``:`` becomes ``_`` (no job id has ``_``)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from berth.domain.arrays import order_id
 from berth.domain.job import Job, iso
 from berth.domain.job_spec import PlacementConstraint, Priority, SpotPolicy
 
@@ -31,8 +32,9 @@ def queue_partition(tenant: str, shard: int) -> str:
 
 
 def queue_sort_key(job: Job) -> str:
-    """Higher priority first, then earlier submission (the core's order within a tenant)."""
-    return f"{_PRIORITY_KEY[job.spec.constraints.priority]}#{iso(job.created_at)}#{job.id}"
+    """Higher priority first, then earlier submission, then the id with a task's index in its
+    number order (the core's order within a tenant)."""
+    return f"{_PRIORITY_KEY[job.spec.constraints.priority]}#{iso(job.created_at)}#{order_id(job.id)}"
 
 
 @dataclass(frozen=True, slots=True)

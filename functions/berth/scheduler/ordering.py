@@ -7,16 +7,23 @@ import heapq
 from collections.abc import Callable, Iterator
 from operator import attrgetter
 
+from berth.domain.arrays import order_id
 from berth.scheduler.context import RANK, PassContext
 from berth.scheduler.snapshot import PendingJob
 
 _JOB_ID = attrgetter("job_id")
+
+
+def _order_id(job: PendingJob) -> str:
+    return order_id(job.job_id)
+
+
 _SUBMITTED = attrgetter("submitted_at")
 
 
 def job_order_key(job: PendingJob) -> tuple[int, float, str]:
     """Within a tenant: higher priority first, then earlier submission."""
-    return (-RANK[job.priority], job.submitted_at, job.job_id)
+    return (-RANK[job.priority], job.submitted_at, order_id(job.job_id))
 
 
 def longest_first(ctx: PassContext) -> Callable[[PendingJob], tuple[int, float, float, str]]:
@@ -24,7 +31,12 @@ def longest_first(ctx: PassContext) -> Callable[[PendingJob], tuple[int, float, 
     q = ctx.policy.runtime.wait_q
 
     def key(job: PendingJob) -> tuple[int, float, float, str]:
-        return (-RANK[job.priority], -(ctx.remaining_s(job, q) or 0.0), job.submitted_at, job.job_id)
+        return (
+            -RANK[job.priority],
+            -(ctx.remaining_s(job, q) or 0.0),
+            job.submitted_at,
+            order_id(job.job_id),
+        )
 
     return key
 
@@ -32,7 +44,7 @@ def longest_first(ctx: PassContext) -> Callable[[PendingJob], tuple[int, float, 
 def submit_order(pending: tuple[PendingJob, ...]) -> tuple[list[PendingJob], list[str]]:
     """``pending`` by (submit time, job id), and their ids: two stable single-key sorts (no key
     tuples to build; each is linear on a queue already nearly in order, the usual case)."""
-    ordered = sorted(pending, key=_JOB_ID)
+    ordered = sorted(pending, key=_order_id)
     ordered.sort(key=_SUBMITTED)
     return ordered, list(map(_JOB_ID, ordered))
 

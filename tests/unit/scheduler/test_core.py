@@ -442,3 +442,21 @@ def test_consolidation_does_not_stop_a_job_that_a_waiting_job_joins_in_this_pass
     d = schedule(s, policy(repatriation={"consolidate": True}), NOW)
     assert [a.job_id for a in d.placements] == ["w"] and d.placements[0].instance_id == "i-1"
     assert d.preemptions == []
+
+
+def test_a_sweeps_tasks_are_served_in_index_order() -> None:
+    # one GPU free, eleven tasks of one array submitted together: task 0 first, then 1, 2 ... 10
+    # (not 0, 1, 10, 2 as their ids sort as text), under either order within a tenant
+    array = "j-" + "0123456789abcdefghjkmnpqrs"
+    tasks = [job(f"{array}:{i}", submitted_at=NOW - 5) for i in (10, 3, 1, 2, 0)]
+    for within in ("submit", "longest-first"):
+        placed = []
+        pending = list(tasks)
+        for _ in range(len(tasks)):
+            d = schedule(
+                snap(pending, hosts=[host("h1", gpus=1)]), policy(fair_share={"within_tenant": within}), NOW
+            )
+            (first,) = d.placements
+            placed.append(first.job_id.rpartition(":")[2])
+            pending = [j for j in pending if j.job_id != first.job_id]
+        assert placed == ["0", "1", "2", "3", "10"], within
