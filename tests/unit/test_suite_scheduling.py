@@ -13,3 +13,10 @@ def test_end_to_end_and_infra_tests_are_one_unit_each_and_other_modules_their_ow
     assert work_unit_of("tests/functional/localcloud/test_load.py::test_y") == (
         "tests/functional/localcloud/test_load.py"
     )
+
+
+def test_the_short_chaos_run_is_a_unit_of_its_own() -> None:
+    # it brings its own local cloud and is long: the other worker takes it beside the e2e unit
+    node = "tests/e2e/test_chaos_short.py::test_a_short_chaos_run_loses_nothing_and_runs_nothing_twice"
+    assert work_unit_of(node) == "tests/e2e/test_chaos_short.py"
+    assert work_unit_of("tests/e2e/test_console_e2e.py::test_the_console_in_a_browser") == "e2e"

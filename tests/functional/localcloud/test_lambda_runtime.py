@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 
+from berth_tools.localcloud import moto_logs
 from berth_tools.localcloud.cloud import LocalCloud
 
 
@@ -81,6 +82,8 @@ def test_handler_output_goes_to_the_functions_log_group(cloud: LocalCloud) -> No
     messages = [e["message"] for e in logs.filter_log_events(logGroupName=group)["events"]]
     assert "fake handler: GET /logme" in messages
     assert any(m.startswith("REPORT RequestId") for m in messages)
+    # the group the function's LoggingConfig names is a function's group: its streams are bounded
+    assert not group.startswith("/aws/lambda/") and moto_logs.is_function_group(group)
 
 
 def test_timeout_is_enforced(cloud: LocalCloud) -> None:

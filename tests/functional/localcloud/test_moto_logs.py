@@ -34,10 +34,14 @@ assert moto_logs.install()() is None  # twice: one patch
 with mock_aws():
     function = stored("/aws/lambda/Berth-Scheduler", 120)
     job = stored("/berth/jobs/vision", 120)
+    # a group a function's LoggingConfig names (the CDK app's): bounded once the runtime names it
+    mystery = stored("Berth-ApiFunctionLogGroup-X", 120)
+    moto_logs.function_group("Berth-SchedulerFunctionLogGroup-Y")
+    named = stored("Berth-SchedulerFunctionLogGroup-Y", 120)
 undo()
 with mock_aws():
     after = stored("/aws/lambda/Berth-Api2", 120)
-print(len(before), len(function), function[0], function[-1], len(job), len(after))
+print(len(before), len(function), function[0], function[-1], len(job), len(after), len(mystery), len(named))
 """
 
 
@@ -46,4 +50,4 @@ def test_a_functions_stream_keeps_its_newest_events_and_a_jobs_stream_all() -> N
         [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["500", "120", "line", "380", "line", "499", "500", "500"]
+    assert out.stdout.split() == ["500", "120", "line", "380", "line", "499", "500", "500", "500", "120"]

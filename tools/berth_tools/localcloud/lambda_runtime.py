@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from berth_tools.localcloud import metering, moto_compat
+from berth_tools.localcloud import metering, moto_compat, moto_logs
 from berth_tools.localcloud.lambda_workers import (
     Answer,
     SandboxGone,
@@ -352,6 +352,7 @@ class ProcessLambdaRuntime:
         )
         now_ms = int(time.time() * 1000)
         events = [{"timestamp": now_ms, "message": line} for line in lines]
+        moto_logs.function_group(fn.logs_group_name)  # its streams keep their newest events only
         try:
             if not stream:  # no sandbox started (init failed): a stream of its own, as Lambda's would be
                 stream = f"{datetime.now(UTC):%Y/%m/%d}/[{fn.version}]{uuid.uuid4().hex}"

@@ -3,15 +3,18 @@
 moto never applies a log group's retention (the template sets 30 days), so every log line a function
 writes stays in memory for the local cloud's life. An idle local cloud still invokes functions all the
 time (the scheduler's timer, the agents' heartbeats through the agent API), each invocation storing
-its START, END and REPORT lines and its own log records, so the store only grows. Measured after 300
-jobs, bounding it took the idle growth from +5.8 to +4.8 MiB an hour: a part of it, not all
+its START, END and REPORT lines and its own log records, so the store only grows
 (docs/local-cloud.md, "Memory over an idle hour").
 
 The patch (declared in ``moto_compat.SURFACES``) wraps ``LogStream.put_log_events``: a stream of a
-Lambda function's log group (``/aws/lambda/...``) keeps its newest ``FUNCTION_EVENTS_KEPT`` events,
-the older ones dropped as retention would drop them on AWS, only sooner. Nothing in Berth reads a
-function's log group; the jobs' own streams (``/berth/jobs/<tenant>``, read by
-``GET /v1/jobs/{id}/logs``) and every other group keep all their events.
+Lambda function's log group keeps its newest ``FUNCTION_EVENTS_KEPT`` events, the older ones dropped
+as retention would drop them on AWS, only sooner. A function's log group is ``/aws/lambda/<name>``
+by default, or the group its ``LoggingConfig`` names: Berth's CDK app gives every function a group
+of its own (``Berth-...FunctionLogGroup...``, 30 days), so the local Lambda runtime names each group
+it writes a function's logs to (``function_group``). Until it did, the bound applied to no Berth
+function at all. Nothing in Berth reads a function's log group; the jobs' own streams
+(``/berth/jobs/<tenant>``, read by ``GET /v1/jobs/{id}/logs``) and every other group keep all their
+events.
 """
 
 from __future__ import annotations
@@ -26,12 +29,23 @@ _PUT = "moto.logs.models:LogStream.put_log_events"
 #: function's invocations at the local timings).
 FUNCTION_EVENTS_KEPT = 1_000
 FUNCTION_GROUP_PREFIX = "/aws/lambda/"
+#: Log groups a function's ``LoggingConfig`` names (the Lambda runtime tells: ``function_group``).
+_function_groups: set[str] = set()
+
+
+def function_group(name: str) -> None:
+    """``name`` is a Lambda function's log group: its streams are bounded as ``/aws/lambda/`` ones."""
+    _function_groups.add(name)
+
+
+def is_function_group(name: str) -> bool:
+    return name.startswith(FUNCTION_GROUP_PREFIX) or name in _function_groups
 
 
 def trim(stream: Any, kept: int | None = None) -> int:
     """Drop the oldest events of a function's log `stream` beyond `kept` (``FUNCTION_EVENTS_KEPT``);
     how many were dropped."""
-    if not str(getattr(stream.log_group, "name", "")).startswith(FUNCTION_GROUP_PREFIX):
+    if not is_function_group(str(getattr(stream.log_group, "name", ""))):
         return 0
     extra = len(stream.events) - (FUNCTION_EVENTS_KEPT if kept is None else kept)
     if extra <= 0:
