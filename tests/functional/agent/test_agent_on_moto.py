@@ -39,6 +39,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         "AWS_DEFAULT_REGION": REGION,
     }.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # moto's mock, never a server's
     with mock_aws():
         session = botocore.session.Session()
         yield {
