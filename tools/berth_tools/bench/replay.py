@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
 import subprocess
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 from berth.scheduler.policy import SchedulingPolicy, load_policy
 from berth_tools.client import BerthClient, ClientConfig, ClientError
 from berth_tools.localcloud import launcher
+from berth_tools.localcloud.seed import process_environment
 from berth_tools.sim.cluster import ClusterSpec
 from berth_tools.sim.engine import Simulator
 from berth_tools.sim.estimates import EstimateMode
@@ -187,8 +187,8 @@ def start_local_cloud(
 
 
 def run_service(p: ReplayPlan, env: dict[str, str], deadline_s: float) -> dict[str, Any]:
-    """Submit the trace on its (compressed) schedule, wait for every job, read the usage ledger."""
-    os.environ.update(env)
+    """Submit the trace on its (compressed) schedule, wait for every job, read the usage ledger (the
+    local cloud's ``env`` already in this process's environment)."""
 
     def client(profile: str) -> BerthClient:
         return BerthClient(ClientConfig(env["BERTH_API_URL"], env["AWS_REGION"], profile))
@@ -272,7 +272,9 @@ def replay(
     root.mkdir(parents=True, exist_ok=True)
     proc, env = start_local_cloud(p, root / "state", root / "local-cloud.log")
     try:
-        service = run_service(p, env, deadline_s)
+        # the local cloud's env for the run, the caller's back after it (the local cloud is then gone)
+        with process_environment(env):
+            service = run_service(p, env, deadline_s)
     finally:
         launcher.stop(proc, timeout_s=60)
     diff = service["cloud_share"] - sim["cloud_share"]
