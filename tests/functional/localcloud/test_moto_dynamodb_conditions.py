@@ -76,6 +76,23 @@ def _transact(*writes: dict[str, Any]) -> Step:
     return lambda client: client.transact_write_items(TransactItems=list(writes))
 
 
+def _check_then_put(at_least: int, pk: str) -> Step:
+    """A transaction: item a's n is at least ``at_least``, and ``pk`` is put if absent."""
+    check = {
+        "TableName": "t",
+        "Key": {"pk": {"S": "a"}},
+        "ConditionExpression": "#n >= :v",
+        "ExpressionAttributeNames": {"#n": "n"},
+        "ExpressionAttributeValues": {":v": {"N": str(at_least)}},
+    }
+    put = {
+        "TableName": "t",
+        "Item": {"pk": {"S": pk}, "n": {"N": "0"}},
+        "ConditionExpression": "attribute_not_exists(pk)",
+    }
+    return _transact({"ConditionCheck": check}, {"Put": put})
+
+
 def _scan(expr: str, values: dict[str, Any]) -> Step:
     def step(client: Any) -> Any:
         out = client.scan(TableName="t", FilterExpression=expr, ExpressionAttributeValues=values)
@@ -110,42 +127,8 @@ STEPS: list[Step] = [
     _update("a", "#n = = :v", {":v": N(1)}),
     _update("a", "#undeclared = :v", {":v": N(1)}),
     # transactions: the condition of each item, and the cancellation reasons
-    _transact(
-        {
-            "ConditionCheck": {
-                "TableName": "t",
-                "Key": {"pk": S("a")},
-                "ConditionExpression": "#n >= :v",
-                "ExpressionAttributeNames": {"#n": "n"},
-                "ExpressionAttributeValues": {":v": N(1)},
-            }
-        },
-        {
-            "Put": {
-                "TableName": "t",
-                "Item": {"pk": S("c"), "n": N(0)},
-                "ConditionExpression": "attribute_not_exists(pk)",
-            }
-        },
-    ),
-    _transact(
-        {
-            "ConditionCheck": {
-                "TableName": "t",
-                "Key": {"pk": S("a")},
-                "ConditionExpression": "#n >= :v",
-                "ExpressionAttributeNames": {"#n": "n"},
-                "ExpressionAttributeValues": {":v": N(1000)},
-            }
-        },
-        {
-            "Put": {
-                "TableName": "t",
-                "Item": {"pk": S("d"), "n": N(0)},
-                "ConditionExpression": "attribute_not_exists(pk)",
-            }
-        },
-    ),
+    _check_then_put(at_least=1, pk="c"),
+    _check_then_put(at_least=1000, pk="d"),  # a's n is under 1000: cancelled, d not put
     _scan("n > :v", {":v": N(0)}),
     _scan("n > :v", {":v": N(4)}),
     _scan("n > :v AND n < :w", {":v": N(-1), ":w": N(1)}),
