@@ -50,6 +50,10 @@ from berth_tools.localcloud.sigv4 import Principal, SignatureError, verify_reque
 LOCAL_STATS_PATH = "/_local/stats"
 #: API Gateway's payload limit for REST APIs.
 MAX_BODY_BYTES = 10 * 1024 * 1024
+#: How much of a refused oversized body is read (and dropped) before the 413 is sent: a server that
+#: answers and closes while the client is still sending leaves the client with a broken pipe instead of
+#: the answer. A body declared larger than this is answered without reading it all.
+DISCARD_LIMIT_BYTES = 4 * MAX_BODY_BYTES
 _LAMBDA_URI = re.compile(
     r"arn:[^:]+:apigateway:[^:]+:lambda:path/[^/]+/functions/(?P<function>.+)/invocations$"
 )
@@ -398,6 +402,7 @@ class FrontDoor:
             return refuse("RESOURCE_NOT_FOUND", f"No route for {request.method} {path}"), None
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
+            _discard_body(request.stream, length)
             return refuse("REQUEST_TOO_LARGE", "Request body exceeds 10 MB"), None
         body = request.stream.read(MAX_BODY_BYTES + 1)
         if len(body) > MAX_BODY_BYTES:
@@ -486,3 +491,18 @@ class FrontDoor:
             )
             return self.gateway.refusal("ACCESS_DENIED", message, error_type="AccessDeniedException")
         return None
+
+
+def _discard_body(stream: Any, declared: int) -> None:
+    """Read and drop up to ``DISCARD_LIMIT_BYTES`` of a refused body, 1 MiB at a time, stopping at its
+    end (the client can then read the refusal); a client that goes away (werkzeug's
+    ``ClientDisconnected``, a socket error) just ends it."""
+    left = min(declared, DISCARD_LIMIT_BYTES)
+    try:
+        while left > 0:
+            chunk = stream.read(min(left, 1024 * 1024))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except Exception:  # the answer is a refusal either way
+        return
