@@ -42,10 +42,8 @@ def order_id(job_id: str) -> str:
     """``job_id`` as it sorts among jobs: a task's index zero-padded to five digits (an array has at
     most 10,000 tasks), so task 2 comes before task 10 and a sweep is served in its own order; any
     other id as it is."""
-    head, sep, index = job_id.rpartition(":")
-    if not sep or not index.isdigit() or len(index) >= 5:
-        return job_id
-    return f"{head}:{index.zfill(5)}"
+    task = parse_task_id(job_id)
+    return job_id if task is None else f"{task[0]}:{task[1]:05d}"
 
 
 def aws_name(job_id: str) -> str:

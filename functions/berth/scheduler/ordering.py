@@ -12,13 +12,11 @@ from berth.scheduler.context import RANK, PassContext
 from berth.scheduler.snapshot import PendingJob
 
 _JOB_ID = attrgetter("job_id")
+_SUBMITTED = attrgetter("submitted_at")
 
 
 def _order_id(job: PendingJob) -> str:
     return order_id(job.job_id)
-
-
-_SUBMITTED = attrgetter("submitted_at")
 
 
 def job_order_key(job: PendingJob) -> tuple[int, float, str]:
