@@ -318,8 +318,14 @@ def test_a_work_message_delivered_twice_runs_once(cloud: LocalCloud, hosts: Host
     )
     agent.start()
     done = wait_for(cloud, job_id, status_in(*TERMINAL))
-    time.sleep(1.5)
     assert done["status"] == "COMPLETED" and done["attempts"] == 1
+    # wait (by condition) until the agent has answered the second delivery too; on a loaded machine
+    # that can come well after the job has ended
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+        e[1] == job_id and e[0].startswith("refused:") for e in list(agent.log)
+    ):
+        time.sleep(0.1)
     claims = [e for e in agent.log if e[1] == job_id]
     assert [e[0] for e in claims].count("claimed") == 1
     # the second delivery is refused: AlreadyClaimed while the attempt runs, Fenced once it has ended
