@@ -193,6 +193,38 @@ def test_a_pass_stops_applying_at_its_deadline_and_asks_for_the_next_pass() -> N
     assert len(_check_placed_once(w, jobs)) == 6
 
 
+def test_a_pass_reads_full_items_a_window_at_a_time_and_not_past_its_deadline() -> None:
+    w, jobs = _world(hosts=3, gpus=8, sizes=[2] * 9, workers=1)
+    object.__setattr__(w.scheduler, "min_placements", 0)
+    object.__setattr__(w.scheduler, "hydrate_window", 3)
+    read: list[list[str]] = []
+    hydrate = w.scheduler.source.hydrate
+
+    def counted(ids: Any) -> dict[str, Job]:
+        wanted = list(ids)
+        read.append(wanted)
+        return hydrate(wanted)
+
+    object.__setattr__(w.scheduler.source, "hydrate", counted)
+    left = [34.0]
+    place = w.scheduler.placements.place  # type: ignore[union-attr]
+
+    def slow_place(*args: Any) -> None:
+        place(*args)
+        left[0] -= 4.0
+
+    object.__setattr__(w.scheduler.placements, "place", slow_place)
+    report = w.scheduler.run_pass(time_left=lambda: left[0])
+    # 34 -> 30 -> 26 -> 22 (the first window), 22 -> 18 (the second's first): the third window
+    # is never read
+    assert [len(ids) for ids in read] == [3, 3]
+    assert report.placed == 4 and report.deferred == 5 and report.skipped == 0
+    assert ("deferred placements", 0) in w.trigger.requests
+    _check_placed_once(w, jobs)
+    nxt = w.scheduler.run_pass()
+    assert nxt.placed == 5 and len(_check_placed_once(w, jobs)) == 9
+
+
 def test_a_pass_whose_load_ate_its_time_still_places_a_few() -> None:
     w, jobs = _world(hosts=2, gpus=8, sizes=[2] * 6, workers=2)
     object.__setattr__(w.scheduler, "min_placements", 2)

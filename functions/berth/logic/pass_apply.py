@@ -23,6 +23,9 @@
   again from the store; work started finishes. A pass always starts its first ``MIN_PLACEMENTS``
   placements, so a pass whose load ate its time still places something (were it killed while at
   it, the store stays consistent: see the scheduler service).
+- **Reads as it goes.** The jobs' full items are read a window (``HYDRATE_WINDOW``) at a time, just
+  before the window is applied; once the deadline has passed, the windows not reached are deferred
+  unread.
 - **A crash** (the first exception a task raises) stops the pool from starting more and is raised to
   the caller once the tasks in flight have ended, as a pass that dies would leave it.
 """
@@ -59,6 +62,10 @@ APPLY_WORKERS = 16
 MIN_PLACEMENTS = APPLY_WORKERS
 #: Placements on one host written in one transaction at most (an 8-GPU host holds at most 8 jobs).
 MAX_GROUP = 8
+#: A pass reads the full items of its decided placements this many at a time (10 BatchGetItems),
+#: each window just before applying it, so that a pass stopped by its deadline has read only what it
+#: applied (at 100,000 queued, 14,677 were decided and 47 applied).
+HYDRATE_WINDOW = 1000
 #: How far apart in decision order placements on one host may be and still be written together (a
 #: group's members start when its first one does; this keeps the apply order near the decision order).
 GROUP_WINDOW = 256

@@ -46,6 +46,7 @@ from berth.logic.cloud_sweep import CloudSweep, SweepReport
 from berth.logic.pass_apply import (
     APPLY_WORKERS,
     DEADLINE_RESERVE_S,
+    HYDRATE_WINDOW,
     MAX_GROUP,
     MAX_REASON_WRITES,
     MIN_PLACEMENTS,
@@ -147,6 +148,8 @@ class SchedulerService:
     deadline_reserve_s: float = DEADLINE_RESERVE_S
     #: Placements a pass starts even past its deadline (progress when the load ate the time).
     min_placements: int = MIN_PLACEMENTS
+    #: Decided placements whose full items are read at a time, each window just before it is applied.
+    hydrate_window: int = HYDRATE_WINDOW
     #: Placements on one host written in one transaction at most (1: each placement on its own).
     max_group: int = MAX_GROUP
     #: Changed reasons a pass writes at most, heads of the tenants' queues first.
@@ -190,21 +193,12 @@ class SchedulerService:
         t2 = time.perf_counter()
         by_id = {e.job_id: e for e in inputs.pending}
         rates = inputs.fleet.policy.accounting
-        # The full items only of the jobs being placed (the queue index holds what the core reads);
-        # one canceled or placed since the index was read is skipped.
-        full = self.source.hydrate(a.job_id for a in decisions.placements if a.job_id in by_id)
-        placeable: list[tuple[Job, Assignment]] = []
-        for assignment in decisions.placements:
-            if assignment.job_id not in by_id:
-                continue
-            job = full.get(assignment.job_id)
-            if job is None or job.status is not S.QUEUED:
-                report.skipped += 1
-                continue
-            placeable.append((job, assignment))
-        outcomes = self.apply_placements(placeable, inputs.fleet.records, now, rates, deadline)
+        decided = [a for a in decisions.placements if a.job_id in by_id]
+        assignments, outcomes, report.skipped = self.place_decided(
+            decided, inputs.fleet.records, now, rates, deadline
+        )
         report.placed = outcomes.count(Outcome.PLACED)
-        for (_, assignment), outcome in zip(placeable, outcomes, strict=True):
+        for assignment, outcome in zip(assignments, outcomes, strict=True):
             if outcome is Outcome.PLACED:
                 site = Site.ONPREM if isinstance(assignment, OnPremAssignment) else Site.CLOUD
                 report.placed_by_site[site.value] = report.placed_by_site.get(site.value, 0) + 1
@@ -315,6 +309,44 @@ class SchedulerService:
         return answered
 
     # -- applying --------------------------------------------------------------------------------
+    def place_decided(
+        self,
+        decided: list[Assignment],
+        records: Any,
+        now: datetime,
+        rates: CostRates,
+        deadline: Deadline,
+    ) -> tuple[list[Assignment], list[Outcome], int]:
+        """Read the full items of the decided placements (the queue index holds what the core
+        reads) a window at a time, each just before applying it; once the deadline has passed, the
+        windows not reached are deferred unread. Returns the assignments applied or deferred, their
+        outcomes in order, and how many were skipped unapplied: canceled or placed since the index
+        was read."""
+        picker = GpuPicker(records)  # one for the pass: GPUs picked in one window stay picked
+        assignments: list[Assignment] = []
+        outcomes: list[Outcome] = []
+        skipped = 0
+        window = max(1, self.hydrate_window)
+        for start in range(0, len(decided), window):
+            chunk = decided[start : start + window]
+            if start and deadline.passed():
+                assignments.extend(chunk)
+                outcomes.extend([Outcome.DEFERRED] * len(chunk))
+                continue
+            full = self.source.hydrate(a.job_id for a in chunk)
+            placeable: list[tuple[Job, Assignment]] = []
+            for assignment in chunk:
+                job = full.get(assignment.job_id)
+                if job is None or job.status is not S.QUEUED:
+                    skipped += 1
+                    continue
+                placeable.append((job, assignment))
+            # the pass's first window starts its minimum whatever the deadline says, later ones none
+            minimum = self.min_placements if start == 0 else 0
+            assignments.extend(a for _, a in placeable)
+            outcomes.extend(self.apply_placements(placeable, records, now, rates, deadline, picker, minimum))
+        return assignments, outcomes, skipped
+
     def apply_placements(
         self,
         placements: list[tuple[Job, Assignment]],
@@ -322,10 +354,13 @@ class SchedulerService:
         now: datetime,
         rates: CostRates,
         deadline: Deadline | None = None,
+        picker: GpuPicker | None = None,
+        minimum: int | None = None,
     ) -> list[Outcome]:
-        """Apply a pass's placements in the pool, with GPUs picked from the snapshot's host
-        ``records`` (disjoint across the pass); each one's outcome, in order."""
-        picker = GpuPicker(records)
+        """Apply placements in the pool, with GPUs picked from the snapshot's host ``records``
+        (disjoint across the pass: ``picker``, shared by the pass's windows); each one's outcome, in
+        order. ``minimum``: placements started whatever the deadline (default ``min_placements``)."""
+        picker = picker or GpuPicker(records)
         locks = HostLocks()
         groups = form_batch_groups(
             [(j, a.record()) for j, a in placements if not isinstance(a, OnPremAssignment)]
@@ -375,7 +410,7 @@ class SchedulerService:
             self.apply_workers,
             deadline or Deadline(),
             None,
-            minimum=self.min_placements,
+            minimum=self.min_placements if minimum is None else minimum,
         )
         outcomes = [Outcome.DEFERRED] * len(placements)
         for members, result in zip(units, results, strict=True):

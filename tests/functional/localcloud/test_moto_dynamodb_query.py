@@ -200,7 +200,10 @@ def _pages(client: Any, query: dict[str, Any], limit: int | None, table: str = "
         assert len(pages) < 200
 
 
-def test_every_query_answers_as_moto_does(ddb: Any) -> None:
+@pytest.mark.parametrize("isolated", [False, True], ids=["writes-not-counted", "candidates-kept"])
+def test_every_query_answers_as_moto_does(ddb: Any, isolated: bool) -> None:
+    """Without ``dynamodb_isolation`` no write is counted, so each page narrows afresh; with it, an
+    index's candidates are kept between pages and a forward page starts by bisection."""
     expected = {(i, limit): _pages(ddb, q, limit) for i, q in enumerate(QUERIES) for limit in (None, 1, 7)}
     expected["hosts"] = _pages(
         ddb,
@@ -212,7 +215,11 @@ def test_every_query_answers_as_moto_does(ddb: Any) -> None:
         expected[("get", str(args))] = _canonical(ddb.get_item(TableName="jobs", **args).get("Item"))
     for args in SCANS:
         expected[("scan", str(args))] = _canonical(ddb.scan(TableName="jobs", **args)["Items"])
+    undo_isolation = dynamodb_isolation.install() if isolated else (lambda: None)
+    if not isolated and dynamodb_isolation.generation() is not None:
+        pytest.skip("a local cloud earlier in this process installed the isolation for good")
     undo = moto_dynamodb_query.install()
+    kept, sliced = moto_dynamodb_query.stats["kept"], moto_dynamodb_query.stats["sliced"]
     try:
         before = moto_dynamodb_query.stats["narrowed"]
         for (i, limit), pages in [(k, v) for k, v in expected.items() if isinstance(k[0], int)]:
@@ -228,8 +235,13 @@ def test_every_query_answers_as_moto_does(ddb: Any) -> None:
         for args in SCANS:
             assert _canonical(ddb.scan(TableName="jobs", **args)["Items"]) == expected[("scan", str(args))]
         assert sum(len(items) for items, _, _ in expected[(4, None)]) > 10  # the GSI query found something
+        if isolated:
+            assert moto_dynamodb_query.stats["kept"] > kept and moto_dynamodb_query.stats["sliced"] > sliced
+        else:
+            assert moto_dynamodb_query.stats["kept"] == kept
     finally:
         undo()
+        undo_isolation()
 
 
 def test_an_index_entry_shares_nothing_with_the_stored_item(ddb: Any) -> None:
@@ -342,3 +354,94 @@ def test_queries_stay_correct_while_other_threads_write(ddb: Any) -> None:
         undo_isolation()
     assert not errors, errors
     assert _pages(ddb, QUERIES[0], None) == _pages(ddb, QUERIES[0], None)  # still answers after the writes
+
+
+def _index_pages(client: Any, status: str, limit: int) -> list[str]:
+    """The jobs of ``status`` on by_status_include, page by page (a queue-shaped query: no range
+    condition, forward, a limit)."""
+    query = {
+        "IndexName": "by_status_include",
+        "KeyConditionExpression": "#s = :s",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {":s": {"S": status}},
+    }
+    return [i["job"]["S"] for items, _, _ in _pages(client, query, limit) for i in items]
+
+
+WRITES: list[tuple[str, Any]] = [
+    ("put", lambda c: c.put_item(TableName="jobs", Item={**KEY, "status": {"S": "QUEUED"}, "n": {"N": "1"}})),
+    (
+        "update",
+        lambda c: c.update_item(
+            TableName="jobs",
+            Key=KEY,
+            UpdateExpression="SET #s = :s",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues={":s": {"S": "RUNNING"}},
+        ),
+    ),
+    ("delete", lambda c: c.delete_item(TableName="jobs", Key=KEY)),
+    (
+        "transaction",
+        lambda c: c.transact_write_items(
+            TransactItems=[{"Put": {"TableName": "jobs", "Item": {**KEY, "status": {"S": "QUEUED"}}}}]
+        ),
+    ),
+    (
+        "batch",
+        lambda c: c.batch_write_item(RequestItems={"jobs": [{"DeleteRequest": {"Key": KEY}}]}),
+    ),
+]
+KEY = {"tenant": {"S": "t0"}, "job": {"S": "j0000-new"}}
+
+
+def test_kept_candidates_follow_every_kind_of_write(ddb: Any) -> None:
+    """Each write (put, update, delete, transaction, batch) ends the kept candidates: the next page
+    and the next query see it, exactly as moto's own walk does."""
+    undo_isolation = dynamodb_isolation.install()
+    undo = moto_dynamodb_query.install()
+    try:
+        for name, write in WRITES:
+            first = _index_pages(ddb, "QUEUED", 3)
+            kept = moto_dynamodb_query.stats["kept"]
+            assert _index_pages(ddb, "QUEUED", 3) == first  # kept, page after page
+            assert moto_dynamodb_query.stats["kept"] > kept
+            write(ddb)
+            queued = _index_pages(ddb, "QUEUED", 3)
+            running = _index_pages(ddb, "RUNNING", 5)
+            stored = ddb.get_item(TableName="jobs", Key=KEY).get("Item")
+            status = None if stored is None else stored["status"]["S"]
+            assert ("j0000-new" in queued) is (status == "QUEUED"), name
+            assert ("j0000-new" in running) is (status == "RUNNING"), name
+            undo()
+            try:  # moto's own walk agrees
+                assert _index_pages(ddb, "QUEUED", 3) == queued, name
+                assert _index_pages(ddb, "RUNNING", 5) == running, name
+            finally:
+                undo = moto_dynamodb_query.install()
+    finally:
+        undo()
+        undo_isolation()
+
+
+def test_a_write_between_two_pages_shows_on_the_next_page(ddb: Any) -> None:
+    undo_isolation = dynamodb_isolation.install()
+    undo = moto_dynamodb_query.install()
+    try:
+        args = {
+            "TableName": "jobs",
+            "IndexName": "by_status_include",
+            "KeyConditionExpression": "#s = :s",
+            "ExpressionAttributeNames": {"#s": "status"},
+            "ExpressionAttributeValues": {":s": {"S": "QUEUED"}},
+            "Limit": 4,
+        }
+        page = ddb.query(**args)
+        last = page["LastEvaluatedKey"]["job"]["S"]
+        late = {"tenant": {"S": "t0"}, "job": {"S": last + "-late"}}  # sorts right after the page
+        ddb.put_item(TableName="jobs", Item={**late, "status": {"S": "QUEUED"}})
+        following = ddb.query(**args, ExclusiveStartKey=page["LastEvaluatedKey"])
+        assert following["Items"][0]["job"]["S"] == last + "-late"
+    finally:
+        undo()
+        undo_isolation()

@@ -38,6 +38,23 @@ _BACKEND = "moto.dynamodb.models:DynamoDBBackend"
 #: holds it around a whole write request to read the item before and after it (`metering`).
 WRITE_LOCK = threading.RLock()
 _EXC = "moto.dynamodb.exceptions:"
+#: Counts the serialised write operations that have ended (each one, whether it wrote or failed),
+#: under ``WRITE_LOCK``: a reader holding the lock that sees the same count twice knows that no
+#: write ran in between (``moto_dynamodb_query`` keeps an index's candidates on that basis).
+_writes = [0]
+
+
+def generation() -> int | None:
+    """How many serialised writes have ended in this process; None when this module's isolation is
+    not installed (then writes are not counted, and nothing may be cached on the count)."""
+    if not _backend:
+        _backend.append(moto_compat.resolve(_BACKEND))
+    if not getattr(_backend[0].put_item, "_berth_isolated", False):
+        return None
+    return _writes[0]
+
+
+_backend: list[Any] = []
 
 
 @dataclass
@@ -193,9 +210,18 @@ def install() -> Callable[[], None]:
         original = moto_compat.surface(path)
         implementation = transact_write_items if name == "transact_write_items" else original
 
-        def isolated(*args: Any, __implementation: Any = implementation, **kwargs: Any) -> Any:
+        def isolated(
+            *args: Any,
+            __implementation: Any = implementation,
+            __writes: bool = name in WRITE_OPERATIONS,
+            **kwargs: Any,
+        ) -> Any:
             with lock:
-                return __implementation(*args, **kwargs)
+                try:
+                    return __implementation(*args, **kwargs)
+                finally:
+                    if __writes:
+                        _writes[0] += 1
 
         # name, docs and signature of moto's method (`__wrapped__`), so that `moto_compat.check()` still
         # checks moto's own surface once this wrapper is in place

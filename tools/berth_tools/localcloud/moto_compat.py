@@ -576,6 +576,18 @@ SURFACES: tuple[Surface, ...] = (
         ("projection_expressions",),
     ),
     Surface(
+        "moto.dynamodb.models.table:Table.sorted_items",
+        "called",
+        "an index's kept candidates sorted as moto's query sorts them",
+        ("hash_key_attrs", "range_key_attrs", "items"),
+    ),
+    Surface(
+        "moto.dynamodb.models.table:Table._item_comes_before_dct",
+        "called",
+        "where a page's start key falls among the kept candidates (moto's own comparison, by bisection)",
+        ("item", "dct", "hash_key_attrs", "range_key_attrs", "scan_index_forward"),
+    ),
+    Surface(
         "moto.dynamodb.models.table:SecondaryIndex#projection", "read", "ProjectionType, NonKeyAttributes"
     ),
     Surface("moto.dynamodb.models.table:SecondaryIndex#table_key_attrs", "read", "an entry's table keys"),

@@ -36,15 +36,16 @@ import copy
 import functools
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from berth_tools.localcloud import moto_compat
+from berth_tools.localcloud import dynamodb_isolation, moto_compat
 
 _TABLE = "moto.dynamodb.models.table:Table"
 _INDEX = "moto.dynamodb.models.table:SecondaryIndex"
 _ITEM = "moto.dynamodb.models.dynamo_type:Item"
 _scope = threading.local()
-stats = {"narrowed": 0, "whole": 0, "projected": 0}
+stats = {"narrowed": 0, "whole": 0, "projected": 0, "kept": 0, "sliced": 0}
 
 
 def projected_names(index: Any) -> list[str] | None:
@@ -84,8 +85,10 @@ def _item_project(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], A
             return original(self, projection_expressions)
         names = [path[0] for path in projection_expressions]
         entry = _entry(self, names)
-        for name in list(entry.attrs):
-            dict.__setitem__(entry.attrs, name, copy.deepcopy(entry.attrs[name]))
+        if not getattr(_scope, "copied", False):
+            # a Query's page is projected after moto deep-copied it: nothing there to copy again
+            for name in list(entry.attrs):
+                dict.__setitem__(entry.attrs, name, copy.deepcopy(entry.attrs[name]))
         return entry
 
     project._berth_projection = True  # type: ignore[attr-defined]
@@ -133,9 +136,101 @@ def _matching(table: Any, conditions: list[tuple[str, Any]]) -> list[Any]:
     return found
 
 
-def _index_names(table: Any, index_name: str) -> list[str] | None:
+@dataclass(frozen=True)
+class _Kept:
+    """An index query's candidates, sorted as moto sorts them, while no write has run since."""
+
+    table: Any
+    index: Any
+    generation: int
+    items: list[Any]
+    hash_attrs: list[str]
+    range_attrs: list[str | None]
+
+
+#: Candidates kept per (table, index, hash key conditions, projected), at most ``KEPT_ENTRIES`` in all.
+_kept: dict[tuple[Any, ...], _Kept] = {}
+_kept_lock = threading.Lock()
+KEPT_ENTRIES = 250_000
+
+
+def _sort_attrs(table: Any, index: Any) -> tuple[list[str], list[str | None]] | None:
+    """The key attributes moto's ``Table.query`` sorts an index's candidates by (None: a schema it
+    would refuse, left to moto)."""
+    hash_keys = [k["AttributeName"] for k in index.schema if k["KeyType"] == "HASH"]
+    range_keys: list[str | None] = [k["AttributeName"] for k in index.schema if k["KeyType"] == "RANGE"]
+    if not hash_keys:
+        return None
+    if range_keys:
+        return [*hash_keys, table.hash_key_attr], [*range_keys, table.range_key_attr]
+    is_global = any(i is index for i in (table.global_indexes or []))
+    own = table.range_key_attr if is_global and table.range_key_attr else table.hash_key_attr
+    return [*hash_keys, table.hash_key_attr], [own, table.range_key_attr]
+
+
+def _index_candidates(
+    table: Any, index_name: str, conditions: list[tuple[str, Any]], legacy: bool
+) -> _Kept | list[Any] | None:
+    """The items (or, for a KEYS_ONLY or INCLUDE index, the entries) whose index hash key attributes
+    equal the query's: sorted and kept until the next write, when writes are counted
+    (``dynamodb_isolation.generation``); else unsorted, for moto to sort. None: an index moto refuses."""
     index = next((i for i in table.all_indexes() if i.name == index_name), None)
-    return None if index is None else projected_names(index)
+    if index is None:
+        return None
+    names = None if legacy else projected_names(index)
+    generation = dynamodb_isolation.generation()
+    key = (id(table), index_name, tuple((n, v.type, repr(v.value)) for n, v in conditions), names is None)
+    if generation is not None:
+        with _kept_lock:
+            kept = _kept.get(key)
+        if kept is not None and kept.table is table and kept.index is index and kept.generation == generation:
+            stats["kept"] += 1
+            return kept
+    found = _matching(table, conditions)
+    if names is not None:
+        found = [_entry(item, names) for item in found]
+        stats["projected"] += 1
+    attrs = _sort_attrs(table, index)
+    if generation is None or attrs is None:
+        return found
+    range_keys = [k["AttributeName"] for k in index.schema if k["KeyType"] == "RANGE"]
+    if range_keys:  # an item without every range key of the index is not in it (moto's own test)
+        found = [item for item in found if all(item.attrs.get(k) for k in range_keys)]
+    kept = _Kept(table, index, generation, table.sorted_items(*attrs, found), *attrs)
+    with _kept_lock:
+        stale = [k for k, v in _kept.items() if v.generation != generation]
+        for k in stale:
+            del _kept[k]
+        if sum(len(v.items) for v in _kept.values()) + len(found) > KEPT_ENTRIES:
+            _kept.clear()
+        if len(found) <= KEPT_ENTRIES:
+            _kept[key] = kept
+    return kept
+
+
+def _page_of(table: Any, kept: _Kept, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """What moto needs of the kept candidates for this page. A forward query with no range condition
+    takes the candidates after the page's start key (found by bisection with moto's own comparison)
+    and, given a limit, one more than it, so that moto still sees whether another page follows; any
+    other query gets them all, for moto to walk as before."""
+    range_comparison = args[0] if args else kwargs.get("range_comparison")
+    limit = args[2] if len(args) > 2 else kwargs.get("limit")
+    start_key = args[3] if len(args) > 3 else kwargs.get("exclusive_start_key")
+    forward = args[4] if len(args) > 4 else kwargs.get("scan_index_forward", True)
+    if range_comparison or kwargs.get("range_key_conditions") or forward is False:
+        return list(kept.items)
+    items = kept.items
+    lo = 0
+    if start_key:
+        hi = len(items)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if table._item_comes_before_dct(items[mid], start_key, kept.hash_attrs, kept.range_attrs, True):
+                lo = mid + 1
+            else:
+                hi = mid
+        stats["sliced"] += 1
+    return items[lo : lo + limit + 1] if limit else items[lo:]
 
 
 def _legacy_filter(kwargs: dict[str, Any]) -> bool:
@@ -176,11 +271,8 @@ def _query(original: Callable[..., Any]) -> Callable[..., Any]:
         if index_name is None and hash_key is not None:
             candidates: list[Any] | None = _partition(self, hash_key)
         elif index_name is not None and conditions:
-            candidates = _matching(self, list(conditions))
-            names = _index_names(self, index_name)
-            if names is not None and not _legacy_filter(kwargs):
-                candidates = [_entry(item, names) for item in candidates]
-                stats["projected"] += 1
+            found = _index_candidates(self, index_name, list(conditions), _legacy_filter(kwargs))
+            candidates = _page_of(self, found, args, kwargs) if isinstance(found, _Kept) else found
         else:
             candidates = None  # a shape this patch does not know: moto's own walk
         if candidates is None:
@@ -192,9 +284,12 @@ def _query(original: Callable[..., Any]) -> Callable[..., Any]:
             tables = _scope.tables = {}
         previous = tables.get(id(self))
         tables[id(self)] = candidates
+        copied = getattr(_scope, "copied", False)
+        _scope.copied = True
         try:
             return original(self, hash_key, *args, **kwargs)
         finally:
+            _scope.copied = copied
             if previous is None:
                 tables.pop(id(self), None)
             else:
