@@ -220,6 +220,7 @@ def test_every_query_answers_as_moto_does(ddb: Any, isolated: bool) -> None:
         pytest.skip("a local cloud earlier in this process installed the isolation for good")
     undo = moto_dynamodb_query.install()
     kept, sliced = moto_dynamodb_query.stats["kept"], moto_dynamodb_query.stats["sliced"]
+    grouped = moto_dynamodb_query.stats["grouped"]
     try:
         before = moto_dynamodb_query.stats["narrowed"]
         for (i, limit), pages in [(k, v) for k, v in expected.items() if isinstance(k[0], int)]:
@@ -237,8 +238,10 @@ def test_every_query_answers_as_moto_does(ddb: Any, isolated: bool) -> None:
         assert sum(len(items) for items, _, _ in expected[(4, None)]) > 10  # the GSI query found something
         if isolated:
             assert moto_dynamodb_query.stats["kept"] > kept and moto_dynamodb_query.stats["sliced"] > sliced
+            assert moto_dynamodb_query.stats["grouped"] > grouped  # other partitions, one walk
         else:
             assert moto_dynamodb_query.stats["kept"] == kept
+            assert moto_dynamodb_query.stats["grouped"] == grouped
     finally:
         undo()
         undo_isolation()

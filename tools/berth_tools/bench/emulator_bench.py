@@ -242,10 +242,14 @@ def dynamodb_case(items: int, repeats: int = 5) -> dict[str, float]:
     return {"query_table_page_ms": table, "query_gsi_page_ms": gsi}
 
 
-def queue_page_case(items: int, repeats: int = 5) -> dict[str, float]:
+def queue_page_case(
+    items: int, repeats: int = 5, every: int = 10, whole_partition: bool = False
+) -> dict[str, float]:
     """CPU ms of one page of 1,000 entries of a sparse INCLUDE GSI read with a ProjectionExpression of
     top-level names (the scheduler's queue index: ``queue_pk``, ``queue_sk``, three projected
-    attributes), at ``items`` items of about 2 KB, a tenth of them queued."""
+    attributes), at ``items`` items of about 2 KB, one in ``every`` of them queued.
+    ``whole_partition``: instead, CPU ms of reading every queued entry, 1,000 a page (a deep tenant's
+    queue as a pass reads it)."""
     with _aws():
         ddb = boto3.client("dynamodb", region_name=REGION)
         ddb.create_table(
@@ -279,10 +283,29 @@ def queue_page_case(items: int, repeats: int = 5) -> dict[str, float]:
                     "entry": {"S": "e" * 250},
                     "spec": {"M": {f"k{k}": {"S": "x" * 40} for k in range(40)}},
                 }
-                if i % 10 == 0:
+                if i % every == 0:
                     item["queue_pk"], item["queue_sk"] = {"S": "t#0"}, {"S": f"1#{i:08d}"}
                 rows.append({"PutRequest": {"Item": item}})
             ddb.batch_write_item(RequestItems={"q": rows})
+        if whole_partition:
+
+            def every_page() -> None:
+                start: dict[str, Any] | None = None
+                while True:
+                    answer = ddb.query(
+                        TableName="q",
+                        IndexName="by_queue",
+                        KeyConditionExpression="queue_pk = :p",
+                        ExpressionAttributeValues={":p": {"S": "t#0"}},
+                        ProjectionExpression="job_id, queue_pk, queue_sk, version, reason, entry",
+                        Limit=1000,
+                        **({"ExclusiveStartKey": start} if start else {}),
+                    )
+                    start = answer.get("LastEvaluatedKey")
+                    if not start:
+                        return
+
+            return {"queue_pages_ms": _cpu_ms(every_page, repeats)}
         page = _cpu_ms(
             lambda: ddb.query(
                 TableName="q",
@@ -386,6 +409,7 @@ CASES: dict[str, Callable[[], list[dict[str, Any]]]] = {
         for n in (1000, 5000)
     ],
     "queue": lambda: [{"case": "queue", "items": 10_000, **_queue_patches(10_000)}],
+    "queue-pages": lambda: [{"case": "queue-pages", "items": 50_000, "queued": 10_000, **_queue_pages()}],
     "conditions": lambda: [
         {"case": "conditions", **_before_after(conditions_case, _install("moto_dynamodb_conditions"))}
     ],
@@ -414,6 +438,25 @@ def _queue_patches(items: int) -> dict[str, Any]:
         finally:
             for undo in reversed(undos):
                 undo()
+    return out
+
+
+def _queue_pages() -> dict[str, Any]:
+    """A deep partition read page by page with both query patches, each page narrowed afresh (no
+    write counting: as before candidates were kept) and with ``dynamodb_isolation`` counting writes
+    (the local cloud's setting: candidates kept between pages, each page found by bisection)."""
+    case = functools.partial(queue_page_case, 50_000, 3, 5, True)
+    undos = [_install(m)() for m in ("moto_dynamodb_query", "moto_dynamodb_json")]
+    try:
+        out: dict[str, Any] = {"narrowed_per_page": case()}
+        undo_isolation = _install("dynamodb_isolation")()
+        try:
+            out["kept"] = case()
+        finally:
+            undo_isolation()
+    finally:
+        for undo in reversed(undos):
+            undo()
     return out
 
 

@@ -45,7 +45,7 @@ _TABLE = "moto.dynamodb.models.table:Table"
 _INDEX = "moto.dynamodb.models.table:SecondaryIndex"
 _ITEM = "moto.dynamodb.models.dynamo_type:Item"
 _scope = threading.local()
-stats = {"narrowed": 0, "whole": 0, "projected": 0, "kept": 0, "sliced": 0}
+stats = {"narrowed": 0, "whole": 0, "projected": 0, "kept": 0, "sliced": 0, "grouped": 0}
 
 
 def projected_names(index: Any) -> list[str] | None:
@@ -137,6 +137,69 @@ def _matching(table: Any, conditions: list[tuple[str, Any]]) -> list[Any]:
 
 
 @dataclass(frozen=True)
+class _Grouped:
+    """A table's items grouped by the values of some attributes (string or binary), while no write
+    has run since: the partitions of an index, from one walk of the table."""
+
+    table: Any
+    generation: int
+    groups: dict[tuple[tuple[str, Any], ...], list[Any]]
+
+
+#: Per (table, attribute names): the grouping, or (table, generation) when one query has walked the
+#: table for them at that generation (the second query at the same generation groups the table).
+_grouped: dict[tuple[int, tuple[str, ...]], _Grouped | tuple[Any, int]] = {}
+
+
+def _group(table: Any, names: tuple[str, ...], generation: int) -> _Grouped:
+    groups: dict[tuple[tuple[str, Any], ...], list[Any]] = {}
+    ranged = bool(table.range_key_attr)
+    for entry in list(table.items.values()):
+        for item in list(entry.values()) if ranged else (entry,):
+            attrs = item.attrs
+            key = []
+            for name in names:
+                value = attrs.get(name)
+                if value is None or value.type not in ("S", "B"):
+                    break
+                key.append((value.type, value.value))
+            else:
+                groups.setdefault(tuple(key), []).append(item)
+    return _Grouped(table, generation, groups)
+
+
+def _index_partition(table: Any, conditions: list[tuple[str, Any]], generation: int) -> list[Any]:
+    """The items whose attributes equal the index query's hash key conditions: ``_matching`` for the
+    first query at a generation, and from the second on, the table grouped by those attributes in
+    one walk (a pass reads the heads of many tenants' queues, each its own partition)."""
+    if any(value.type not in ("S", "B") for _, value in conditions):
+        return _matching(table, conditions)  # numbers compare by value, not by their text
+    names = tuple(name for name, _ in conditions)
+    wanted = tuple((value.type, value.value) for _, value in conditions)
+    key = (id(table), names)
+    with _kept_lock:
+        seen = _grouped.get(key)
+    if isinstance(seen, _Grouped) and seen.table is table and seen.generation == generation:
+        stats["grouped"] += 1
+        return list(seen.groups.get(wanted, ()))
+    if seen != (table, generation) or isinstance(seen, _Grouped):
+        with _kept_lock:
+            _drop_stale(_grouped, generation)
+            _grouped[key] = (table, generation)
+        return _matching(table, conditions)
+    grouped = _group(table, names, generation)
+    with _kept_lock:
+        _grouped[key] = grouped
+    stats["grouped"] += 1
+    return list(grouped.groups.get(wanted, ()))
+
+
+def _drop_stale(cache: dict[Any, Any], generation: int) -> None:
+    for k in [k for k, v in cache.items() if (v[1] if isinstance(v, tuple) else v.generation) != generation]:
+        del cache[k]
+
+
+@dataclass(frozen=True)
 class _Kept:
     """An index query's candidates, sorted as moto sorts them, while no write has run since."""
 
@@ -186,7 +249,11 @@ def _index_candidates(
         if kept is not None and kept.table is table and kept.index is index and kept.generation == generation:
             stats["kept"] += 1
             return kept
-    found = _matching(table, conditions)
+    found = (
+        _matching(table, conditions)
+        if generation is None
+        else _index_partition(table, conditions, generation)
+    )
     if names is not None:
         found = [_entry(item, names) for item in found]
         stats["projected"] += 1
@@ -198,9 +265,7 @@ def _index_candidates(
         found = [item for item in found if all(item.attrs.get(k) for k in range_keys)]
     kept = _Kept(table, index, generation, table.sorted_items(*attrs, found), *attrs)
     with _kept_lock:
-        stale = [k for k, v in _kept.items() if v.generation != generation]
-        for k in stale:
-            del _kept[k]
+        _drop_stale(_kept, generation)
         if sum(len(v.items) for v in _kept.values()) + len(found) > KEPT_ENTRIES:
             _kept.clear()
         if len(found) <= KEPT_ENTRIES:
