@@ -292,15 +292,17 @@ def queue_page_case(
             def every_page() -> None:
                 start: dict[str, Any] | None = None
                 while True:
-                    answer = ddb.query(
-                        TableName="q",
-                        IndexName="by_queue",
-                        KeyConditionExpression="queue_pk = :p",
-                        ExpressionAttributeValues={":p": {"S": "t#0"}},
-                        ProjectionExpression="job_id, queue_pk, queue_sk, version, reason, entry",
-                        Limit=1000,
-                        **({"ExclusiveStartKey": start} if start else {}),
-                    )
+                    args: dict[str, Any] = {
+                        "TableName": "q",
+                        "IndexName": "by_queue",
+                        "KeyConditionExpression": "queue_pk = :p",
+                        "ExpressionAttributeValues": {":p": {"S": "t#0"}},
+                        "ProjectionExpression": "job_id, queue_pk, queue_sk, version, reason, entry",
+                        "Limit": 1000,
+                    }
+                    if start:
+                        args["ExclusiveStartKey"] = start
+                    answer = ddb.query(**args)
                     start = answer.get("LastEvaluatedKey")
                     if not start:
                         return
