@@ -176,7 +176,9 @@ def _cancel_active(client: Any) -> None:
                 break
             for job in jobs:
                 client.post(f"/v1/jobs/{job['id']}/cancel")
-    deadline = time.monotonic() + 30  # a placed job counts until its host confirms the cancel
+    # a placed job counts until its host confirms the cancel (the agent's next heartbeat, then the
+    # workflow's end of the attempt: on a loaded machine well over 30 s)
+    deadline = time.monotonic() + 90
     while client.get("/v1/jobs", params={"status": "CANCELING", "limit": "1"}).json()["jobs"]:
         assert time.monotonic() < deadline, "cancels were never confirmed"
         time.sleep(0.3)

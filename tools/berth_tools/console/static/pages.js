@@ -84,14 +84,19 @@ Berth.pages.job = async (main, jobId) => {
       ["Run time", fmtSeconds(runSeconds(j))]];
     if (j.array) rows.push(["Tasks", arrayProgress(j)]);
     head.replaceChildren(...rows.flatMap(([k, v]) => [el("strong", {}, k), el("span", {}, v)]));
+    // The button is rebuilt only when it changes: one replaced at every refresh could lose a click
+    // that lands while the page redraws.
+    const label = ENDED.includes(j.status) || j.status === "CANCELING" ? "" : (j.array ? "Cancel all tasks" : "Cancel");
+    if (actions.dataset.cancel === label) return;
+    actions.dataset.cancel = label;
     actions.replaceChildren();
-    if (!ENDED.includes(j.status) && j.status !== "CANCELING") {
+    if (label) {
       actions.appendChild(el("button", { class: "danger", "data-testid": "cancel", onclick: async () => {
         const what = j.array ? `all ${j.array.size} tasks of array ${j.id}` : `job ${j.id}`;
         if (!window.confirm(`Cancel ${what}?`)) return;
         try { await api("POST", "/v1/jobs/" + encodeURIComponent(j.id) + "/cancel"); await refresh(); }
         catch (err) { actions.appendChild(errorBox(err)); }
-      } }, j.array ? "Cancel all tasks" : "Cancel"));
+      } }, label));
     }
   };
   // The explanation runs a scheduling pass in the API: asked for at most every 30 s.
