@@ -47,14 +47,14 @@ _writes = [0]
 def generation() -> int | None:
     """How many serialised writes have ended in this process; None when this module's isolation is
     not installed (then writes are not counted, and nothing may be cached on the count)."""
-    if not _backend:
-        _backend.append(moto_compat.resolve(_BACKEND))
-    if not getattr(_backend[0].put_item, "_berth_isolated", False):
+    if not getattr(_backend_class().put_item, "_berth_isolated", False):
         return None
     return _writes[0]
 
 
-_backend: list[Any] = []
+@functools.cache
+def _backend_class() -> Any:
+    return moto_compat.resolve(_BACKEND)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,18 +121,23 @@ def _equal(value: Any, expected: Any) -> bool:
     return bool(value.value == expected.value or (value.type == "N" and value == expected))
 
 
-def _matching(table: Any, conditions: list[tuple[str, Any]]) -> list[Any]:
-    found = []
+def _stored_items(table: Any) -> Iterator[Any]:
+    """Every stored item of the table, unsorted (each bucket copied first, atomic under the GIL)."""
     ranged = bool(table.range_key_attr)
     for entry in list(table.items.values()):
-        for item in list(entry.values()) if ranged else (entry,):
-            attrs = item.attrs
-            for name, expected in conditions:
-                value = attrs.get(name)
-                if value is None or not _equal(value, expected):
-                    break
-            else:
-                found.append(item)
+        yield from list(entry.values()) if ranged else (entry,)
+
+
+def _matching(table: Any, conditions: list[tuple[str, Any]]) -> list[Any]:
+    found = []
+    for item in _stored_items(table):
+        attrs = item.attrs
+        for name, expected in conditions:
+            value = attrs.get(name)
+            if value is None or not _equal(value, expected):
+                break
+        else:
+            found.append(item)
     return found
 
 
@@ -153,18 +158,16 @@ _grouped: dict[tuple[int, tuple[str, ...]], _Grouped | tuple[Any, int]] = {}
 
 def _group(table: Any, names: tuple[str, ...], generation: int) -> _Grouped:
     groups: dict[tuple[tuple[str, Any], ...], list[Any]] = {}
-    ranged = bool(table.range_key_attr)
-    for entry in list(table.items.values()):
-        for item in list(entry.values()) if ranged else (entry,):
-            attrs = item.attrs
-            key = []
-            for name in names:
-                value = attrs.get(name)
-                if value is None or value.type not in ("S", "B"):
-                    break
-                key.append((value.type, value.value))
-            else:
-                groups.setdefault(tuple(key), []).append(item)
+    for item in _stored_items(table):
+        attrs = item.attrs
+        key = []
+        for name in names:
+            value = attrs.get(name)
+            if value is None or value.type not in ("S", "B"):
+                break
+            key.append((value.type, value.value))
+        else:
+            groups.setdefault(tuple(key), []).append(item)
     return _Grouped(table, generation, groups)
 
 
@@ -182,7 +185,8 @@ def _index_partition(table: Any, conditions: list[tuple[str, Any]], generation: 
     if isinstance(seen, _Grouped) and seen.table is table and seen.generation == generation:
         stats["grouped"] += 1
         return list(seen.groups.get(wanted, ()))
-    if seen != (table, generation) or isinstance(seen, _Grouped):
+    walked_once = isinstance(seen, tuple) and seen[0] is table and seen[1] == generation
+    if not walked_once:
         with _kept_lock:
             _drop_stale(_grouped, generation)
             _grouped[key] = (table, generation)
