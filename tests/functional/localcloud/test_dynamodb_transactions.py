@@ -202,3 +202,69 @@ def test_queries_and_scans_never_see_a_table_change_under_them(ddb: Any) -> None
     for r in readers:
         r.join(10)
     assert results == {"query": 1, "scan": 1}
+
+
+def test_single_item_answers_are_built_under_the_lock(ddb: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto builds UpdateItem's and GetItem's answers from the live item after its backend returns; an
+    update of the same item meanwhile made them fail with "dictionary changed size during iteration"
+    (a 500 although the write happened). Every read of an item into an answer runs under the lock."""
+    outside: list[str] = []
+    to_json, describe_attrs = Item.to_json, Item.describe_attrs
+
+    def probe(original: Any, name: str) -> Any:
+        def probed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not dynamodb_isolation.WRITE_LOCK._is_owned():  # type: ignore[attr-defined]
+                outside.append(name)
+            return original(self, *args, **kwargs)
+
+        return probed
+
+    monkeypatch.setattr(Item, "to_json", probe(to_json, "to_json"))
+    monkeypatch.setattr(Item, "describe_attrs", probe(describe_attrs, "describe_attrs"))
+    key = {"pk": {"S": "k"}}
+    ddb.put_item(TableName=TABLE, Item={**key, "n": {"N": "0"}})
+    ddb.update_item(
+        TableName=TABLE,
+        Key=key,
+        UpdateExpression="SET n = n + :one, m = :one",
+        ExpressionAttributeValues={":one": {"N": "1"}},
+        ReturnValues="ALL_NEW",
+    )
+    assert ddb.get_item(TableName=TABLE, Key=key)["Item"]["n"] == {"N": "1"}
+    assert ddb.batch_get_item(RequestItems={TABLE: {"Keys": [key]}})["Responses"][TABLE]
+    assert ddb.transact_get_items(TransactItems=[{"Get": {"TableName": TABLE, "Key": key}}])["Responses"]
+    ddb.delete_item(TableName=TABLE, Key=key, ReturnValues="ALL_OLD")
+    assert outside == []
+
+
+def test_racing_updates_of_one_item_all_answer(ddb: Any) -> None:
+    """Eight threads update and read one item at once: every request answers, and every update counts."""
+    import threading
+
+    key = {"pk": {"S": "hot"}}
+    ddb.put_item(TableName=TABLE, Item={**key, "n": {"N": "0"}})
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def hammer(i: int) -> None:
+        barrier.wait()
+        try:
+            for j in range(40):
+                ddb.update_item(
+                    TableName=TABLE,
+                    Key=key,
+                    UpdateExpression=f"SET n = n + :one, a{i}_{j} = :one",
+                    ExpressionAttributeValues={":one": {"N": "1"}},
+                    ReturnValues="ALL_NEW",
+                )
+                ddb.get_item(TableName=TABLE, Key=key)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert ddb.get_item(TableName=TABLE, Key=key)["Item"]["n"] == {"N": "320"}

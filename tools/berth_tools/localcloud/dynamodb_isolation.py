@@ -33,7 +33,23 @@ WRITE_OPERATIONS = ("put_item", "update_item", "delete_item", "transact_write_it
 #: "dictionary changed size during iteration" (a 500) under load. DynamoDB never fails a read for
 #: that; they take the same lock (single-item reads do not iterate and stay concurrent).
 ITERATING_READS = ("query", "scan")
+#: Request handlers that read or write single items: moto hands them the live item (UpdateItem's answer
+#: is built from it with ``to_json()`` after the backend returns, GetItem's with ``describe_attrs``), so
+#: an update of the same item landing meanwhile made them fail with "dictionary changed size during
+#: iteration" (a 500 although the write happened). The whole request runs under the lock, as the local
+#: cloud's meter already holds it around every write request.
+ITEM_HANDLERS = (
+    "put_item",
+    "update_item",
+    "delete_item",
+    "transact_write_items",
+    "batch_write_item",
+    "get_item",
+    "batch_get_item",
+    "transact_get_items",
+)
 _BACKEND = "moto.dynamodb.models:DynamoDBBackend"
+_HANDLER = "moto.dynamodb.responses:DynamoHandler"
 #: Held by every serialised write (reentrant: a write may trigger another, e.g. through a stream). The meter
 #: holds it around a whole write request to read the item before and after it (`metering`).
 WRITE_LOCK = threading.RLock()
@@ -228,6 +244,16 @@ def install() -> Callable[[], None]:
         functools.update_wrapper(isolated, original)
         isolated._berth_isolated = True  # type: ignore[attr-defined]
         patches.append(moto_compat.replace(path, isolated))
+    for name in ITEM_HANDLERS:
+        path = f"{_HANDLER}.{name}"
+        original = moto_compat.surface(path)
+
+        def whole_request(*args: Any, __handler: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return __handler(*args, **kwargs)
+
+        functools.update_wrapper(whole_request, original)
+        patches.append(moto_compat.replace(path, whole_request))
 
     def undo() -> None:
         for patch in reversed(patches):

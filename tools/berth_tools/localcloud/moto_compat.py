@@ -164,6 +164,23 @@ SURFACES: tuple[Surface, ...] = (
         Surface(f"moto.dynamodb.models:DynamoDBBackend.{name}", "wrapped", "iterating reads, under the lock")
         for name in ("query", "scan")
     ),
+    *(
+        Surface(
+            f"moto.dynamodb.responses:DynamoHandler.{name}",
+            "wrapped",
+            "a single-item request under the lock: its answer is built from the live item",
+        )
+        for name in (
+            "put_item",
+            "update_item",
+            "delete_item",
+            "transact_write_items",
+            "batch_write_item",
+            "get_item",
+            "batch_get_item",
+            "transact_get_items",
+        )
+    ),
     # -- Batch: the jobs dict is iterated by DescribeJobs and ListJobs while SubmitJob adds to it -----
     *(
         Surface(f"moto.batch.models:BatchBackend.{name}", "wrapped", "serialised by local_batch (one lock)")
