@@ -72,6 +72,25 @@ def _update(pk: str, cond: str, values: dict[str, Any], names: dict[str, str] | 
     return step
 
 
+def _set(pk: str, update: str, values: dict[str, Any], names: dict[str, str] | None = None) -> Step:
+    """An unconditional UpdateItem of ``update`` (an update expression's own parse and checks)."""
+
+    def step(client: Any) -> Any:
+        kwargs: dict[str, Any] = {
+            "TableName": "t",
+            "Key": {"pk": {"S": pk}},
+            "UpdateExpression": update,
+            "ReturnValues": "ALL_NEW",
+        }
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        return client.update_item(**kwargs)["Attributes"]
+
+    return step
+
+
 def _transact(*writes: dict[str, Any]) -> Step:
     return lambda client: client.transact_write_items(TransactItems=list(writes))
 
@@ -121,6 +140,43 @@ STEPS: list[Step] = [
     _update("b", "NOT (#n < :v) OR (size(#s) > :len)", {":v": N(100), ":len": N(3)}, {"#s": "s"}),
     _update("a", "m.k = :v AND tags[0] = :t", {":v": S("v"), ":t": S("x")}),
     _update("a", "m.k = :v AND tags[0] = :t", {":v": S("w"), ":t": S("x")}),
+    # one shape, different names: each request's names are the ones looked at (Berth names each job's
+    # attempt and each GPU through ExpressionAttributeNames)
+    _update("a", "attribute_not_exists(#m.#k)", {}, {"#m": "m", "#k": "k"}),  # m.k exists: fails
+    _update("a", "attribute_not_exists(#m.#k)", {}, {"#m": "m", "#k": "z"}),
+    _update("a", "attribute_not_exists(#m.#k)", {}, {"#m": "m", "#k": "k"}),  # fails again
+    _update("a", "#m.#k = :v", {":v": S("v")}, {"#m": "m", "#k": "k"}),
+    _update("a", "#m.#k = :v", {":v": S("v")}, {"#m": "tags", "#k": "k"}),  # tags is a list: fails
+    _update("a", "#m.#k = :v", {":v": S("v")}, {"#m": "m"}),  # #k not given: a validation error
+    # update expressions: one text, each request's names, values and item
+    _set(
+        "a", "SET #m.#k = :v, #n = #n + :one", {":v": S("x"), ":one": N(1)}, {"#m": "m", "#k": "k", "#n": "n"}
+    ),
+    _set(
+        "b", "SET #m.#k = :v, #n = #n + :one", {":v": S("y"), ":one": N(2)}, {"#m": "m", "#k": "k", "#n": "n"}
+    ),
+    _set("b", "SET #m = :v, #n = #n + :one", {":v": {"M": {}}, ":one": N(2)}, {"#m": "m", "#n": "n"}),
+    _set(
+        "b", "SET #m.#k = :v, #n = #n + :one", {":v": S("y"), ":one": N(2)}, {"#m": "m", "#k": "k", "#n": "n"}
+    ),
+    _set("a", "SET #n = #n + :one REMOVE tags[0]", {":one": N(1)}, {"#n": "n"}),
+    _set("a", "SET #n = #n + :one REMOVE tags[0]", {":one": N(1)}, {"#n": "n"}),
+    _set("a", "SET #n = = :one", {":one": N(1)}, {"#n": "n"}),  # bad syntax
+    _set("a", "SET #n = = :one", {":one": N(1)}, {"#n": "n"}),  # raised again, never kept
+    _set("a", "SET #n = :one, #n = :one", {":one": N(1)}, {"#n": "n"}),  # overlapping paths
+    _set("a", "ADD #n :one", {":one": N(1)}, {"#n": "n", "#unused": "u"}),  # a name not used
+    _transact(
+        {
+            "Update": {
+                "TableName": "t",
+                "Key": {"pk": {"S": "b"}},
+                "UpdateExpression": "SET #m.#k = :v",
+                "ConditionExpression": "attribute_exists(#m)",
+                "ExpressionAttributeNames": {"#m": "m", "#k": "w"},
+                "ExpressionAttributeValues": {":v": S("t")},
+            }
+        }
+    ),
     # validation errors, as moto as shipped raises them
     _update("a", "#n = :missing", {}),
     _update("a", "#n = :v", {":v": N(1), ":unused": N(2)}),
@@ -161,15 +217,18 @@ def _run(steps: list[Step]) -> list[Any]:
 def _as_shipped() -> Iterator[None]:
     """moto's own parse, even where a local cloud in this process installed the patch for good."""
     parser = moto_compat.surface("moto.dynamodb.comparisons:ConditionExpressionParser")
-    current = parser.parse
+    updates = moto_compat.surface("moto.dynamodb.parsing.expressions:UpdateExpressionParser")
+    current, current_make = parser.parse, vars(updates)["make"]
     if not getattr(current, "_berth_cached", False):
         yield
         return
     parser.parse = current.__wrapped__
+    updates.make = classmethod(updates.make.__wrapped__.__func__)
     try:
         yield
     finally:
         parser.parse = current
+        updates.make = current_make
 
 
 def test_every_request_gets_the_answer_moto_as_shipped_gives() -> None:
@@ -186,6 +245,41 @@ def test_every_request_gets_the_answer_moto_as_shipped_gives() -> None:
         undo()
     assert cached == shipped
     assert after["reused"] > before["reused"]  # the repeated expressions were not parsed again
+    # a shape seen with other names is not parsed again either: three parses of the two name shapes
+    assert after["updates_reused"] > before["updates_reused"]
+
+
+def test_a_shape_is_parsed_once_whatever_its_names_stand_for(patched: None) -> None:
+    """Berth's placement conditions name each attempt and GPU through ExpressionAttributeNames: those
+    must not make every placement's condition a new entry."""
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name="us-east-1")
+        _table(client)
+        client.put_item(TableName="t", Item={"pk": S("h"), "holds": {"M": {}}})
+        before = dict(moto_dynamodb_conditions.stats)
+        for i in range(5):
+            client.update_item(
+                TableName="t",
+                Key={"pk": S("h")},
+                UpdateExpression="SET #h.#a = :g",
+                ConditionExpression="attribute_not_exists(#h.#a)",
+                ExpressionAttributeNames={"#h": "holds", "#a": f"job-{i}#1"},
+                ExpressionAttributeValues={":g": S(f"GPU-{i}")},
+            )
+        with pytest.raises(ClientError, match="ConditionalCheckFailed"):  # job-3's hold is there
+            client.update_item(
+                TableName="t",
+                Key={"pk": S("h")},
+                UpdateExpression="SET #h.#a = :g",
+                ConditionExpression="attribute_not_exists(#h.#a)",
+                ExpressionAttributeNames={"#h": "holds", "#a": "job-3#1"},
+                ExpressionAttributeValues={":g": S("GPU-9")},
+            )
+        after = dict(moto_dynamodb_conditions.stats)
+        holds = client.get_item(TableName="t", Key={"pk": S("h")})["Item"]["holds"]["M"]
+    assert {k: v["S"] for k, v in holds.items()} == {f"job-{i}#1": f"GPU-{i}" for i in range(5)}
+    assert after["parsed"] - before["parsed"] == 1
+    assert after["updates_parsed"] - before["updates_parsed"] == 1
 
 
 def test_a_bad_expression_is_never_kept(patched: None) -> None:

@@ -699,6 +699,23 @@ SURFACES: tuple[Surface, ...] = (
         )
         for attr in ("expr_attr_names_found", "expr_attr_values_found")
     ),
+    Surface(
+        "moto.dynamodb.comparisons:ConditionExpressionParser._lookup_expression_attribute_name",
+        "wrapped",
+        "checks the name is given (raising as moto does), then leaves a reference to it in the tree",
+        ("name",),
+    ),
+    Surface(
+        "moto.dynamodb.parsing.expressions:UpdateExpressionParser.make",
+        "wrapped",
+        "an update expression's tree (placeholders only) kept by its text; users read or deep-copy it",
+        ("expression_str",),
+    ),
+    Surface(
+        "moto.dynamodb.parsing.expressions:UpdateExpressionParser",
+        "read",
+        "the class whose classmethod make is replaced, and put back by the undo",
+    ),
     # -- emulator hot paths: Step Functions' Lambda client built once (moto_sfn_clients) --------------------
     Surface(
         "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for",
