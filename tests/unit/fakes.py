@@ -822,12 +822,16 @@ class FakeSubmitQueue:
     def __init__(self) -> None:
         self.messages: list[Any] = []
         self.seen: set[str] = set()
+        #: The dedup ids of the requests sent ``first`` (the dispatch's own sends).
+        self.firsts: set[str] = set()
 
-    def send(self, request: Any) -> None:
+    def send(self, request: Any, first: bool = False) -> None:
         if request.dedup_id in self.seen:
             return
         self.seen.add(request.dedup_id)
         self.messages.append(request)
+        if first:
+            self.firsts.add(request.dedup_id)
 
     def take(self) -> list[Any]:
         out, self.messages = self.messages, []

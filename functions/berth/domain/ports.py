@@ -460,7 +460,11 @@ class BatchGateway(Protocol):
 class SubmitQueue(Protocol):
     """The queue of Batch submit requests (throttled by its consumer, never dropped)."""
 
-    def send(self, request: SubmitRequest) -> None: ...
+    def send(self, request: SubmitRequest, first: bool = False) -> None:
+        """Queue ``request``. ``first``: the dispatch's own send of the attempt's request, the only one
+        whose first delivery may skip looking the Batch job up by name (``CloudDispatchService.submit``);
+        the sweep's resends are never first."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

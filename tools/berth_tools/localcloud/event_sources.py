@@ -118,6 +118,7 @@ class SqsPoller(_Loop):
                 MaxNumberOfMessages=min(10, m.batch_size - len(messages)),
                 WaitTimeSeconds=self.long_poll_s if first_at is None else 0,
                 AttributeNames=["All"],
+                MessageAttributeNames=["All"],
             ).get("Messages", [])
             if not got:
                 if first_at is None:
@@ -141,7 +142,7 @@ class SqsPoller(_Loop):
                     "receiptHandle": msg["ReceiptHandle"],
                     "body": msg["Body"],
                     "attributes": msg.get("Attributes", {}),
-                    "messageAttributes": msg.get("MessageAttributes", {}),
+                    "messageAttributes": lambda_message_attributes(msg.get("MessageAttributes") or {}),
                     "md5OfBody": msg.get("MD5OfBody", ""),
                     "eventSource": "aws:sqs",
                     "eventSourceARN": m.source_arn,
@@ -232,6 +233,21 @@ class StreamPoller(_Loop):
             self.stopping.wait(STREAM_POLL_S)
         else:
             self.signal.wait(seen, STREAM_IDLE_S)
+
+
+def lambda_message_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """SQS's ``MessageAttributes`` (ReceiveMessage's form) as Lambda's SQS event carries them:
+    ``{"stringValue", "binaryValue", "stringListValues", "binaryListValues", "dataType"}``."""
+    return {
+        name: {
+            "stringValue": a.get("StringValue"),
+            "binaryValue": a.get("BinaryValue"),
+            "stringListValues": a.get("StringListValues", []),
+            "binaryListValues": a.get("BinaryListValues", []),
+            "dataType": a.get("DataType", "String"),
+        }
+        for name, a in attributes.items()
+    }
 
 
 _RATE = re.compile(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)")
