@@ -298,7 +298,7 @@ class FakeHosts:
             holds = {**current.holds, attempt: Hold(gpu_ids=gpu_ids, cpu=cpu, memory_gib=memory_gib, at=at)}
             self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
 
-    def release(self, host_id: str, attempt: str) -> bool:
+    def release(self, host_id: str, attempt: str, gpu_ids: tuple[str, ...] | None = None) -> bool:
         with self.lock:
             current = self.hosts.get(host_id)
             if current is None or attempt not in current.holds:

@@ -178,8 +178,10 @@ class HostRepository(Protocol):
         is not free (held by another attempt, or not the host's), or the attempt already holds
         GPUs here; NotFound for an unknown host."""
 
-    def release(self, host_id: str, attempt: str) -> bool:
-        """Return the attempt's GPUs to the free set; False (and nothing written) if it held none."""
+    def release(self, host_id: str, attempt: str, gpu_ids: tuple[str, ...] | None = None) -> bool:
+        """Return the attempt's GPUs to the free set; False (and nothing written) if it held none.
+        ``gpu_ids``: the GPUs the attempt's placement holds there (a hold is written with exactly
+        those and never changes): released without reading the host first."""
         ...
 
     def mark_lost(self, host_id: str, expired_before: datetime) -> bool:

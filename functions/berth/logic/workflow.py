@@ -142,8 +142,10 @@ class WorkflowHooks:
 
 def release_holds(hosts: HostRepository, job: Job, attempt: int) -> None:
     if isinstance(job.placement, OnPremPlacement):
+        current = job.attempts == attempt  # then the placement is the attempt's
         for h in job.placement.hosts:
-            hosts.release(h.host_id, attempt_key(job.id, attempt))
+            # its placement names the hold's GPUs: released without reading the host
+            hosts.release(h.host_id, attempt_key(job.id, attempt), (h.gpu_ids or None) if current else None)
 
 
 @dataclass(frozen=True)
