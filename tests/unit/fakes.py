@@ -63,6 +63,8 @@ class FakeJobs:
         self.claims: dict[str, tuple[str, SubmitClaim]] = {}
         #: Reads by kind (the scheduler's queue reads are counted, as calls would be on DynamoDB).
         self.reads: Counter[str] = Counter()
+        #: Where ``save`` records an ended attempt's usage (as DynamoDB's does in its transaction).
+        self.usage_ledger: Any = None
 
     def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self.table.lock:
@@ -84,14 +86,18 @@ class FakeJobs:
             if claim is not None:
                 self.claims[claim.key] = (job.id, claim)
 
-    def save(self, job: Job, event: JobEvent) -> None:
+    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
         if self.before_save is not None:
             hook, self.before_save = self.before_save, None
             hook(job)
+        if usage is not None and self.usage_ledger is None:
+            raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
         with self.table.lock:
             stored = self.jobs.get(job.id)
             if stored is None or stored.version != job.version - 1:
                 raise Conflict("version moved")
+            if usage is not None and self.usage_ledger is not None:
+                self.usage_ledger.record(usage)  # its rule: a record of more run time stays
             self.jobs[job.id] = job
             self.history[job.id].append(event)
             if event.from_ is not None and event.from_.is_active and job.status.is_terminal:

@@ -59,10 +59,12 @@ class JobRepository(Protocol):
 
     def get(self, job_id: str) -> Job | None: ...
 
-    def save(self, job: Job, event: JobEvent) -> None:
+    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
         """Store ``job`` (version n) only if the stored one is still version n-1, with its event,
         atomically (releasing its active-job count when it ends); Conflict if another writer got
-        there first."""
+        there first. ``usage``: the ended attempt's usage record, stored in the same write under
+        ``UsageLedger.record``'s rule (a stored record of more run time stays, and the job is saved
+        all the same); a repository without a usage ledger refuses it (ValueError)."""
 
     def update(self, job: Job) -> None:
         """Store ``job`` (version n) if the stored version is n-1, without an event; else Conflict."""
