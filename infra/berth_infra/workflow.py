@@ -374,7 +374,9 @@ class JobWorkflow(Construct):
                 tables.job_events,
                 starting_position=lambda_.StartingPosition.TRIM_HORIZON,
                 batch_size=100,
-                max_batching_window=Duration.seconds(0),
+                # Up to a second of job state changes per invocation: fewer invocations and PutEvents
+                # (10 entries each) per job; a notification leaves at most a second later.
+                max_batching_window=Duration.seconds(1),
                 retry_attempts=10,
                 bisect_batch_on_error=True,
             )

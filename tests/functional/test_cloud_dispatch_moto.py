@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
+import botocore.client
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
@@ -225,6 +226,56 @@ def test_the_submit_handler_processes_sqs_records(
     assert out == {"batchItemFailures": []}  # a malformed request can never succeed: logged, dropped
     stored = service.jobs.get(job.id)
     assert stored is not None and stored.run.attempt.batch_job_id
+
+
+def test_the_dispatchs_first_delivery_makes_no_listjobs(
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch marks its request ``berth-first``; received once (as Lambda's SQS event carries it,
+    through the local cloud's event source), the handler submits with no ListJobs. Received again (the
+    delete was lost), nothing is submitted again: one Batch job."""
+    from berth.handlers import batch_submit
+    from berth_tools.localcloud.event_sources import lambda_message_attributes
+
+    service, _, url = cloud
+    job = _placed(service)
+    service.dispatch(job.id, 1, "tok")
+    sqs = boto3.client("sqs", region_name=REGION)
+    (message,) = sqs.receive_message(
+        QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"], VisibilityTimeout=0
+    )["Messages"]
+    monkeypatch.setattr(batch_submit, "cloud_dispatch_service", lambda: service)
+    operations: list[str] = []
+    make = botocore.client.BaseClient._make_api_call
+
+    def counted(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        operations.append(operation)
+        return make(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+
+    def deliver(m: dict[str, Any]) -> dict[str, Any]:
+        (record,) = json.loads((EVENTS / "sqs_batch_submit_request.json").read_text())["Records"]
+        record.update(
+            body=m["Body"],
+            attributes={**record["attributes"], **m["Attributes"]},
+            messageAttributes=lambda_message_attributes(m.get("MessageAttributes") or {}),
+        )
+        return batch_submit.lambda_handler({"Records": [record]}, Ctx())  # type: ignore[arg-type]
+
+    assert deliver(message) == {"batchItemFailures": []}
+    assert "ListJobs" not in operations and operations.count("SubmitJob") == 1
+    # the same message again (ApproximateReceiveCount 2): looked up, found, not submitted again
+    (again,) = sqs.receive_message(QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"])[
+        "Messages"
+    ]
+    assert again["Attributes"]["ApproximateReceiveCount"] == "2"
+    operations.clear()
+    assert deliver(again) == {"batchItemFailures": []}
+    assert "SubmitJob" not in operations  # the job's record says it exists (a crash before it: unit tests)
+    batch = boto3.client("batch", region_name=REGION)
+    listed = batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [f"{job.id}-a1"]}])
+    assert len(listed["jobSummaryList"]) == 1
 
 
 def _succeeded_event(

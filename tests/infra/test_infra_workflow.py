@@ -243,6 +243,8 @@ def test_notifier_reads_the_job_events_stream(synthesized: Synthesized) -> None:
     table = synthesized.json["Resources"][events_table]["Properties"]
     assert table["StreamSpecification"] == {"StreamViewType": "NEW_IMAGE"}
     assert mapping["StartingPosition"] == "TRIM_HORIZON"
+    # A second of state changes per invocation (issue 18): fewer invocations and PutEvents per job.
+    assert mapping["MaximumBatchingWindowInSeconds"] == 1 and mapping["BatchSize"] == 100
     # The only stream in the stack, read by the notifier only.
     streams = [
         m

@@ -63,6 +63,8 @@ class FakeJobs:
         self.claims: dict[str, tuple[str, SubmitClaim]] = {}
         #: Reads by kind (the scheduler's queue reads are counted, as calls would be on DynamoDB).
         self.reads: Counter[str] = Counter()
+        #: Where ``save`` records an ended attempt's usage (as DynamoDB's does in its transaction).
+        self.usage_ledger: Any = None
 
     def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self.table.lock:
@@ -84,14 +86,18 @@ class FakeJobs:
             if claim is not None:
                 self.claims[claim.key] = (job.id, claim)
 
-    def save(self, job: Job, event: JobEvent) -> None:
+    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
         if self.before_save is not None:
             hook, self.before_save = self.before_save, None
             hook(job)
+        if usage is not None and self.usage_ledger is None:
+            raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
         with self.table.lock:
             stored = self.jobs.get(job.id)
             if stored is None or stored.version != job.version - 1:
                 raise Conflict("version moved")
+            if usage is not None and self.usage_ledger is not None:
+                self.usage_ledger.record(usage)  # its rule: a record of more run time stays
             self.jobs[job.id] = job
             self.history[job.id].append(event)
             if event.from_ is not None and event.from_.is_active and job.status.is_terminal:
@@ -298,7 +304,7 @@ class FakeHosts:
             holds = {**current.holds, attempt: Hold(gpu_ids=gpu_ids, cpu=cpu, memory_gib=memory_gib, at=at)}
             self.hosts[host_id] = current.model_copy(update={"holds": holds, "version": current.version + 1})
 
-    def release(self, host_id: str, attempt: str) -> bool:
+    def release(self, host_id: str, attempt: str, gpu_ids: tuple[str, ...] | None = None) -> bool:
         with self.lock:
             current = self.hosts.get(host_id)
             if current is None or attempt not in current.holds:
@@ -822,12 +828,16 @@ class FakeSubmitQueue:
     def __init__(self) -> None:
         self.messages: list[Any] = []
         self.seen: set[str] = set()
+        #: The dedup ids of the requests sent ``first`` (the dispatch's own sends).
+        self.firsts: set[str] = set()
 
-    def send(self, request: Any) -> None:
+    def send(self, request: Any, first: bool = False) -> None:
         if request.dedup_id in self.seen:
             return
         self.seen.add(request.dedup_id)
         self.messages.append(request)
+        if first:
+            self.firsts.add(request.dedup_id)
 
     def take(self) -> list[Any]:
         out, self.messages = self.messages, []

@@ -86,7 +86,14 @@ class CloudWorld(World):
         return token
 
     def deliver(self) -> list[str]:
-        return [self.cloud.submit(r) for r in self.submits.take()]
+        """Each queued request delivered once, ``first`` as the handler would pass it on a first
+        delivery (``batch_submit.first_delivery``)."""
+        out = []
+        for r in self.submits.take():
+            first = r.dedup_id in self.submits.firsts
+            self.submits.firsts.discard(r.dedup_id)
+            out.append(self.cloud.submit(r, first=first))
+        return out
 
     def batch_id(self, job_id: str) -> str:
         found = self.job(job_id).run.attempt.batch_job_id
@@ -658,10 +665,12 @@ def test_a_lost_submit_request_is_sent_again_and_a_lost_batch_job_re_placed() ->
     token = w.dispatch(job)
     w.submits.take()  # the message is lost
     w.submits.seen.clear()  # past SQS's deduplication window
+    w.submits.firsts.clear()
     w.clock.now += timedelta(seconds=w.cloud.settings.submit_grace_s + 1)
     report = w.scheduler.run_pass()
     assert report.cloud is not None and report.cloud.resubmitted == 1
-    assert w.deliver() == ["submitted"]
+    assert not w.submits.firsts  # a resend is never a first send: its delivery looks the job up
+    assert w.deliver() == ["submitted"] and w.batch.lookups == 1
     bid = w.batch_id(job.id)
     del w.batch.jobs[bid]  # Batch forgot it
     w.clock.now += timedelta(seconds=w.cloud.settings.submit_grace_s + 1)
@@ -676,3 +685,88 @@ def test_failed_outcome_reads_the_reason_not_the_event() -> None:
     assert failed_outcome(job, p).failure is Failure.CANCELED and failed_outcome(job, p).circuit is None
     pull = BatchJob("b", "j-a1", BatchStatus.FAILED, status_reason="CannotPullContainerError: no such image")
     assert failed_outcome(pull, p).failure is Failure.BAD_IMAGE
+
+
+# -- the first delivery of the dispatch's request submits without ListJobs (issue 18) ------------------
+
+
+def test_the_dispatchs_first_delivery_submits_without_looking_the_job_up() -> None:
+    """One ListJobs less per job: the dispatch's own request, delivered for the first time, cannot
+    find a Batch job of its attempt (nothing else submits it before it), so it submits at once."""
+    w = CloudWorld()
+    job = w.place()
+    w.dispatch(job)
+    assert [r.dedup_id for r in w.submits.messages] == list(w.submits.firsts)
+    assert w.deliver() == ["submitted"]
+    assert w.batch.lookups == 0 and len(w.batch.submitted) == 1
+
+
+def test_a_redelivery_still_looks_first() -> None:
+    """A crash between SubmitJob and the job's write: the redelivery (not first) finds the job by name
+    (the sweep's resend, never sent first: ``test_a_lost_submit_request_is_sent_again...``)."""
+    w = CloudWorld()
+    job = w.place()
+    w.dispatch(job)
+    original = w.jobs.update
+    calls = {"n": 0}
+
+    def crash_once(j: Job) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the Lambda died after SubmitJob")
+        original(j)
+
+    w.jobs.update = crash_once  # type: ignore[method-assign]
+    request = SubmitRequest(job_id=job.id, attempt=1)
+    with pytest.raises(RuntimeError):
+        w.cloud.submit(request, first=True)
+    assert w.cloud.submit(request) == "submitted"
+    assert len(w.batch.submitted) == 1 and w.batch.lookups == 1 and w.batch_id(job.id) == "batch-1"
+
+
+def test_a_first_try_that_loses_its_race_looks_before_submitting_again() -> None:
+    """The job moved between the read and the write (a lost race): the next try of the same delivery
+    finds the Batch job the first try submitted, never submits a second."""
+    w = CloudWorld()
+    job = w.place()
+    w.dispatch(job)
+    original = w.jobs.update
+    calls = {"n": 0}
+
+    def race_once(j: Job) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            from berth.domain.errors import Conflict
+
+            raise Conflict("another writer moved the job")
+        original(j)
+
+    w.jobs.update = race_once  # type: ignore[method-assign]
+    assert w.cloud.submit(SubmitRequest(job_id=job.id, attempt=1), first=True) == "submitted"
+    assert len(w.batch.submitted) == 1 and w.batch.lookups == 1 and w.batch_id(job.id) == "batch-1"
+
+
+@pytest.mark.parametrize(
+    ("attributes", "receives", "first"),
+    [
+        ({"berth-first": {"stringValue": "1", "dataType": "String"}}, "1", True),
+        ({"berth-first": {"stringValue": "1", "dataType": "String"}}, "2", False),
+        ({}, "1", False),
+    ],
+)
+def test_only_a_marked_request_received_once_is_a_first_delivery(
+    attributes: dict[str, Any], receives: str, first: bool
+) -> None:
+    from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+
+    from berth.handlers.batch_submit import first_delivery
+
+    record = SQSRecord(
+        {
+            "messageId": "m",
+            "body": "{}",
+            "attributes": {"ApproximateReceiveCount": receives},
+            "messageAttributes": attributes,
+        }
+    )
+    assert first_delivery(record) is first

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from berth.domain.cost import (
+    AttemptUsage,
     CostRates,
     accrual_due,
     attempt_usage,
@@ -47,6 +49,7 @@ class CostWorld(World):
         self.source = replace(self.source, usage=self.usage, cloud_enabled=cloud)
         self.scheduler = replace(self.scheduler, source=self.source, usage=self.usage)
         self.workflow = replace(self.workflow, usage=self.usage)
+        self.jobs.usage_ledger = self.usage  # the ended attempt's record goes with the job's write
 
     def at(self, when: timedelta, host: str | None = None) -> None:
         """Move the clock to NOW + ``when``, the host heartbeating (its lease stays valid)."""
@@ -251,3 +254,39 @@ def test_with_budget_left_the_same_job_bursts() -> None:
     placed = w.job(job_id)
     assert placed.status is S.STARTING and isinstance(placed.placement, CloudPlacement)
     assert placed.placement.hourly_usd > 0
+
+
+def test_the_final_usage_record_is_written_with_the_jobs_own_save() -> None:
+    """Issue 18: finalize and classify store the attempt's final record in the job's transaction
+    (``JobRepository.save(job, event, usage)``), not with a write of its own before it."""
+    w = CostWorld()
+    direct: list[bool] = []  # final records written other than by the job's save
+    original = w.usage.record
+    in_save = [False]
+
+    def record(usage: AttemptUsage) -> bool:
+        if not in_save[0]:
+            direct.append(usage.final)
+        return original(usage)
+
+    w.usage.record = record  # type: ignore[method-assign]
+    saved: list[Any] = []
+    save = w.jobs.save
+
+    def recording_save(job: Any, event: Any, usage: Any = None) -> None:
+        saved.append(usage)
+        in_save[0] = True
+        try:
+            save(job, event, usage)
+        finally:
+            in_save[0] = False
+
+    w.jobs.save = recording_save  # type: ignore[method-assign]
+    job, _ = w.run_to_running(w.submit(gpus=2))
+    w.at(30 * MIN)
+    w.workflow.finalize(job.id, job.attempts)
+    assert True not in direct  # the final record went with the job
+    finals = [u for u in saved if u is not None]
+    assert len(finals) == 1 and finals[0].final and finals[0].seconds == 1800
+    [stored] = [r for r in w.usage.month("vision", "2026-12") if r.job_id == job.id]
+    assert stored.final and stored.seconds == 1800

@@ -87,6 +87,28 @@ def test_a_stream_poller_without_a_signal_still_polls() -> None:
         poller.join(timeout=5)
 
 
+def test_a_stream_poller_with_a_batching_window_invokes_once_per_window() -> None:
+    """MaximumBatchingWindowInSeconds on a stream mapping (the notifier's, issue 18): records written
+    within the window after the first reach the function in one invocation."""
+    streams, lam, signal = FakeStreams(), FakeLambda(), StreamSignal()
+    mapping = event_sources.Mapping("f", "arn:aws:dynamodb:us-east-1:1:t", batch_size=100, window_s=0.5)
+    poller = event_sources.StreamPoller(streams, lam, mapping, signal)
+    poller.start()
+    try:
+        _until(lambda: streams.reads >= 1)
+        for i in range(5):
+            with streams.lock:
+                streams.records.append({"eventName": "INSERT", "dynamodb": {"n": i}})
+            signal.bump()
+            time.sleep(0.05)
+        _until(lambda: sum(len(e["Records"]) for e in lam.events) == 5)
+        time.sleep(0.2)
+        assert len(lam.events) == 1
+    finally:
+        poller.stop()
+        poller.join(timeout=5)
+
+
 def test_the_signal_does_not_lose_a_write_between_the_read_and_the_wait() -> None:
     signal = StreamSignal()
     seen = signal.generation

@@ -463,3 +463,33 @@ def test_placement_groups_keep_to_one_host_a_window_a_size_and_one_task_per_arra
     assert placement_groups([one, one, one], ["a", "a", "b"]) == [[0], [1, 2]]  # a new group takes over
     gang = ("h0", "h1")
     assert placement_groups([one, gang, one], [None] * 3) == [[0, 2], [1]]  # a gang is written alone
+
+
+# -- single cloud jobs placed together (issue 18) ---------------------------------------------------------
+def test_cloud_placements_of_single_jobs_share_transactions_and_each_token_is_answered() -> None:
+    """A pass placing five single jobs in the cloud writes them in one transaction (each only its job and
+    event), not five; each placement token is answered once. An array task stays alone: its Batch
+    array group's tokens wait for the pass."""
+    from tests.unit.test_cloud_dispatch import CloudWorld
+
+    w = CloudWorld()
+    recording = RecordingPlacements(w.jobs, w.hosts)
+    object.__setattr__(w.scheduler, "placements", recording)
+    object.__setattr__(w.scheduler, "max_group", MAX_GROUP)
+    jobs = [w.submit(constraints={"placement": "cloud"}) for _ in range(5)]
+    for job in jobs:
+        w.workflow.await_placement(job.id, f"place-{job.id}")
+    report = w.scheduler.run_pass()
+    assert report.placed == 5
+    assert [sorted(t) for t in recording.transactions] == [sorted(j.id for j in jobs)]
+    for job in jobs:
+        assert w.job(job.id).status is S.STARTING and w.job(job.id).site is not None
+    answered = [c[1] for c in w.tokens.of("succeed")]
+    assert sorted(answered) == sorted(f"place-{j.id}" for j in jobs)
+
+
+def test_placement_groups_put_single_cloud_jobs_together_but_never_array_tasks() -> None:
+    one = ("h0",)
+    assert placement_groups([None, one, None, None], [None, None, None, "a"]) == [[0, 2], [1], [3]]
+    assert placement_groups([None, None, None], [None] * 3, max_group=2) == [[0, 1], [2]]
+    assert placement_groups([None, None], ["a", "b"]) == [[0], [1]]

@@ -686,3 +686,30 @@ def test_canceling_a_running_cloud_job_asks_for_a_pass_at_once() -> None:
     onprem, _ = onprem.transition(JobStatus.RUNNING, "running", NOW)
     hooks.canceled(onprem, onprem.transition(JobStatus.CANCELING, "canceled", NOW)[0])
     assert len(w.trigger.requests) == 1
+
+
+# -- releasing an ended attempt's GPUs (issue 18) -------------------------------------------------------
+def test_an_ended_attempt_releases_the_gpus_its_placement_names_and_a_stale_one_reads() -> None:
+    """Finalize and classify release each host's hold with the GPUs the attempt's placement names (the
+    store then needs no read of the host); a classify of an attempt that is not the job's current one
+    passes none (its placement is another attempt's)."""
+    w = World()
+    released: list[tuple[str, str, Any]] = []
+    original = w.hosts.release
+
+    def recording(host_id: str, attempt: str, gpu_ids: Any = None) -> bool:
+        released.append((host_id, attempt, gpu_ids))
+        return original(host_id, attempt, gpu_ids)
+
+    w.hosts.release = recording  # type: ignore[method-assign]
+    job, host = w.run_to_running(w.submit(gpus=2))
+    placement = job.placement
+    assert isinstance(placement, OnPremPlacement)
+    w.workflow.finalize(job.id, job.attempts)
+    assert released == [(host, f"{job.id}#{job.attempts}", placement.hosts[0].gpu_ids)]
+    assert w.job(job.id).status is JobStatus.COMPLETED and w.held() == []
+
+    released.clear()
+    other, _ = w.run_to_running(w.submit(gpus=1))
+    w.workflow.classify_failure(other.id, other.attempts + 1, "Berth.NonZeroExit", "exit 1")
+    assert [gpu_ids for _, _, gpu_ids in released] == [None]

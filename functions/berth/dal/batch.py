@@ -384,6 +384,11 @@ class BotoBatchGateway:
             client.terminate_job(jobId=batch_job_id, reason=reason[:256])
 
 
+#: The message attribute that marks the dispatch's own send of an attempt's submit request.
+FIRST_ATTRIBUTE = "berth-first"
+FIRST_VALUE = {"DataType": "String", "StringValue": "1"}
+
+
 class SqsSubmitQueue:
     """The FIFO submit queue: one message group per job, or per Batch array group (its requests in
     order, never two at once), deduplicated by ``<action>-<job>-a<attempt>`` for SQS's five minutes."""
@@ -395,13 +400,17 @@ class SqsSubmitQueue:
     def _sqs(self) -> Any:
         return aws.client("sqs")
 
-    def send(self, request: SubmitRequest) -> None:
+    def send(self, request: SubmitRequest, first: bool = False) -> None:
+        # ``first`` travels as a message attribute, outside the body: a consumer that does not know
+        # it reads the request as before (and looks the Batch job up by name).
+        extra: dict[str, Any] = {"MessageAttributes": {FIRST_ATTRIBUTE: FIRST_VALUE}} if first else {}
         try:
             self._sqs.send_message(
                 QueueUrl=self.queue_url,
                 MessageBody=request.model_dump_json(),
                 MessageGroupId=request.message_group,
                 MessageDeduplicationId=request.dedup_id,
+                **extra,
             )
         except (ClientError, BotoCoreError) as exc:
             raise StoreUnavailable(f"could not queue the Batch submit of {request.job_id}: {exc}") from exc

@@ -249,8 +249,24 @@ class DynamoHostRepository:
         actions, condition = self._holds_update(holds)
         tx.update(self._Row(host_id), actions=actions, condition=condition)
 
-    def release(self, host_id: str, attempt: str) -> bool:
+    def release(self, host_id: str, attempt: str, gpu_ids: tuple[str, ...] | None = None) -> bool:
         R = self._Row
+        if gpu_ids:
+            # The placement's GPUs are the hold's (written together, never changed): one UpdateItem,
+            # no read. Refused (released meanwhile, or a transaction held the item): as below.
+            try:
+                with translated(f"release GPUs on {host_id}"):
+                    R(host_id).update(
+                        actions=[
+                            R.free_gpu_ids.add(set(gpu_ids)),
+                            R.holds[attempt].remove(),
+                            R.version.add(1),
+                        ],
+                        condition=R.holds[attempt].exists(),
+                    )
+                return True
+            except Conflict:
+                pass
         for _ in range(CONFLICT_RETRIES):
             current = self.get(host_id)
             hold = None if current is None else current.holds.get(attempt)

@@ -26,6 +26,8 @@ from berth.dal.models import (
 )
 from berth.dal.page_tokens import DynamoSigningKey, PageTokenCodec
 from berth.dal.tenants import DIRECTORY, TENANT
+from berth.dal.usage import DynamoUsageLedger
+from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded, StoreUnavailable
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent, iso
@@ -63,6 +65,8 @@ def _created_key(job: Job) -> str:
 
 #: Statuses in which a job holds capacity (the sparse ``by_placed`` index).
 PLACED = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELING})
+#: Where ``save``'s usage record sits in its transaction (pynamodb sends puts first: job, event, usage).
+USAGE_ITEM = 2
 #: BatchGetItem takes at most this many keys per call.
 BATCH_GET_KEYS = 100
 #: Rounds of BatchGetItem for the keys DynamoDB left unprocessed (throttled) before giving up.
@@ -80,8 +84,10 @@ class DynamoJobRepository:
         arrays: ArrayReader | None = None,
         shards: int = QUEUE_SHARDS,
         sleep: Callable[[float], None] = time.sleep,
+        usage: DynamoUsageLedger | None = None,
     ) -> None:
         self._arrays = arrays
+        self._usage = usage
         self._shards = shards
         self._sleep = sleep
         self._jobs_table = jobs_table
@@ -209,7 +215,19 @@ class DynamoJobRepository:
                 ) from exc
             raise
 
-    def save(self, job: Job, event: JobEvent) -> None:
+    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
+        if usage is not None and self._usage is not None:
+            try:
+                with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
+                    self.add_save(tx, job, event)  # puts first: the job (0), its event (1)
+                    self._usage.add_record(tx, usage)  # (2)
+                return
+            except Conflict as exc:
+                if USAGE_ITEM not in failed_conditions(exc):
+                    raise
+                # A record of more run time is stored (the ledger's rule keeps it): the job alone.
+        elif usage is not None:
+            raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
         with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
             self.add_save(tx, job, event)
 

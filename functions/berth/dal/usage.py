@@ -4,10 +4,14 @@ A write is a conditional put. A running attempt's record (written by the schedul
 only an open record of less run time; the attempt's final record (written when it ends) replaces
 any open record and a final one of no more run time. So a write that is retried, or that arrives
 after a later one, never counts twice nor lowers the total, and a late running record never
-replaces the final one.
+replaces the final one. The final record can also go into the transaction that ends the job
+(``add_record``, used by ``DynamoJobRepository.save``): one call for both.
 """
 
 from __future__ import annotations
+
+from pynamodb.expressions.condition import Condition
+from pynamodb.transactions import TransactWrite
 
 from berth.dal.errors import translated
 from berth.dal.models import UsageRow, usage_model
@@ -29,6 +33,21 @@ class DynamoUsageLedger:
         self._Row = usage_model(table_name)
 
     def record(self, usage: AttemptUsage) -> bool:
+        row, condition = self._put(usage)
+        try:
+            with translated(f"record usage of {usage.job_id} attempt {usage.attempt}"):
+                row.save(condition=condition)
+        except Conflict:
+            return False
+        return True
+
+    def add_record(self, tx: TransactWrite, usage: AttemptUsage) -> None:
+        """``record``'s put as one item of the transaction ``tx``: its condition (no record of more
+        run time stored) failing cancels the whole transaction."""
+        row, condition = self._put(usage)
+        tx.save(row, condition=condition)
+
+    def _put(self, usage: AttemptUsage) -> tuple[UsageRow, Condition]:
         R = self._Row
         row = R(
             _pk(usage.tenant, usage.month),
@@ -50,12 +69,7 @@ class DynamoUsageLedger:
             condition = R.pk.does_not_exist() | open_ | (R.seconds <= usage.seconds)
         else:
             condition = R.pk.does_not_exist() | (open_ & (R.seconds < usage.seconds))
-        try:
-            with translated(f"record usage of {usage.job_id} attempt {usage.attempt}"):
-                row.save(condition=condition)
-        except Conflict:
-            return False
-        return True
+        return row, condition
 
     def month(self, tenant: str, month: str) -> list[AttemptUsage]:
         with translated(f"read usage of {tenant} in {month}"):

@@ -59,10 +59,12 @@ class JobRepository(Protocol):
 
     def get(self, job_id: str) -> Job | None: ...
 
-    def save(self, job: Job, event: JobEvent) -> None:
+    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
         """Store ``job`` (version n) only if the stored one is still version n-1, with its event,
         atomically (releasing its active-job count when it ends); Conflict if another writer got
-        there first."""
+        there first. ``usage``: the ended attempt's usage record, stored in the same write under
+        ``UsageLedger.record``'s rule (a stored record of more run time stays, and the job is saved
+        all the same); a repository without a usage ledger refuses it (ValueError)."""
 
     def update(self, job: Job) -> None:
         """Store ``job`` (version n) if the stored version is n-1, without an event; else Conflict."""
@@ -178,8 +180,10 @@ class HostRepository(Protocol):
         is not free (held by another attempt, or not the host's), or the attempt already holds
         GPUs here; NotFound for an unknown host."""
 
-    def release(self, host_id: str, attempt: str) -> bool:
-        """Return the attempt's GPUs to the free set; False (and nothing written) if it held none."""
+    def release(self, host_id: str, attempt: str, gpu_ids: tuple[str, ...] | None = None) -> bool:
+        """Return the attempt's GPUs to the free set; False (and nothing written) if it held none.
+        ``gpu_ids``: the GPUs the attempt's placement holds there (a hold is written with exactly
+        those and never changes): released without reading the host first."""
         ...
 
     def mark_lost(self, host_id: str, expired_before: datetime) -> bool:
@@ -460,7 +464,11 @@ class BatchGateway(Protocol):
 class SubmitQueue(Protocol):
     """The queue of Batch submit requests (throttled by its consumer, never dropped)."""
 
-    def send(self, request: SubmitRequest) -> None: ...
+    def send(self, request: SubmitRequest, first: bool = False) -> None:
+        """Queue ``request``. ``first``: the dispatch's own send of the attempt's request, the only one
+        whose first delivery may skip looking the Batch job up by name (``CloudDispatchService.submit``);
+        the sweep's resends are never first."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,20 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
+from berth.dal.batch import FIRST_ATTRIBUTE
 from berth.domain.cloud import SubmitRequest
 from berth.handlers.runtime import cloud_dispatch_service
 
 logger = Logger()
 metrics = Metrics(namespace="Berth")
 processor = SqsFifoPartialProcessor(skip_group_on_error=True)
+
+
+def first_delivery(record: SQSRecord) -> bool:
+    """The dispatch's own request (``berth-first``), received for the first time: no SubmitJob of its
+    attempt can have been made (``CloudDispatchService.submit``)."""
+    marked = ((record.get("messageAttributes") or {}).get(FIRST_ATTRIBUTE) or {}).get("stringValue") == "1"
+    return marked and (record.get("attributes") or {}).get("ApproximateReceiveCount") == "1"
 
 
 def handle(record: SQSRecord) -> None:
@@ -32,7 +40,7 @@ def handle(record: SQSRecord) -> None:
     if service is None:
         raise RuntimeError("no cloud dispatcher configured (BERTH_BATCH_SUBMIT_QUEUE_URL)")
     # CloudThrottled / StoreUnavailable propagate: the record is a batch item failure, redelivered.
-    outcome = service.submit(request)
+    outcome = service.submit(request, first=first_delivery(record))
     logger.info(
         "batch submit", extra={"job_id": request.job_id, "attempt": request.attempt, "outcome": outcome}
     )

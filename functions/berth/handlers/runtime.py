@@ -63,6 +63,7 @@ def job_repository() -> DynamoJobRepository:
         cfg.idempotency_table,
         tokens,
         arrays=array_repository(),
+        usage=usage_ledger(),  # an ended attempt's usage record goes with the job's write
     )
 
 

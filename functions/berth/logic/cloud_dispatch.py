@@ -121,18 +121,28 @@ class CloudDispatchService:
         if done.outcome is not None:
             self.tokens.fail(token, *done.outcome)
             return
-        self.submits.send(submit_request(done.before))
+        self.submits.send(submit_request(done.before), first=True)
 
     # -- the submit queue's consumer -------------------------------------------------------------
-    def submit(self, request: SubmitRequest) -> str:
+    def submit(self, request: SubmitRequest, first: bool = False) -> str:
         """Submit the attempt's Batch job once. Returns what happened: ``submitted``, ``exists``
         (submitted before: a redelivery), ``stale`` (the attempt is over), ``canceled``, ``failed``
         (the region's API refused or is down: the attempt fails as ``CloudApiError`` and is
         re-placed elsewhere), ``refused`` (the spec names a secret outside its tenant's prefix: the
         attempt fails as ``InvalidSpec``, nothing is submitted). Raises ``CloudThrottled`` or
-        ``CloudOutcomeUnknown``: the request stays on the queue."""
+        ``CloudOutcomeUnknown``: the request stays on the queue.
+
+        ``first``: the first delivery of the dispatch's own request (``dispatch`` sends it with
+        ``first``; the handler passes it only when SQS says it was never received before). No
+        SubmitJob of this attempt can have been made then: every earlier request of the job is in
+        the same FIFO message group, so it was done (the Batch job recorded, or the attempt over)
+        before this one was delivered, and a retried dispatch's copy is dropped by SQS's
+        deduplication. A single job's first try then submits without looking it up by name (one
+        ListJobs less per job). A try after a lost race, and every redelivery, looks first."""
+        look = not first
 
         def submit(job: Job) -> Decision[str]:
+            nonlocal look
             placement = cloud_attempt(job)
             if placement is None or job.attempts != request.attempt:
                 return Keep("stale")
@@ -141,7 +151,8 @@ class CloudDispatchService:
             if job.status is S.CANCELING:
                 return Keep("canceled")
             # Batch first, then its id on the job: a try that lost its race finds it by name.
-            submitted = self._submit_batch(job, placement)
+            submitted = self._submit_batch(job, placement, look)
+            look = True
             if isinstance(submitted, Keep):
                 return submitted
             run = job.run.with_attempt(batch_job_id=submitted, submitted_at=self.clock())
@@ -155,10 +166,11 @@ class CloudDispatchService:
             self.cancel_unrecorded(done.before)
         return done.outcome
 
-    def _submit_batch(self, job: Job, placement: CloudPlacement) -> str | Keep[str]:
+    def _submit_batch(self, job: Job, placement: CloudPlacement, look: bool = True) -> str | Keep[str]:
         """The attempt's Batch job id: found by name (an earlier try or delivery submitted it), else
-        submitted now. ``Keep("refused")`` or ``Keep("failed")`` when it cannot be (the attempt's
-        token failed). Raises ``CloudThrottled`` or ``CloudOutcomeUnknown``."""
+        submitted now (``look`` False: a single job's first try, submitted without the lookup).
+        ``Keep("refused")`` or ``Keep("failed")`` when it cannot be (the attempt's token failed).
+        Raises ``CloudThrottled`` or ``CloudOutcomeUnknown``."""
         token = job.run.attempt.dispatch_token
         try:
             batch_request = submission(job, placement, self.settings)
@@ -171,7 +183,7 @@ class CloudDispatchService:
             if placement.group is not None:
                 batch_id, called = self._group_child(job, placement)
             else:
-                found = self.batch.find(placement.region, placement.queue, batch_request.name)
+                found = self.batch.find(placement.region, placement.queue, batch_request.name) if look else []
                 batch_id = found[0].batch_job_id if found else self.batch.submit(batch_request)
         except (CloudThrottled, CloudOutcomeUnknown):
             # Still throttled after the adapter's backoff, or a SubmitJob that may or may not have

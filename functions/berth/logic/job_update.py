@@ -7,7 +7,8 @@ A lost race (``Conflict``) re-reads and asks again; after ``TRIES`` lost races i
 ``JobKeptChanging``. ``change`` answers with one of:
 
 - ``Save(job, event)``: a status change, stored with its event in one transaction
-  (``JobRepository.save``; ``Job.transition`` or ``Job.noted`` build both);
+  (``JobRepository.save``; ``Job.transition`` or ``Job.noted`` build both; ``usage``: an ended
+  attempt's usage record, in the same transaction);
 - ``Update(job)``: the same status, new run state or cost, no event (``JobRepository.update``);
 - ``Keep(outcome)``: nothing to write (already done, or the change does not apply to this version).
 
@@ -26,6 +27,7 @@ from typing import Generic
 
 from typing_extensions import TypeVar
 
+from berth.domain.cost import AttemptUsage
 from berth.domain.errors import Conflict, NotFound
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import JobRepository
@@ -52,6 +54,8 @@ class Save(Generic[T]):
     job: Job
     event: JobEvent
     outcome: T = None  # type: ignore[assignment]  # T defaults to None (PEP 696)
+    usage: AttemptUsage | None = None
+    """The ended attempt's usage record, stored in the same write (``JobRepository.save``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +114,9 @@ def update_job(
             return JobUpdate(job, job, False, None, decision.outcome)
         event = decision.event if isinstance(decision, Save) else None
         try:
-            if event is not None:
+            if event is not None and isinstance(decision, Save) and decision.usage is not None:
+                jobs.save(decision.job, event, decision.usage)
+            elif event is not None:
                 jobs.save(decision.job, event)
             else:
                 jobs.update(decision.job)

@@ -66,6 +66,8 @@ MAX_GROUP = 8
 #: each window just before applying it, so that a pass stopped by its deadline has read only what it
 #: applied (at 100,000 queued, 14,677 were decided and 47 applied).
 HYDRATE_WINDOW = 1000
+#: The key ``placement_groups`` groups single cloud jobs' placements under (no host is named "").
+CLOUD_GROUP = ""
 #: How far apart in decision order placements on one host may be and still be written together (a
 #: group's members start when its first one does; this keeps the apply order near the decision order).
 GROUP_WINDOW = 256
@@ -209,12 +211,15 @@ def group_writes(
     rates: CostRates,
     new_token: Callable[[], str],
 ) -> list[PlacementWrite] | None:
-    """The writes placing on-prem ``members`` (job, assignment, the GPUs picked for it on each host)
-    together; None when one of them did not get its GPUs from the snapshot."""
+    """The writes placing ``members`` (job, assignment, the GPUs picked for it on each host)
+    together; None when an on-prem one did not get its GPUs from the snapshot. A cloud member holds
+    nothing (its write is the job and its event)."""
     writes: list[PlacementWrite] = []
     for job, assignment, gpu_ids in members:
         if not isinstance(assignment, OnPremAssignment):
-            return None
+            nxt, event = placed_job(job, assignment, now, (), rates, new_token())
+            writes.append(PlacementWrite(nxt, event, attempt_key(job.id, job.attempts + 1), []))
+            continue
         held: list[HostGpus] = []
         holds: list[HoldRequest] = []
         for host_id, gpus in assignment.hosts:
@@ -246,11 +251,15 @@ def placement_groups(
     """The pass's placements (``hosts[i]``: the on-prem hosts placement ``i`` holds GPUs on, None for a
     cloud one; ``arrays[i]``: its job array, if any) as groups of indices written together, in the
     order of their first member: those on one single host, within ``window`` of the group's first,
-    at most ``max_group``, one task per array. Every other placement is a group of its own."""
+    at most ``max_group``, one task per array; and cloud placements of single jobs (no array task:
+    those may form Batch array groups, whose tokens wait for the pass), alike within ``window`` and
+    ``max_group``: each is only its job and event, so several make one transaction rather than one
+    each. Every other placement is a group of its own."""
     groups: list[list[int]] = []
     open_by_host: dict[str, int] = {}
     arrays_of: dict[int, set[str]] = {}
-    for i, where in enumerate(hosts):
+    for i, on in enumerate(hosts):
+        where = (CLOUD_GROUP,) if on is None and arrays[i] is None else on
         if max_group > 1 and where is not None and len(where) == 1:
             g = open_by_host.get(where[0])
             if g is not None:

@@ -5,7 +5,8 @@ before the window is applied, and a window not reached by the deadline is deferr
 window, placements run in a bounded pool (``berth.logic.pass_apply.run_bounded``): each is one
 transaction (``PlacementWriter.place``: the hosts' GPU holds, the job QUEUED -> STARTING and its
 event), or placements on one host close in decision order are one transaction together
-(``place_many``; a group that loses a race is applied again one by one). GPUs are picked from the
+(``place_many``; a group that loses a race is applied again one by one), and so are single cloud
+jobs' placements close in decision order (each only its job and event). GPUs are picked from the
 pass's snapshot, once each across the pass (``GpuPicker``), so no placement re-reads its hosts. Each
 placed job's placement token is answered after its write; a cloud array group's tokens once every
 placement of its window is in. A pass that dies between a write and its answer leaves a STARTING job
@@ -183,9 +184,10 @@ class PlacementApplier:
         rates: CostRates,
         locks: HostLocks,
     ) -> list[bool] | None:
-        """Place on-prem ``members`` (job, assignment, the GPUs picked for it on each host) in one
-        transaction, then answer their tokens; whether each one was placed, or None when the
-        transaction lost a race (nothing written: the caller applies them one by one)."""
+        """Place ``members`` (job, assignment, the GPUs picked for it on each host; all on one host,
+        or single cloud jobs) in one transaction, then answer their tokens; whether each one was
+        placed, or None when the transaction lost a race (nothing written: the caller applies them
+        one by one)."""
         writes = group_writes(members, now, rates, self.new_token)
         if writes is None:
             return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from berth.domain.cost import attempt_usage
+from berth.domain.cost import AttemptUsage, attempt_usage
 from berth.domain.errors import StoreUnavailable
 from berth.domain.fleet import attempt_key
 from berth.domain.job import Job
@@ -142,8 +142,10 @@ class WorkflowHooks:
 
 def release_holds(hosts: HostRepository, job: Job, attempt: int) -> None:
     if isinstance(job.placement, OnPremPlacement):
+        current = job.attempts == attempt  # then the placement is the attempt's
         for h in job.placement.hosts:
-            hosts.release(h.host_id, attempt_key(job.id, attempt))
+            # its placement names the hold's GPUs: released without reading the host
+            hosts.release(h.host_id, attempt_key(job.id, attempt), (h.gpu_ids or None) if current else None)
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,9 @@ class WorkflowService:
     clock: Clock
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
     rng: random.Random = field(default_factory=random.Random)
-    #: Where each ended attempt's usage is recorded (None: not recorded; the job's cost still is).
+    #: The usage ledger (None: ended attempts' usage is not recorded; the job's cost still is). An
+    #: ended attempt's final record is stored with the job's own write (``Save.usage``), so the job
+    #: repository must be wired to the same ledger.
     usage: UsageLedger | None = None
     #: Where completed runs are learnt for the scheduler's predictor (None: not recorded).
     runtimes: RuntimeHistory | None = None
@@ -258,7 +262,7 @@ class WorkflowService:
                 free_api_failures=job.run.free_api_failures,
             )
             free_api = failure is Failure.CLOUD_API and not decision.counted
-            cost = self._end_attempt(job, now)  # its usage record first, on every try
+            cost, usage = self._end_attempt(job, now)  # its usage record goes with the job's write
             # The attempt's record stays (its hosts, its Batch job) until the next placement replaces it.
             ended = job.run.with_attempt(dispatch_token=None, stop=None, stop_failure=None, cost_at=None)
             run = ended.model_copy(
@@ -280,6 +284,7 @@ class WorkflowService:
                 nxt,
                 event,
                 {"action": decision.action.value, "backoff_s": decision.backoff_s, "failure": failure.value},
+                usage,
             )
 
         done = update_job(self.jobs, job_id, classify, doing="classifying its failure")
@@ -321,14 +326,14 @@ class WorkflowService:
             if job.status.is_terminal:
                 return Keep()
             now = self.clock()
-            cost = self._end_attempt(job, now)  # its usage record first, on every try
+            cost, usage = self._end_attempt(job, now)  # its usage record goes with the job's write
             run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(
                 update={"cost_done_usd": cost}
             )
             nxt, event = job.transition(
                 S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost
             )
-            return Save(nxt, event)
+            return Save(nxt, event, usage=usage)
 
         running = update_job(self.jobs, job_id, run, doing="finalizing")
         done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
@@ -338,16 +343,15 @@ class WorkflowService:
             self.trigger.request(f"job {job_id} completed")
         return {"status": str(done.after.status)}
 
-    def _end_attempt(self, job: Job, now: datetime) -> float:
-        """The job's cost with its current attempt ended ``now``. The attempt's final usage record is
-        written first: a crash before the job's write leaves the ledger right, and the retried task
-        rewrites the record (a final record never counts twice)."""
+    def _end_attempt(self, job: Job, now: datetime) -> tuple[float, AttemptUsage | None]:
+        """The job's cost with its current attempt ended ``now``, and the attempt's final usage record
+        to store in the same transaction as the job's write (``Save.usage``; None when there is none
+        or no ledger): the ledger and the job move together, and a retried task rewrites the record
+        (a final record never counts twice)."""
         usage = attempt_usage(job, now, final=True)
         if usage is None:
-            return job.run.cost_done_usd
-        if self.usage is not None:
-            self.usage.record(usage)
-        return job.run.cost_done_usd + usage.cost_usd
+            return job.run.cost_done_usd, None
+        return job.run.cost_done_usd + usage.cost_usd, usage if self.usage is not None else None
 
     def new_fencing_token(self) -> str:
         return secrets.token_urlsafe(18)

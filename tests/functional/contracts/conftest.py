@@ -40,7 +40,9 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     if request.param == "fake":
         jobs, tenants = fake_store()
         hosts = FakeHosts()
-        yield Store(jobs, tenants, hosts, FakeDocuments(), FakeUsage(), FakePlacements(jobs, hosts))
+        ledger = FakeUsage()
+        jobs.usage_ledger = ledger  # save's usage record (as DynamoDB's transaction does)
+        yield Store(jobs, tenants, hosts, FakeDocuments(), ledger, FakePlacements(jobs, hosts))
         return
     request.getfixturevalue("aws")
     from berth.dal.documents import DynamoDocumentRepository
@@ -50,8 +52,12 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     from berth.dal.tenants import DynamoTenantRepository
     from berth.dal.usage import DynamoUsageLedger
 
+    ledger = DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"])
     jobs = DynamoJobRepository(
-        TABLES["BERTH_JOBS_TABLE"], TABLES["BERTH_JOB_EVENTS_TABLE"], TABLES["BERTH_TENANTS_TABLE"]
+        TABLES["BERTH_JOBS_TABLE"],
+        TABLES["BERTH_JOB_EVENTS_TABLE"],
+        TABLES["BERTH_TENANTS_TABLE"],
+        usage=ledger,
     )
     hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
     yield Store(
@@ -59,6 +65,6 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         DynamoTenantRepository(TABLES["BERTH_TENANTS_TABLE"]),
         hosts,
         DynamoDocumentRepository(TABLES["BERTH_TENANTS_TABLE"]),
-        DynamoUsageLedger(TABLES["BERTH_USAGE_TABLE"]),
+        ledger,
         DynamoPlacementWriter(jobs, hosts),
     )

@@ -73,6 +73,46 @@ def test_heartbeat_keeps_what_the_cache_holds(store: Store) -> None:
     assert rec is not None and rec.cached_datasets == ()
 
 
+def test_release_with_the_placements_gpus(store: Store) -> None:
+    """``release`` given the GPUs the placement holds (issue 18: no read of the host first): the same
+    effect and answers as without them, released once."""
+    store.hosts.register(_inventory(), T0)
+    a, b = attempt_key("j-a", 1), attempt_key("j-b", 1)
+    store.hosts.hold("h1", a, GPUS[:2], 8, 64)
+    store.hosts.hold("h1", b, GPUS[2:], 8, 64)
+    assert store.hosts.release("h1", a, GPUS[:2]) is True
+    assert store.hosts.release("h1", a, GPUS[:2]) is False  # released once
+    assert store.hosts.release("nope", a, GPUS[:2]) is False
+    rec = store.hosts.get("h1")
+    assert rec is not None and set(rec.free_gpu_ids) == set(GPUS[:2]) and list(rec.holds) == [b]
+    assert rec.free_cpu == 56 and rec.free_memory_gib == 448
+
+
+def test_release_with_the_placements_gpus_makes_one_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not hasattr(store.hosts, "_Row"):
+        pytest.skip("only DynamoDB's calls are counted")
+    import botocore.client
+
+    store.hosts.register(_inventory(), T0)
+    a = attempt_key("j-a", 1)
+    store.hosts.hold("h1", a, GPUS[:2], 8, 64)
+    operations: list[str] = []
+    make = botocore.client.BaseClient._make_api_call
+
+    def counted(self: object, operation: str, params: dict[str, object]) -> object:
+        operations.append(operation)
+        return make(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    assert store.hosts.release("h1", a, GPUS[:2]) is True
+    assert operations == ["UpdateItem"]
+    operations.clear()
+    assert store.hosts.release("h1", a, GPUS[:2]) is False  # refused, then read: nothing held
+    assert operations == ["UpdateItem", "GetItem"]
+
+
 def test_hold_and_release(store: Store) -> None:
     store.hosts.register(_inventory(), T0)
     a, b = attempt_key("j-a", 1), attempt_key("j-b", 1)

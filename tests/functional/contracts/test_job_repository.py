@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from berth.domain.cost import AttemptUsage
 from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
@@ -287,3 +288,65 @@ def test_get_many_reads_full_jobs_in_batches_of_100(store: Store) -> None:
     assert set(found) == set(ids)
     assert found[ids[5]] == store.jobs.get(ids[5])
     assert store.jobs.get_many([]) == {}
+
+
+# -- an ended attempt's usage record in the job's own write (issue 18) -----------------------------------
+def _usage(job: Job, seconds: float) -> AttemptUsage:
+    return AttemptUsage(
+        tenant=job.tenant,
+        month="2026-12",
+        job_id=job.id,
+        attempt=1,
+        site=Site.CLOUD,
+        location="us-east-1",
+        gpus=2,
+        seconds=seconds,
+        hourly_usd=7.2,
+        final=True,
+    )
+
+
+def test_save_stores_the_attempts_usage_with_the_job(store: Store) -> None:
+    job = _new(store)
+    running, ev = job.transition(JobStatus.STARTING, "placed", T0)
+    store.jobs.save(running, ev)
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev, _usage(done, 1800))
+    assert store.jobs.get(job.id) == done and store.jobs.count_active("vision") == 0
+    [record] = store.usage.month("vision", "2026-12")
+    assert record.seconds == 1800 and record.final
+
+
+def test_a_stored_record_of_more_run_time_stays_and_the_job_is_saved(store: Store) -> None:
+    """The ledger's rule in the job's write: a final record of more run time is kept (a retried write
+    of an earlier clock never lowers it), and the job's change is stored all the same."""
+    job = _new(store)
+    running, ev = job.transition(JobStatus.STARTING, "placed", T0)
+    store.jobs.save(running, ev)
+    assert store.usage.record(_usage(job, 2000))
+    done, ev = running.transition(JobStatus.FAILED, "x", T0)
+    store.jobs.save(done, ev, _usage(done, 1800))
+    assert store.jobs.get(job.id) == done and len(store.jobs.events(job.id)) == 3
+    [record] = store.usage.month("vision", "2026-12")
+    assert record.seconds == 2000
+
+
+def test_save_with_usage_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not hasattr(store.jobs, "_conn"):
+        pytest.skip("only DynamoDB's calls are counted")
+    import botocore.client
+
+    job = _new(store)
+    running, ev = job.transition(JobStatus.STARTING, "placed", T0)
+    store.jobs.save(running, ev)
+    operations: list[str] = []
+    make = botocore.client.BaseClient._make_api_call
+
+    def counted(self: object, operation: str, params: dict[str, object]) -> object:
+        operations.append(operation)
+        return make(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev, _usage(done, 1800))
+    assert operations == ["TransactWriteItems"]

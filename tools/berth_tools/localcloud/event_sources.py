@@ -9,7 +9,8 @@ pollers poll, through moto's public API like any AWS client:
   Invoke API, so the in-process runtime runs it) and deletes what succeeded; with
   ``ReportBatchItemFailures`` the failed items stay, and a function error makes the batch visible
   again after a short delay.
-- ``StreamPoller``: reads a DynamoDB stream from ``StartingPosition`` and invokes the function per
+- ``StreamPoller``: reads a DynamoDB stream from ``StartingPosition`` (records found with a batching
+  window: read again once the window has passed, up to the batch size) and invokes the function per
   batch, in order, retrying a failed batch up to ``MaximumRetryAttempts``. Given a ``signal``
   (``moto_streams.SIGNAL``) it sleeps until a stream write wakes it (at most ``STREAM_IDLE_S``),
   instead of reading every ``STREAM_POLL_S``.
@@ -118,6 +119,7 @@ class SqsPoller(_Loop):
                 MaxNumberOfMessages=min(10, m.batch_size - len(messages)),
                 WaitTimeSeconds=self.long_poll_s if first_at is None else 0,
                 AttributeNames=["All"],
+                MessageAttributeNames=["All"],
             ).get("Messages", [])
             if not got:
                 if first_at is None:
@@ -141,7 +143,7 @@ class SqsPoller(_Loop):
                     "receiptHandle": msg["ReceiptHandle"],
                     "body": msg["Body"],
                     "attributes": msg.get("Attributes", {}),
-                    "messageAttributes": msg.get("MessageAttributes", {}),
+                    "messageAttributes": lambda_message_attributes(msg.get("MessageAttributes") or {}),
                     "md5OfBody": msg.get("MD5OfBody", ""),
                     "eventSource": "aws:sqs",
                     "eventSourceARN": m.source_arn,
@@ -214,6 +216,17 @@ class StreamPoller(_Loop):
             self.reads += 1
             got = self.streams.get_records(ShardIterator=iterator, Limit=self.mapping.batch_size)
             records = got.get("Records", [])
+            window = self.mapping.window_s
+            if records and window > 0 and len(records) < self.mapping.batch_size:
+                # MaximumBatchingWindowInSeconds: Lambda gathers records for up to the window (or a full
+                # batch) before it invokes; here one more read once the window has passed
+                self.stopping.wait(window)
+                iterator = got.get("NextShardIterator") or iterator
+                self.reads += 1
+                got = self.streams.get_records(
+                    ShardIterator=iterator, Limit=self.mapping.batch_size - len(records)
+                )
+                records = records + got.get("Records", [])
             if records:
                 busy = True
                 event = {"Records": [{**r, "eventSourceARN": self.mapping.source_arn} for r in records]}
@@ -232,6 +245,21 @@ class StreamPoller(_Loop):
             self.stopping.wait(STREAM_POLL_S)
         else:
             self.signal.wait(seen, STREAM_IDLE_S)
+
+
+def lambda_message_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """SQS's ``MessageAttributes`` (ReceiveMessage's form) as Lambda's SQS event carries them:
+    ``{"stringValue", "binaryValue", "stringListValues", "binaryListValues", "dataType"}``."""
+    return {
+        name: {
+            "stringValue": a.get("StringValue"),
+            "binaryValue": a.get("BinaryValue"),
+            "stringListValues": a.get("StringListValues", []),
+            "binaryListValues": a.get("BinaryListValues", []),
+            "dataType": a.get("DataType", "String"),
+        }
+        for name, a in attributes.items()
+    }
 
 
 _RATE = re.compile(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)")
