@@ -119,6 +119,23 @@ def test_calls_per_job_by_caller_names_each_function_by_its_logical_name() -> No
     }
 
 
+def test_units_per_job_by_table_name_each_table_and_index_by_its_logical_id() -> None:
+    from berth_tools.bench.e2e_bench import units_per_job_by_table
+
+    tables = {
+        "Berth-DataJobsTable49BDAC44-B6VZ": {"read_units": 10.0, "write_units": 40.0},
+        "Berth-DataJobsTable49BDAC44-B6VZ/by_placed": {"read_units": 0.0, "write_units": 12.0},
+        "Berth-DataHostsTable06173A0F-3W42": {"read_units": 4.0, "write_units": 60.0},
+        "plain": {"write_units": 2.0},
+    }
+    assert units_per_job_by_table(tables, 4) == {
+        "DataHostsTable06173A0F": {"read_units": 1.0, "write_units": 15.0},
+        "DataJobsTable49BDAC44": {"read_units": 2.5, "write_units": 10.0},
+        "DataJobsTable49BDAC44/by_placed": {"read_units": 0.0, "write_units": 3.0},
+        "plain": {"read_units": 0.0, "write_units": 0.5},
+    }
+
+
 def test_control_plane_calls_leave_out_what_served_the_benchs_own_reads() -> None:
     from berth_tools.bench.e2e_bench import control_plane_calls_per_job
 

@@ -113,6 +113,22 @@ def calls_per_job_by_caller(by_caller: dict[str, dict[str, dict[str, int]]], job
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
+def units_per_job_by_table(tables: dict[str, dict[str, float]], jobs: int) -> dict[str, dict[str, float]]:
+    """DynamoDB read and write units per finished job, by table and index (the meter's
+    ``<stack>-<logical id>-<suffix>[/<index>]`` names shortened to ``<logical id>[/<index>]``), the
+    largest writer first: where a job's write units go."""
+    per: dict[str, dict[str, float]] = {}
+    for name, units in tables.items():
+        table, slash, index = name.partition("/")
+        parts = table.split("-")
+        short = (parts[1] if len(parts) >= 3 else table) + slash + index
+        row = per.setdefault(short, {"read_units": 0.0, "write_units": 0.0})
+        for kind in row:
+            row[kind] += float(units.get(kind, 0.0)) / jobs
+    rounded = {name: {k: round(v, 2) for k, v in row.items()} for name, row in per.items()}
+    return dict(sorted(rounded.items(), key=lambda kv: -kv[1]["write_units"]))
+
+
 #: The API function (by `_function_name`): the bench's polling and history reads are its GET routes.
 API_FUNCTION = "ApiFunction"
 
@@ -301,6 +317,9 @@ def run_e2e(
             "dynamodb_write_units": round(m.get("dynamodb", {}).get("write_units", 0) / done, 2),
             "dynamodb_read_units": round(m.get("dynamodb", {}).get("read_units", 0) / done, 2),
         }
+        report["dynamodb_units_per_job_by_table"] = units_per_job_by_table(
+            m.get("dynamodb", {}).get("tables", {}), done
+        )
         report.update(calls_per_job(m.get("requests", {}), done))
         report["aws_calls_per_job_by_caller"] = calls_per_job_by_caller(m.get("requests_by_caller", {}), done)
         report.update(
