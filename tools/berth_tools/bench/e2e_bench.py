@@ -115,8 +115,8 @@ def calls_per_job_by_caller(by_caller: dict[str, dict[str, dict[str, int]]], job
 
 def units_per_job_by_table(tables: dict[str, dict[str, float]], jobs: int) -> dict[str, dict[str, float]]:
     """DynamoDB read and write units per finished job, by table and index (the meter's
-    ``<stack>-<logical id>-<suffix>[/<index>]`` names shortened to ``<logical id>[/<index>]``), the
-    largest writer first: where a job's write units go."""
+    ``<stack>-<logical id>-<suffix>[/<index>]`` names shortened to ``<logical id>[/<index>]``, in
+    order of name): where a job's units go."""
     per: dict[str, dict[str, float]] = {}
     for name, units in tables.items():
         table, slash, index = name.partition("/")
@@ -126,7 +126,7 @@ def units_per_job_by_table(tables: dict[str, dict[str, float]], jobs: int) -> di
         for kind in row:
             row[kind] += float(units.get(kind, 0.0)) / jobs
     rounded = {name: {k: round(v, 2) for k, v in row.items()} for name, row in per.items()}
-    return dict(sorted(rounded.items(), key=lambda kv: -kv[1]["write_units"]))
+    return dict(sorted(rounded.items()))
 
 
 #: The API function (by `_function_name`): the bench's polling and history reads are its GET routes.
