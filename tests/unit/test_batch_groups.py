@@ -141,16 +141,7 @@ def test_a_crash_after_the_groups_submit_is_found_by_name_never_submitted_twice(
     for p in placed:
         w.dispatch(p)
     requests = w.submits.take()
-    original = w.jobs.update
-    calls = {"n": 0}
-
-    def crash_once(j: Job) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("the Lambda died after SubmitJob")
-        original(j)
-
-    w.jobs.update = crash_once  # type: ignore[method-assign]
+    w.fail_next_job_write(RuntimeError("the Lambda died after SubmitJob"))
     with pytest.raises(RuntimeError):
         w.cloud.submit(requests[0])
     fresh = CloudWorld.__new__(CloudWorld)  # a new sandbox: nothing remembered

@@ -95,6 +95,20 @@ class CloudWorld(World):
             out.append(self.cloud.submit(r, first=first))
         return out
 
+    def fail_next_job_write(self, error: Exception) -> None:
+        """The next write of a job raises ``error`` (the Lambda dying after SubmitJob, a lost race);
+        the writes after it go through."""
+        original = self.jobs.update
+        failed: list[str] = []
+
+        def once(j: Job) -> None:
+            if not failed:
+                failed.append(j.id)
+                raise error
+            original(j)
+
+        self.jobs.update = once  # type: ignore[method-assign]
+
     def batch_id(self, job_id: str) -> str:
         found = self.job(job_id).run.attempt.batch_job_id
         assert found is not None
@@ -189,16 +203,7 @@ def test_a_crash_between_submit_and_the_job_write_is_found_by_name() -> None:
     w = CloudWorld()
     job = w.place()
     w.dispatch(job)
-    original = w.jobs.update
-    calls = {"n": 0}
-
-    def crash_once(j: Job) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("the Lambda died after SubmitJob")
-        original(j)
-
-    w.jobs.update = crash_once  # type: ignore[method-assign]
+    w.fail_next_job_write(RuntimeError("the Lambda died after SubmitJob"))
     with pytest.raises(RuntimeError):
         w.cloud.submit(SubmitRequest(job_id=job.id, attempt=1))
     assert w.job(job.id).run.attempt.batch_job_id is None and len(w.batch.submitted) == 1
@@ -707,16 +712,7 @@ def test_a_redelivery_still_looks_first() -> None:
     w = CloudWorld()
     job = w.place()
     w.dispatch(job)
-    original = w.jobs.update
-    calls = {"n": 0}
-
-    def crash_once(j: Job) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("the Lambda died after SubmitJob")
-        original(j)
-
-    w.jobs.update = crash_once  # type: ignore[method-assign]
+    w.fail_next_job_write(RuntimeError("the Lambda died after SubmitJob"))
     request = SubmitRequest(job_id=job.id, attempt=1)
     with pytest.raises(RuntimeError):
         w.cloud.submit(request, first=True)
@@ -730,18 +726,9 @@ def test_a_first_try_that_loses_its_race_looks_before_submitting_again() -> None
     w = CloudWorld()
     job = w.place()
     w.dispatch(job)
-    original = w.jobs.update
-    calls = {"n": 0}
+    from berth.domain.errors import Conflict
 
-    def race_once(j: Job) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            from berth.domain.errors import Conflict
-
-            raise Conflict("another writer moved the job")
-        original(j)
-
-    w.jobs.update = race_once  # type: ignore[method-assign]
+    w.fail_next_job_write(Conflict("another writer moved the job"))
     assert w.cloud.submit(SubmitRequest(job_id=job.id, attempt=1), first=True) == "submitted"
     assert len(w.batch.submitted) == 1 and w.batch.lookups == 1 and w.batch_id(job.id) == "batch-1"
 
