@@ -5,11 +5,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.client
 import pytest
 from moto import mock_aws
 
@@ -251,3 +254,44 @@ def spec() -> dict[str, Any]:
 
 
 os.environ.setdefault("POWERTOOLS_DEV", "false")
+
+
+class Calls:
+    """Every AWS call made through botocore (pynamodb's and Powertools' clients alike): its operation
+    and the first value of its item key, if any (the ``calls`` fixture records them)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def record(self, operation: str, params: dict[str, Any]) -> None:
+        key = params.get("Key") or {}
+        first = next(iter(key.values()), {}) if isinstance(key, dict) else {}
+        with self.lock:
+            self.log.append((operation, str(first.get("S", "")) if isinstance(first, dict) else ""))
+
+    def clear(self) -> None:
+        self.log.clear()
+
+    def ops(self) -> Counter[str]:
+        return Counter(op for op, _ in self.log)
+
+    def operations(self) -> list[str]:
+        """The operations in the order they were called."""
+        return [op for op, _ in self.log]
+
+    def keys(self, operation: str) -> list[str]:
+        return [k for op, k in self.log if op == operation]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+    seen = Calls()
+    make = botocore.client.BaseClient._make_api_call
+
+    def counted(self: Any, operation: str, params: dict[str, Any]) -> Any:
+        seen.record(operation, params)
+        return make(self, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    yield seen

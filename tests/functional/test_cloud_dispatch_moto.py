@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
-import botocore.client
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
@@ -33,7 +32,7 @@ from berth.domain.placement import CloudPlacement
 from berth.domain.status import JobStatus
 from berth.domain.storage import job_checkpoint_prefix
 from berth.logic.cloud_dispatch import CloudDispatchService
-from tests.functional.conftest import BUCKETS, EVENTS, TABLES, cold_start, create_tables
+from tests.functional.conftest import BUCKETS, EVENTS, TABLES, Calls, cold_start, create_tables
 
 REGION = "us-east-1"
 QUEUE = f"berth-{REGION}-g5_xlarge-ondemand"
@@ -229,7 +228,7 @@ def test_the_submit_handler_processes_sqs_records(
 
 
 def test_the_dispatchs_first_delivery_makes_no_listjobs(
-    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch
+    cloud: tuple[CloudDispatchService, Tokens, str], monkeypatch: pytest.MonkeyPatch, calls: Calls
 ) -> None:
     """The dispatch marks its request ``berth-first``; received once (as Lambda's SQS event carries it,
     through the local cloud's event source), the handler submits with no ListJobs. Received again (the
@@ -245,14 +244,7 @@ def test_the_dispatchs_first_delivery_makes_no_listjobs(
         QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"], VisibilityTimeout=0
     )["Messages"]
     monkeypatch.setattr(batch_submit, "cloud_dispatch_service", lambda: service)
-    operations: list[str] = []
-    make = botocore.client.BaseClient._make_api_call
-
-    def counted(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        operations.append(operation)
-        return make(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    calls.clear()
 
     def deliver(m: dict[str, Any]) -> dict[str, Any]:
         (record,) = json.loads((EVENTS / "sqs_batch_submit_request.json").read_text())["Records"]
@@ -264,15 +256,16 @@ def test_the_dispatchs_first_delivery_makes_no_listjobs(
         return batch_submit.lambda_handler({"Records": [record]}, Ctx())  # type: ignore[arg-type]
 
     assert deliver(message) == {"batchItemFailures": []}
-    assert "ListJobs" not in operations and operations.count("SubmitJob") == 1
+    assert "ListJobs" not in calls.operations() and calls.ops()["SubmitJob"] == 1
     # the same message again (ApproximateReceiveCount 2): looked up, found, not submitted again
     (again,) = sqs.receive_message(QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"])[
         "Messages"
     ]
     assert again["Attributes"]["ApproximateReceiveCount"] == "2"
-    operations.clear()
+    calls.clear()
     assert deliver(again) == {"batchItemFailures": []}
-    assert "SubmitJob" not in operations  # the job's record says it exists (a crash before it: unit tests)
+    # the job's record says it exists (a crash before it: unit tests)
+    assert "SubmitJob" not in calls.operations()
     batch = boto3.client("batch", region_name=REGION)
     listed = batch.list_jobs(jobQueue=QUEUE, filters=[{"name": "JOB_NAME", "values": [f"{job.id}-a1"]}])
     assert len(listed["jobSummaryList"]) == 1

@@ -8,52 +8,15 @@ and Powertools' clients alike); the ``calls`` fixture records each one's operati
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import boto3
-import botocore.client
 import pytest
 
-from tests.functional.conftest import TABLES, Invoke, arn, cold_start
+from tests.functional.conftest import TABLES, Calls, Invoke, arn, cold_start
 
 ALICE = arn("alice")
-
-
-class Calls:
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str]] = []
-        self.lock = threading.Lock()
-
-    def record(self, operation: str, params: dict[str, Any]) -> None:
-        key = params.get("Key") or {}
-        first = next(iter(key.values()), {}) if isinstance(key, dict) else {}
-        with self.lock:
-            self.log.append((operation, str(first.get("S", "")) if isinstance(first, dict) else ""))
-
-    def clear(self) -> None:
-        self.log.clear()
-
-    def ops(self) -> Counter[str]:
-        return Counter(op for op, _ in self.log)
-
-    def keys(self, operation: str) -> list[str]:
-        return [k for op, k in self.log if op == operation]
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    seen = Calls()
-    make = botocore.client.BaseClient._make_api_call
-
-    def counted(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        seen.record(operation, params)
-        return make(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
-    yield seen
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from berth.domain.errors import Conflict, NotFound
 from berth.domain.fleet import Hold, HostInventory, attempt_key
+from tests.functional.conftest import Calls
 from tests.functional.contracts.conftest import Store
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -88,29 +89,18 @@ def test_release_with_the_placements_gpus(store: Store) -> None:
     assert rec.free_cpu == 56 and rec.free_memory_gib == 448
 
 
-def test_release_with_the_placements_gpus_makes_one_call(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_release_with_the_placements_gpus_makes_one_call(store: Store, calls: Calls) -> None:
     if not hasattr(store.hosts, "_Row"):
         pytest.skip("only DynamoDB's calls are counted")
-    import botocore.client
-
     store.hosts.register(_inventory(), T0)
     a = attempt_key("j-a", 1)
     store.hosts.hold("h1", a, GPUS[:2], 8, 64)
-    operations: list[str] = []
-    make = botocore.client.BaseClient._make_api_call
-
-    def counted(self: object, operation: str, params: dict[str, object]) -> object:
-        operations.append(operation)
-        return make(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    calls.clear()
     assert store.hosts.release("h1", a, GPUS[:2]) is True
-    assert operations == ["UpdateItem"]
-    operations.clear()
+    assert calls.operations() == ["UpdateItem"]
+    calls.clear()
     assert store.hosts.release("h1", a, GPUS[:2]) is False  # refused, then read: nothing held
-    assert operations == ["UpdateItem", "GetItem"]
+    assert calls.operations() == ["UpdateItem", "GetItem"]
 
 
 def test_hold_and_release(store: Store) -> None:

@@ -13,6 +13,7 @@ from berth.domain.job_spec import JobSpec
 from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
 from berth.domain.queue import queue_entry
 from berth.domain.status import JobStatus
+from tests.functional.conftest import Calls
 from tests.functional.contracts.conftest import Store
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -331,22 +332,13 @@ def test_a_stored_record_of_more_run_time_stays_and_the_job_is_saved(store: Stor
     assert record.seconds == 2000
 
 
-def test_save_with_usage_is_one_transaction(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_save_with_usage_is_one_transaction(store: Store, calls: Calls) -> None:
     if not hasattr(store.jobs, "_conn"):
         pytest.skip("only DynamoDB's calls are counted")
-    import botocore.client
-
     job = _new(store)
     running, ev = job.transition(JobStatus.STARTING, "placed", T0)
     store.jobs.save(running, ev)
-    operations: list[str] = []
-    make = botocore.client.BaseClient._make_api_call
-
-    def counted(self: object, operation: str, params: dict[str, object]) -> object:
-        operations.append(operation)
-        return make(self, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", counted)
+    calls.clear()
     done, ev = running.transition(JobStatus.FAILED, "failed", T0)
     store.jobs.save(done, ev, _usage(done, 1800))
-    assert operations == ["TransactWriteItems"]
+    assert calls.operations() == ["TransactWriteItems"]
