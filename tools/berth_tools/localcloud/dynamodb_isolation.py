@@ -3,8 +3,9 @@
 Isolation. DynamoDB applies each write (and each TransactWriteItems) atomically: a conditional write sees
 the state left by the writes before it. moto's backend runs concurrent requests interleaved, so two racing
 conditional writes can both pass their condition. Serialising the write operations restores the
-guarantee Berth's optimistic concurrency relies on; single-item reads still run concurrently, reads that
-iterate a table (query, scan) take the same lock, since moto walks the live item dicts.
+guarantee Berth's optimistic concurrency relies on. Reads that iterate a table (query, scan) take the
+same lock, since moto walks the live item dicts, and so does every single-item request as a whole, since
+moto builds its answer from the live item after the backend returns.
 
 Transactions. moto 5.2.5's `transact_write_items` deep-copies every table the transaction touches before
 it starts, to roll back by swapping the copies in: each submit copied the whole jobs, events and tenants
@@ -31,23 +32,14 @@ from berth_tools.localcloud import moto_compat
 WRITE_OPERATIONS = ("put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item")
 #: Reads that iterate a table's items: moto walks the live dicts, so a write landing meanwhile raised
 #: "dictionary changed size during iteration" (a 500) under load. DynamoDB never fails a read for
-#: that; they take the same lock (single-item reads do not iterate and stay concurrent).
+#: that; they take the same lock (single-item requests take it around the whole request, below).
 ITERATING_READS = ("query", "scan")
 #: Request handlers that read or write single items: moto hands them the live item (UpdateItem's answer
 #: is built from it with ``to_json()`` after the backend returns, GetItem's with ``describe_attrs``), so
 #: an update of the same item landing meanwhile made them fail with "dictionary changed size during
 #: iteration" (a 500 although the write happened). The whole request runs under the lock, as the local
 #: cloud's meter already holds it around every write request.
-ITEM_HANDLERS = (
-    "put_item",
-    "update_item",
-    "delete_item",
-    "transact_write_items",
-    "batch_write_item",
-    "get_item",
-    "batch_get_item",
-    "transact_get_items",
-)
+ITEM_HANDLERS = moto_compat.DYNAMODB_ITEM_HANDLERS
 _BACKEND = "moto.dynamodb.models:DynamoDBBackend"
 _HANDLER = "moto.dynamodb.responses:DynamoHandler"
 #: Held by every serialised write (reentrant: a write may trigger another, e.g. through a stream). The meter

@@ -45,6 +45,18 @@ class Surface:
     params: tuple[str, ...] = ()  # for callables: parameter names relied on (in order, after self)
 
 
+#: DynamoDB's request handlers that read or write single items, run whole under
+#: ``dynamodb_isolation``'s lock (moto builds their answers from the live item).
+DYNAMODB_ITEM_HANDLERS = (
+    "put_item",
+    "update_item",
+    "delete_item",
+    "transact_write_items",
+    "batch_write_item",
+    "get_item",
+    "batch_get_item",
+    "transact_get_items",
+)
 SURFACES: tuple[Surface, ...] = (
     # -- Lambda: run handlers in-process (lambda_runtime) -----------------------------------------------
     Surface(
@@ -170,16 +182,7 @@ SURFACES: tuple[Surface, ...] = (
             "wrapped",
             "a single-item request under the lock: its answer is built from the live item",
         )
-        for name in (
-            "put_item",
-            "update_item",
-            "delete_item",
-            "transact_write_items",
-            "batch_write_item",
-            "get_item",
-            "batch_get_item",
-            "transact_get_items",
-        )
+        for name in DYNAMODB_ITEM_HANDLERS
     ),
     # -- Batch: the jobs dict is iterated by DescribeJobs and ListJobs while SubmitJob adds to it -----
     *(
