@@ -238,9 +238,9 @@ def test_every_request_gets_the_answer_moto_as_shipped_gives() -> None:
     assert kinds.count("error") + kinds.count("raised") >= 8, shipped  # the steps do exercise failures
     undo = moto_dynamodb_conditions.install()
     try:
-        before = dict(moto_dynamodb_conditions.stats)
+        before = {**moto_dynamodb_conditions.stats, **moto_dynamodb_conditions.update_stats()}
         cached = _run(STEPS)
-        after = dict(moto_dynamodb_conditions.stats)
+        after = {**moto_dynamodb_conditions.stats, **moto_dynamodb_conditions.update_stats()}
     finally:
         undo()
     assert cached == shipped
@@ -256,7 +256,7 @@ def test_a_shape_is_parsed_once_whatever_its_names_stand_for(patched: None) -> N
         client = boto3.client("dynamodb", region_name="us-east-1")
         _table(client)
         client.put_item(TableName="t", Item={"pk": S("h"), "holds": {"M": {}}})
-        before = dict(moto_dynamodb_conditions.stats)
+        before = {**moto_dynamodb_conditions.stats, **moto_dynamodb_conditions.update_stats()}
         for i in range(5):
             client.update_item(
                 TableName="t",
@@ -275,7 +275,7 @@ def test_a_shape_is_parsed_once_whatever_its_names_stand_for(patched: None) -> N
                 ExpressionAttributeNames={"#h": "holds", "#a": "job-3#1"},
                 ExpressionAttributeValues={":g": S("GPU-9")},
             )
-        after = dict(moto_dynamodb_conditions.stats)
+        after = {**moto_dynamodb_conditions.stats, **moto_dynamodb_conditions.update_stats()}
         holds = client.get_item(TableName="t", Key={"pk": S("h")})["Item"]["holds"]["M"]
     assert {k: v["S"] for k, v in holds.items()} == {f"job-{i}#1": f"GPU-{i}" for i in range(5)}
     assert after["parsed"] - before["parsed"] == 1

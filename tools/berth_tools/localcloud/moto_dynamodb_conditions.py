@@ -47,9 +47,10 @@ _UPDATE_PARSER = "moto.dynamodb.parsing.expressions:UpdateExpressionParser"
 CACHE_SIZE = 4096
 
 _cache: OrderedDict[Hashable, tuple[Any, tuple[str, ...], tuple[str, ...]]] = OrderedDict()
-_updates: OrderedDict[str, Any] = OrderedDict()
 _lock = threading.Lock()
-stats = {"parsed": 0, "reused": 0, "uncached": 0, "updates_parsed": 0, "updates_reused": 0}
+stats = {"parsed": 0, "reused": 0, "uncached": 0}
+#: The installed update-expression cache (``functools.lru_cache``), None before the first install.
+_updates: Any = None
 
 
 class _Ref(str):
@@ -146,28 +147,24 @@ def _cached_parse(original: Callable[[Any], Any], parser: Any) -> Callable[[Any]
 
 
 def _cached_make(original: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``UpdateExpressionParser.make`` (a classmethod, given here bound) keeping each text's tree."""
+    """``UpdateExpressionParser.make`` (a classmethod, given here bound) keeping each text's tree: an
+    LRU cache by text (one that raises, for a bad expression, keeps nothing)."""
+    global _updates
+    _updates = functools.lru_cache(maxsize=CACHE_SIZE)(original)
+    cached = _updates
 
     @functools.wraps(original)
     def make(expression: str) -> Any:
-        if not isinstance(expression, str):
-            return original(expression)
-        with _lock:
-            tree = _updates.get(expression)
-            if tree is not None:
-                _updates.move_to_end(expression)
-                stats["updates_reused"] += 1
-                return tree
-        tree = original(expression)  # raises for a bad expression, which is then never kept
-        with _lock:
-            _updates[expression] = tree
-            stats["updates_parsed"] += 1
-            while len(_updates) > CACHE_SIZE:
-                _updates.popitem(last=False)
-        return tree
+        return cached(expression) if isinstance(expression, str) else original(expression)
 
     make._berth_cached = True  # type: ignore[attr-defined]
     return make
+
+
+def update_stats() -> dict[str, int]:
+    """Update expressions parsed and reused since the cache was installed (or last emptied)."""
+    info = _updates.cache_info() if _updates is not None else None
+    return {"updates_parsed": info.misses if info else 0, "updates_reused": info.hits if info else 0}
 
 
 def install() -> Callable[[], None]:
@@ -188,6 +185,7 @@ def install() -> Callable[[], None]:
             patch.undo()
         with _lock:
             _cache.clear()
-            _updates.clear()
+        if _updates is not None:
+            _updates.cache_clear()
 
     return undo
