@@ -114,10 +114,8 @@ def update_job(
             return JobUpdate(job, job, False, None, decision.outcome)
         event = decision.event if isinstance(decision, Save) else None
         try:
-            if event is not None and isinstance(decision, Save) and decision.usage is not None:
-                jobs.save(decision.job, event, decision.usage)
-            elif event is not None:
-                jobs.save(decision.job, event)
+            if isinstance(decision, Save):
+                jobs.save(decision.job, decision.event, decision.usage)
             else:
                 jobs.update(decision.job)
         except Conflict:
