@@ -22,6 +22,7 @@ class FakeStreams:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.reads = 0
+        self.delivered = 0  # records handed out by get_records
         self.lock = threading.Lock()
 
     def describe_stream(self, StreamArn: str) -> dict[str, Any]:
@@ -35,6 +36,7 @@ class FakeStreams:
             self.reads += 1
             start = int(ShardIterator)
             got = self.records[start : start + Limit]
+            self.delivered += len(got)
             return {"Records": got, "NextShardIterator": str(start + len(got))}
 
 
@@ -89,18 +91,21 @@ def test_a_stream_poller_without_a_signal_still_polls() -> None:
 
 def test_a_stream_poller_with_a_batching_window_invokes_once_per_window() -> None:
     """MaximumBatchingWindowInSeconds on a stream mapping (the notifier's, issue 18): records written
-    within the window after the first reach the function in one invocation."""
+    within the window after the first reach the function in one invocation. The later records are
+    written once the poller has read the first, so they land inside its window by construction."""
     streams, lam, signal = FakeStreams(), FakeLambda(), StreamSignal()
-    mapping = event_sources.Mapping("f", "arn:aws:dynamodb:us-east-1:1:t", batch_size=100, window_s=0.5)
+    mapping = event_sources.Mapping("f", "arn:aws:dynamodb:us-east-1:1:t", batch_size=100, window_s=2.0)
     poller = event_sources.StreamPoller(streams, lam, mapping, signal)
     poller.start()
     try:
         _until(lambda: streams.reads >= 1)
-        for i in range(5):
-            with streams.lock:
-                streams.records.append({"eventName": "INSERT", "dynamodb": {"n": i}})
-            signal.bump()
-            time.sleep(0.05)
+        with streams.lock:
+            streams.records.append({"eventName": "INSERT", "dynamodb": {"n": 0}})
+        signal.bump()
+        _until(lambda: streams.delivered >= 1)  # the first record read: the window is open
+        with streams.lock:
+            streams.records.extend({"eventName": "INSERT", "dynamodb": {"n": i}} for i in range(1, 5))
+        signal.bump()
         _until(lambda: sum(len(e["Records"]) for e in lam.events) == 5)
         time.sleep(0.2)
         assert len(lam.events) == 1
