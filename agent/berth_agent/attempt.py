@@ -357,13 +357,14 @@ class AttemptRunner:
         """Everything before the start: credentials, inputs staged, secrets, the launch (raises
         ``StagingError``, ``ClaimError`` or ``AgentApiError``: nothing runs)."""
         gpu_uuids = claim.check_gpus(self.inventory)
-        creds: Mapping[str, Any] | None
-        try:
-            creds = self.api.credentials(claim.job_id, claim.attempt, token)
-        except AgentApiError as exc:
-            if exc.status != 404:
-                raise
-            creds = None
+        creds: Mapping[str, Any] | None = claim.credentials
+        if creds is None:  # the claim came without them: ask (404: this deployment vends none)
+            try:
+                creds = self.api.credentials(claim.job_id, claim.attempt, token)
+            except AgentApiError as exc:
+                if exc.status != 404:
+                    raise
+                creds = None
         io: AttemptIO = (
             self.io_for(creds) if creds is not None else NoCredentialsIO(claim.job_id, claim.attempt)
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ class Claim:
     world_size: int = 1
     master_addr: str | None = None
     master_port: int | None = None
+    #: The attempt's first scoped credentials, when the claim's answer carried them (the
+    #: ``/v1/agent/credentials`` answer's shape); None: ask for them.
+    credentials: Mapping[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, payload: Mapping[str, Any]) -> Claim:
@@ -63,6 +66,7 @@ class Claim:
             world_size=answer.world_size,
             master_addr=answer.master_addr,
             master_port=answer.master_port,
+            credentials=None if answer.credentials is None else answer.credentials.wire(),
         )
         if claim.spec.image is None and claim.spec.code is None:
             raise ClaimError("the job has neither image nor code")

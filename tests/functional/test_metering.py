@@ -329,6 +329,12 @@ def test_calls_count_under_the_activity_their_sandbox_serves(server: MotoServer)
     assert meter["requests_by_activity"] == {
         "Berth-ApiFunction685AAB5B-X": {"GET /v1/jobs/{id}": {"dynamodb": {"GetItem": 2}}}
     }
+    # each begin is one invocation of that activity (the bench leaves out its GETs' invocations)
+    metering.METER.begin_activity(key, "GET /v1/jobs/{id}")
+    metering.METER.end_activity(key)
+    assert _meter(server)["meter"]["activities_by_caller"] == {
+        "Berth-ApiFunction685AAB5B-X": {"GET /v1/jobs/{id}": 2}
+    }
 
 
 def test_the_emulators_busy_time_counts_overlapping_calls_once(monkeypatch: pytest.MonkeyPatch) -> None:

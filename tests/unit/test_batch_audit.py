@@ -155,6 +155,17 @@ def test_control_plane_calls_leave_out_what_served_the_benchs_own_reads() -> Non
     }
     assert report["aws_calls_per_job_control_plane_total"] == 4.0
 
+    # the GETs' own invocations (the meter's activities_by_caller) are the bench's too
+    requests["lambda"] = {"Invoke": 45}
+    counts = {
+        "Berth-ApiFunction685AAB5B-X": {"GET /v1/jobs/{id}": 20, "POST /v1/jobs": 10},
+        "Berth-AgentApiFunctionABCDEF12-Y": {"GET /v1/agent/work": 5},
+    }
+    report = control_plane_calls_per_job(requests, by_activity, 10, counts)
+    assert report["aws_calls_per_job_bench_reads_total"] == 6.0
+    assert report["aws_calls_per_job_control_plane"]["lambda"] == {"Invoke": 2.5}
+    assert report["aws_calls_per_job_control_plane_total"] == 6.5
+
 
 def test_an_api_gateway_invocation_is_named_by_its_method_and_resource() -> None:
     from berth_tools.localcloud.lambda_runtime import activity_of

@@ -576,6 +576,7 @@ def test_the_claiming_host_gets_its_attempts_scoped_credentials() -> None:
     w = World(hosts=1)
     vendor = _with_vendor(w)
     job, host = w.run_to_running(w.submit(timeout_minutes=20))
+    vendor.calls.clear()  # the claim's own (test_a_claim_answers_with_the_attempts_credentials)
     w.clock.now += timedelta(minutes=2)
     creds = w.agent.credentials(HostCaller(host, ""), _ref(job))
     assert creds == {
@@ -594,6 +595,7 @@ def test_credentials_are_fenced_like_claims_and_reports() -> None:
     w = World(hosts=2)
     vendor = _with_vendor(w)
     job, host = w.run_to_running(w.submit())
+    vendor.calls.clear()
     other = "h1" if host == "h0" else "h0"
     ref = _ref(job)
     with pytest.raises(NotFound):  # another host's attempt reads as missing
@@ -619,8 +621,59 @@ def test_credentials_need_the_claim_first() -> None:
     assert vendor.calls == []
 
 
+def _dispatched(w: World) -> tuple[Job, str]:
+    job = w.submit(timeout_minutes=20)
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    placed = w.job(job.id)
+    w.workflow.dispatch_onprem(job.id, placed.attempts, "d")
+    return w.job(job.id), _host(placed)
+
+
+def test_a_claim_answers_with_the_attempts_credentials() -> None:
+    """The agent starting an attempt needs no credentials request of its own: the claim vends them
+    (for the attempt's time limit, SourceIdentity the job), and the answer parses as the wire model."""
+    from berth.domain.agent_wire import ClaimAnswer
+
+    w = World(hosts=1)
+    vendor = _with_vendor(w)
+    job, host = _dispatched(w)
+    answer = w.agent.claim(HostCaller(host, ""), _ref(job))
+    assert answer["credentials"] == {
+        "AccessKeyId": "AKIA",
+        "SecretAccessKey": "secret",
+        "SessionToken": "token",
+        "Expiration": "2030-01-01T00:00:00.000Z",
+    }
+    ((_, _policy, seconds, source),) = vendor.calls
+    assert source == job.id and seconds == 20 * 60
+    parsed = ClaimAnswer.model_validate(answer)
+    assert parsed.credentials is not None and parsed.credentials.wire() == answer["credentials"]
+    assert "'secret'" not in repr(parsed) and "'token'" not in repr(parsed) and "AKIA" not in repr(parsed)
+
+
+def test_a_claim_whose_vending_fails_is_still_answered_without_credentials() -> None:
+    """The claim is written before the credentials are vended: STS down must not lose the answer
+    (the agent would take the claim for failed, and its retry would find it already claimed)."""
+    from berth.domain.errors import StoreUnavailable
+
+    w = World(hosts=1)
+    vendor = _with_vendor(w)
+
+    def down(*_a: Any, **_k: Any) -> Any:
+        raise StoreUnavailable("sts: throttled")
+
+    vendor.assume = down  # type: ignore[method-assign]
+    job, host = _dispatched(w)
+    answer = w.agent.claim(HostCaller(host, ""), _ref(job))
+    assert "credentials" not in answer and answer["job_id"] == job.id
+    assert host in w.job(job.id).run.attempt.claimed
+
+
 def test_no_job_role_no_credentials() -> None:
     w = World(hosts=1)
+    job, host = _dispatched(w)
+    assert "credentials" not in w.agent.claim(HostCaller(host, ""), _ref(job))
     job, host = w.run_to_running(w.submit())
     with pytest.raises(NotFound):
         w.agent.credentials(HostCaller(host, ""), _ref(job))
@@ -713,3 +766,14 @@ def test_an_ended_attempt_releases_the_gpus_its_placement_names_and_a_stale_one_
     other, _ = w.run_to_running(w.submit(gpus=1))
     w.workflow.classify_failure(other.id, other.attempts + 1, "Berth.NonZeroExit", "exit 1")
     assert [gpu_ids for _, _, gpu_ids in released] == [None]
+
+
+def test_a_started_report_sends_no_token_heartbeat_the_agents_heartbeat_does() -> None:
+    """The start is written (RUNNING) without a SendTaskHeartbeat of its own: the agent heartbeats
+    the attempt from its claim on, and that heartbeat keeps the dispatch token alive."""
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+    assert job.status is JobStatus.RUNNING
+    assert w.tokens.of("heartbeat") == []
+    w.agent.heartbeat(HostCaller(host, ""), HeartbeatRequest(attempts=[_ref(job)]))
+    assert [c[1] for c in w.tokens.of("heartbeat")] == [f"dispatch-{job.id}-{job.attempts}"]

@@ -87,8 +87,29 @@ class HeartbeatAnswer(_FromControlPlane):
     reregister: bool = False
 
 
+class AttemptCredentials(_FromControlPlane):
+    """An attempt's scoped STS credentials as ``POST /v1/agent/credentials`` answers them (the names
+    the AWS SDKs' ``credential_process`` documents use); also in a claim's answer, so an agent starting
+    an attempt needs no request of its own for them. The secrets stay out of ``repr``."""
+
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    access_key_id: str = Field(alias="AccessKeyId", min_length=1)
+    secret_access_key: str = Field(alias="SecretAccessKey", min_length=1, repr=False)
+    session_token: str = Field(alias="SessionToken", min_length=1, repr=False)
+    expiration: str = Field(alias="Expiration", min_length=1)
+
+    def wire(self) -> dict[str, str]:
+        """The answer as sent: ``{"AccessKeyId": ..., "Expiration": ...}``."""
+        return self.model_dump(mode="json")
+
+
 class ClaimAnswer(_FromControlPlane):
-    """The answer to a claim: the attempt to run on this host (rank ``rank`` of ``world_size``)."""
+    """The answer to a claim: the attempt to run on this host (rank ``rank`` of ``world_size``).
+    ``credentials``: the attempt's scoped credentials, vended with the claim; absent when this
+    deployment vends none or vending failed (the agent then asks ``/v1/agent/credentials``)."""
 
     job_id: str
     attempt: Annotated[int, Field(ge=1)]
@@ -101,6 +122,7 @@ class ClaimAnswer(_FromControlPlane):
     master_addr: str | None = None
     master_port: int | None = None
     heartbeat_s: float | None = None
+    credentials: AttemptCredentials | None = Field(default=None, repr=False)
 
 
 # -- what an agent says of its host's object cache (in its heartbeat; docs/agent-protocol.md) ----------

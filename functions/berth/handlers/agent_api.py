@@ -22,10 +22,9 @@ from berth.domain.observability import MetricsBatch
 from berth.domain.workflow import AttemptRef, AttemptReport, HeartbeatRequest
 from berth.handlers.errors import error_response, from_domain, from_validation
 from berth.handlers.request_guard import body_problem, with_canonical_content_type
-from berth.handlers.runtime import agent_service, tenant_repository
+from berth.handlers.runtime import agent_service, host_identities
 from berth.handlers.settings import settings
 from berth.logic.agent import HostCaller
-from berth.logic.tenants import TenantService
 
 logger = Logger()
 app = APIGatewayRestResolver(enable_validation=True)
@@ -40,9 +39,7 @@ class RegisterIn(BaseModel):
 
 def _host() -> HostCaller:
     identity = app.current_event.request_context.identity
-    host_id, principal = TenantService(tenant_repository()).host(
-        Identity(arn=identity.user_arn, unique_id=identity.user)
-    )
+    host_id, principal = host_identities().host(Identity(arn=identity.user_arn, unique_id=identity.user))
     logger.append_keys(host_id=host_id)
     return HostCaller(host_id=host_id, principal=principal)
 

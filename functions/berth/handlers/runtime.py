@@ -42,9 +42,11 @@ from berth.logic.arrays import ArrayExpander
 from berth.logic.cloud_dispatch import CloudDispatchService
 from berth.logic.cloud_sweep import CloudSweep
 from berth.logic.credentials import CredentialService
+from berth.logic.host_identities import HostIdentities
 from berth.logic.jobs import JobService
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import QueueLimits, SnapshotSource
+from berth.logic.tenants import TenantService
 from berth.logic.workflow import WorkflowHooks, WorkflowService, WorkflowSettings
 
 
@@ -105,6 +107,12 @@ def host_repository() -> DynamoHostRepository:
 @cache
 def tenant_repository() -> DynamoTenantRepository:
     return DynamoTenantRepository(settings().tenants_table)
+
+
+@cache
+def host_identities() -> HostIdentities:
+    """The agent API's verified host identities, kept per sandbox (``host_identity_cache_s``)."""
+    return HostIdentities(TenantService(tenant_repository()).host, ttl_s=settings().host_identity_cache_s)
 
 
 @cache

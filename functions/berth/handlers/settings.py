@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     #: How long the submit-time feasibility check reuses the fleet, policy and offers it read (static
     #: facts; explain and capacity always read afresh).
     feasibility_cache_s: float = 5.0
+    #: How long an agent API sandbox reuses a host identity it verified (``logic/host_identities.py``;
+    #: 0: read the signer's registration on every request). A removed host is refused within it.
+    host_identity_cache_s: float = 30.0
 
     # -- the workflow (docs/workflow.md); empty names leave that part unwired (tests of the API alone)
     #: The job state machine; the API starts one execution per job, named after it.

@@ -9,13 +9,14 @@ refused (``Fenced``). Agents never write the store: this service does, condition
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from berth.domain.agent_wire import ClaimAnswer, HeartbeatAnswer, RegisterAnswer
-from berth.domain.errors import Conflict, NotFound, ValidationFailed
+from berth.domain.agent_wire import AttemptCredentials, ClaimAnswer, HeartbeatAnswer, RegisterAnswer
+from berth.domain.errors import Conflict, DomainError, NotFound, ValidationFailed
 from berth.domain.fleet import HostInventory
 from berth.domain.job import Job, iso
 from berth.domain.job_access import MAX_CREDENTIAL_S
@@ -48,6 +49,7 @@ from berth.logic.job_update import Change, Decision, JobMissing, JobUpdate, Keep
 from berth.logic.workflow import WorkflowSettings
 
 S = JobStatus
+log = logging.getLogger(__name__)
 MASTER_PORT = 29500
 
 
@@ -200,6 +202,7 @@ class AgentService:
         hosts = job.placement.hosts
         rank = next(i for i, h in enumerate(hosts) if h.host_id == host.host_id)
         return ClaimAnswer(
+            credentials=self._vended_with_claim(done.after, ref.attempt),
             job_id=job.id,
             attempt=job.attempts,
             tenant=job.tenant,
@@ -241,15 +244,14 @@ class AgentService:
 
         done = self._update_attempt(host, report, record, "reporting")
         token = done.before.run.attempt.dispatch_token
-        if report.event is ReportEvent.STARTED:
-            if done.written and token:
-                self.tokens.heartbeat(token)
-        elif report.event is ReportEvent.SUCCEEDED:
+        # A start answers no token and sends no SendTaskHeartbeat of its own: the agent heartbeats
+        # every attempt from its claim on (``heartbeat``), well inside the dispatch's HeartbeatSeconds.
+        if report.event is ReportEvent.SUCCEEDED:
             placement = done.before.placement
             assert isinstance(placement, OnPremPlacement)
             if done.written and token and len(done.after.run.attempt.succeeded) >= len(placement.hosts):
                 self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
-        elif token:
+        elif report.event is not ReportEvent.STARTED and token:
             # FAILED or CANCELED: one rank failing fails the attempt on every host (the workflow
             # classifies it; the other ranks get a stop directive once the attempt is no longer current).
             failure = (
@@ -270,10 +272,14 @@ class AgentService:
     def credentials(self, host: HostCaller, ref: AttemptRef) -> dict[str, Any]:
         """The attempt's scoped credentials (session policy from the tenant record, SourceIdentity =
         job id, no longer than what is left of the attempt's time limit): only to the host that
-        claimed this rank of the current attempt, with its fencing token."""
+        claimed this rank of the current attempt, with its fencing token. A claim's answer carries
+        the first ones; an agent asks here to refresh them (and when the claim's came without)."""
         job = self._current(host, ref)
         if host.host_id not in job.run.attempt.claimed:
             raise Fenced(f"host {host.host_id} has not claimed attempt {ref.attempt} of {job.id}")
+        return self._vend(job, ref.attempt).wire()
+
+    def _vend(self, job: Job, attempt: int) -> AttemptCredentials:
         if self.vendor is None:
             raise NotFound("this deployment vends no job credentials")
         remaining = float(MAX_CREDENTIAL_S)
@@ -281,13 +287,28 @@ class AgentService:
             started = job.run.attempt.started_at or self.clock()
             elapsed = (self.clock() - started).total_seconds()
             remaining = min(remaining, job.spec.timeout_minutes * 60 - elapsed)
-        creds = self.vendor.for_attempt(job, ref.attempt, remaining)
-        return {
-            "AccessKeyId": creds.access_key_id,
-            "SecretAccessKey": creds.secret_access_key,
-            "SessionToken": creds.session_token,
-            "Expiration": iso(creds.expiration),
-        }
+        creds = self.vendor.for_attempt(job, attempt, remaining)
+        return AttemptCredentials(
+            access_key_id=creds.access_key_id,
+            secret_access_key=creds.secret_access_key,
+            session_token=creds.session_token,
+            expiration=iso(creds.expiration),
+        )
+
+    def _vended_with_claim(self, job: Job, attempt: int) -> AttemptCredentials | None:
+        """The claimed attempt's first credentials, or None: the claim is already written, so a
+        vending failure (STS or the tenant record unavailable) must not fail its answer; the agent
+        asks ``/v1/agent/credentials`` instead, with its own retries."""
+        if self.vendor is None:
+            return None
+        try:
+            return self._vend(job, attempt)
+        except DomainError as exc:
+            log.warning(
+                "credentials not vended with the claim; the agent will ask for them",
+                extra={"job_id": job.id, "attempt": attempt, "code": exc.code},
+            )
+            return None
 
     def metrics(self, host: HostCaller, batch: MetricsBatch) -> dict[str, Any]:
         """Store usage samples of this host's rank of the current attempt (fenced like a report).

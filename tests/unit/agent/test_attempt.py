@@ -28,6 +28,9 @@ class FakeApi:
         self.spec, self.attempt, self.claim_error = spec, attempt, claim_error
         self.reports: list[dict[str, Any]] = []
         self.fence_started = False
+        #: What the claim's answer carries as ``credentials`` (None: none, as an older control plane).
+        self.claim_credentials: dict[str, str] | None = None
+        self.credential_requests = 0
 
     def claim(self, job_id: str, attempt: int, fencing_token: str) -> Any:
         if self.claim_error is not None:
@@ -38,9 +41,11 @@ class FakeApi:
             "tenant": "vision",
             "spec": self.spec,
             "gpu_ids": ["GPU-a"],
+            **({} if self.claim_credentials is None else {"credentials": self.claim_credentials}),
         }
 
     def credentials(self, job_id: str, attempt: int, fencing_token: str) -> Any:
+        self.credential_requests += 1
         return {"AccessKeyId": "ASIA", "SecretAccessKey": "s", "SessionToken": "t"}
 
     def report(self, job_id: str, attempt: int, fencing_token: str, event: str, **kw: Any) -> Any:
@@ -153,12 +158,36 @@ def test_a_code_job_runs_ships_logs_syncs_outputs_and_reports(tmp_path: Path) ->
     outcome = runner.run(MSG)
     assert outcome.ran and outcome.result is not None and outcome.result.succeeded
     assert [r["event"] for r in api.reports] == ["started", "succeeded"]
+    assert api.credential_requests == 1  # the claim came without them
     # the job's SDK finds the attempt's credentials through AWS_CONFIG_FILE's credential_process
     assert io.events == ["gpus GPU-a", "ASIA t wandb-key False"]
     assert io.objects["vision/jobs/j-1/outputs/model.txt"] == b"weights"
     assert io.objects["vision/jobs/j-1/checkpoints/step-1"] == b"1"
     assert runner.running() == [] and runner.ledger.entries() == []
     assert list((tmp_path / "work").iterdir()) == [tmp_path / "work" / ".attempts"]  # job dir removed
+
+
+def test_credentials_that_come_with_the_claim_are_used_without_a_request(tmp_path: Path) -> None:
+    """A claim answer with the attempt's credentials: the job and the agent's I/O use them, and the
+    agent makes no ``/v1/agent/credentials`` request (an older control plane's claim, without them,
+    is the test above: one request)."""
+    script = (
+        "import botocore.session\n"
+        "c = botocore.session.Session().get_credentials().get_frozen_credentials()\n"
+        "print(c.access_key, c.token)\n"
+    )
+    digest, data = _bundle(tmp_path, script)
+    api, io = FakeApi(_spec(digest)), FakeIO({digest: data})
+    api.claim_credentials = {
+        "AccessKeyId": "ASIA",
+        "SecretAccessKey": "s",
+        "SessionToken": "from-claim",
+        "Expiration": "2099-01-01T00:00:00Z",
+    }
+    outcome = _runner(tmp_path, api, io).run(MSG)
+    assert outcome.ran and outcome.result is not None and outcome.result.succeeded
+    assert io.events == ["ASIA from-claim"]
+    assert api.credential_requests == 0
 
 
 def _corrupt_zip(tmp_path: Path) -> bytes:

@@ -133,10 +133,21 @@ def units_per_job_by_table(tables: dict[str, dict[str, float]], jobs: int) -> di
 API_FUNCTION = "ApiFunction"
 
 
-def bench_reads(by_activity: dict[str, dict[str, dict[str, dict[str, int]]]]) -> dict[str, dict[str, int]]:
+def bench_reads(
+    by_activity: dict[str, dict[str, dict[str, dict[str, int]]]],
+    activity_counts: dict[str, dict[str, int]] | None = None,
+) -> dict[str, dict[str, int]]:
     """The AWS calls the API function made while serving a GET: the bench's own reads (it polls each
-    job's status and reads its events; nothing in the control plane reads its own public API)."""
+    job's status and reads its events; nothing in the control plane reads its own public API), and
+    the Lambda invocations of those GETs (``activity_counts``: the meter's ``activities_by_caller``)."""
     reads: dict[str, dict[str, int]] = {}
+    for caller, counts in (activity_counts or {}).items():
+        if _function_name(caller) != API_FUNCTION:
+            continue
+        gets = sum(n for activity, n in counts.items() if activity.startswith("GET "))
+        if gets:
+            lam = reads.setdefault("lambda", {})
+            lam["Invoke"] = lam.get("Invoke", 0) + gets
     for caller, activities in by_activity.items():
         if _function_name(caller) != API_FUNCTION:
             continue
@@ -154,11 +165,13 @@ def control_plane_calls_per_job(
     requests: dict[str, dict[str, int]],
     by_activity: dict[str, dict[str, dict[str, dict[str, int]]]],
     jobs: int,
+    activity_counts: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Every metered call per job less those that served the bench's own reads (`bench_reads`):
-    the control plane's calls (functions, agents, the local cloud's event sources and emulated
-    integrations) per finished job, by service and operation and in total."""
-    reads = bench_reads(by_activity)
+    """Every metered call per job less those that served the bench's own reads (`bench_reads`: the
+    calls made serving them and their invocations): the control plane's calls (functions, agents, the
+    local cloud's event sources and emulated integrations) per finished job, by service and operation
+    and in total."""
+    reads = bench_reads(by_activity, activity_counts)
     rest = {
         service: {op: n - reads.get(service, {}).get(op, 0) for op, n in ops.items()}
         for service, ops in requests.items()
@@ -323,7 +336,12 @@ def run_e2e(
         report.update(calls_per_job(m.get("requests", {}), done))
         report["aws_calls_per_job_by_caller"] = calls_per_job_by_caller(m.get("requests_by_caller", {}), done)
         report.update(
-            control_plane_calls_per_job(m.get("requests", {}), m.get("requests_by_activity", {}), done)
+            control_plane_calls_per_job(
+                m.get("requests", {}),
+                m.get("requests_by_activity", {}),
+                done,
+                m.get("activities_by_caller", {}),
+            )
         )
         batch_calls = m.get("requests", {}).get("batch", {})
         report["batch_api_calls"] = sum(batch_calls.values())

@@ -262,6 +262,10 @@ class Meter:
             self._by_activity: defaultdict[str, defaultdict[str, defaultdict[str, defaultdict[str, int]]]] = (
                 defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(int))))
             )
+            #: caller -> activity -> how many times a sandbox began serving it (its invocations)
+            self._activity_counts: defaultdict[str, defaultdict[str, int]] = defaultdict(
+                lambda: defaultdict(int)
+            )
             self._dynamodb: defaultdict[str, dict[str, float]] = defaultdict(
                 lambda: {"write_units": 0.0, "read_units": 0.0}
             )
@@ -292,6 +296,7 @@ class Meter:
         Lambda sandbox serves one event at a time, so its calls meanwhile are that event's)."""
         with self._lock:
             self._activities[access_key] = activity
+            self._activity_counts[self._caller_names.get(access_key, "other")][activity] += 1
 
     def end_activity(self, access_key: str) -> None:
         with self._lock:
@@ -374,6 +379,9 @@ class Meter:
                         for activity, services in activities.items()
                     }
                     for caller, activities in self._by_activity.items()
+                },
+                "activities_by_caller": {
+                    caller: dict(counts) for caller, counts in self._activity_counts.items()
                 },
                 "dynamodb": {
                     "write_units": sum(t["write_units"] for t in tables.values()),
