@@ -233,7 +233,8 @@ class JobWorkflow(Construct):
             self,
             "NotifierFunction",
             handler="berth.handlers.notifier.lambda_handler",
-            description="Berth notifier: job state changes from the events table's stream to EventBridge",
+            description="Berth notifier: job state changes from the events table's stream to EventBridge; "
+            "completed runs into the run-time history",
             environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-notifier"},
             bundle=bundle,
             reserved_concurrency=5,
@@ -310,7 +311,7 @@ class JobWorkflow(Construct):
             "TenantDirectory", ["dynamodb:Query"], [f"{arns['tenants']}/index/by_directory"]
         )
         # TenantsRead: quotas, and the run-time histories of the tenants with jobs (RUNTIMES#, one
-        # BatchGetItem a pass; berth.logic.runtimes). Only the workflow writes them (finalize).
+        # BatchGetItem a pass; berth.logic.runtimes). Only the notifier writes them (below).
         self.scheduler_fn.allow(
             "TenantsRead", ["dynamodb:GetItem", "dynamodb:BatchGetItem"], [arns["tenants"]]
         )
@@ -321,12 +322,6 @@ class JobWorkflow(Construct):
             ["dynamodb:PutItem"],
             [arns["tenants"]],
             {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["QUEUE#*"]}},
-        )
-        self.workflow_fn.allow(
-            "RuntimeHistory",
-            ["dynamodb:GetItem", "dynamodb:PutItem"],
-            [arns["tenants"]],
-            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUNTIMES#*"]}},
         )
         self.scheduler_fn.allow("Executions", ["states:StartExecution"], [sm_arn])
         # Job arrays (berth.logic.arrays): every writer of a task's state moves its array's counter
@@ -350,6 +345,14 @@ class JobWorkflow(Construct):
             {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["ARRAYS#*", "TENANT#*"]}},
         )
         self.notifier_fn.allow("Publish", ["events:PutEvents"], [self.bus.event_bus_arn])
+        # The stream's consumer learns a batch's completed runs (the COMPLETED rows' run_observation)
+        # into their tenants' run-time histories: one conditional read-modify-write per tenant.
+        self.notifier_fn.allow(
+            "RuntimeHistory",
+            ["dynamodb:GetItem", "dynamodb:PutItem"],
+            [arns["tenants"]],
+            {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUNTIMES#*"]}},
+        )
         # The usage ledger: the workflow writes an attempt's final record, the scheduler running
         # attempts' records and reads tenants' months (their cloud spend against the budget).
         self.workflow_fn.allow("Usage", ["dynamodb:PutItem"], [arns["usage"]])

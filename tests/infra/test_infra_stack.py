@@ -317,8 +317,6 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         # classify (FAILED/CANCELED) and finalize (COMPLETED) decrement the tenant's active jobs
         ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
-        # finalize learns the completed run into the tenant's run-time history (berth.logic.runtimes)
-        ("TenantsTableName", "RUNTIMES#*"): {"dynamodb:GetItem", "dynamodb:PutItem"},
         # release_holds: hosts.release reads the hold, then removes it conditionally
         ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
         # classify and finalize write the ended attempt's final usage record
@@ -455,6 +453,8 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
     "berth.handlers.notifier.lambda_handler": {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         ("EventBusName", None): {"events:PutEvents"},
+        # a batch's completed runs learnt into their tenants' run-time histories (berth.logic.runtimes)
+        ("TenantsTableName", "RUNTIMES#*"): {"dynamodb:GetItem", "dynamodb:PutItem"},
         ("JobEventsTableName/stream", None): {
             "dynamodb:DescribeStream",
             "dynamodb:GetRecords",

@@ -254,6 +254,31 @@ def test_notifier_reads_the_job_events_stream(synthesized: Synthesized) -> None:
     assert len(streams) == 1
 
 
+def _runtime_history_grants(s: Synthesized, handler: str) -> list[dict[str, Any]]:
+    """The statements of the function's role on the Tenants table's RUNTIMES# items."""
+    role = _function(s, handler)[1]["Properties"]["Role"]["Fn::GetAtt"][0]
+    tenants = _output_ref(s, "TenantsTableName")
+    return [
+        st
+        for policy in s.resources("AWS::IAM::Policy").values()
+        if {"Ref": role} in policy["Properties"]["Roles"]
+        for st in policy["Properties"]["PolicyDocument"]["Statement"]
+        if tenants in json.dumps(st["Resource"]) and "RUNTIMES#*" in json.dumps(st.get("Condition"))
+    ]
+
+
+def test_the_stream_consumer_learns_completed_runs_and_finalize_no_longer_does(
+    synthesized: Synthesized,
+) -> None:
+    # issue 18: a batch's completed runs are learnt by the job-events stream's consumer, one
+    # read-modify-write of each tenant's RUNTIMES# item per batch, instead of one per job in Finalize.
+    (grant,) = _runtime_history_grants(synthesized, "berth.handlers.notifier.lambda_handler")
+    assert sorted(grant["Action"]) == ["dynamodb:GetItem", "dynamodb:PutItem"]
+    assert grant["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUNTIMES#*"]}}
+    assert grant["Resource"] == {"Fn::GetAtt": [_output_ref(synthesized, "TenantsTableName"), "Arn"]}
+    assert _runtime_history_grants(synthesized, "berth.handlers.workflow.lambda_handler") == []
+
+
 def test_bus_policy_lets_only_the_notifier_put_berth_events(synthesized: Synthesized) -> None:
     bus = _output_ref(synthesized, "EventBusName")
     assert synthesized.json["Resources"][bus]["Properties"]["Name"] == "berth-Berth"

@@ -44,6 +44,7 @@ from berth.domain.queue import (
     queue_shard,
     queue_sort_key,
 )
+from berth.domain.run_observation import observation_of
 from berth.domain.status import JobStatus
 from berth.domain.workflow import RunState
 
@@ -167,6 +168,7 @@ class DynamoJobRepository:
         )
 
     def _event_row(self, event: JobEvent, job: Job) -> JobEventRow:
+        run = observation_of(job, event)  # COMPLETED rows only: the stream's consumer learns it
         return self._Event(
             job_id=event.job_id,
             seq=event.seq,
@@ -175,6 +177,7 @@ class DynamoJobRepository:
             to_status=str(event.to),
             reason=event.reason,
             detail=job.notification(event),
+            run_observation=None if run is None else run.to_dict(),
         )
 
     # -- writes --------------------------------------------------------------------------------

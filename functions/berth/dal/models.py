@@ -113,6 +113,9 @@ class JobEventRow(Model):
     reason = UnicodeAttribute()
     #: The notification (``Job.notification``) the stream publishes to EventBridge: ids and states only.
     detail = JSONAttribute(null=True)
+    #: A move to COMPLETED only: the run it teaches the predictor (``RunObservation.to_dict``), learnt by
+    #: the stream's consumer; internal, never in ``detail``.
+    run_observation = JSONAttribute(null=True)
 
 
 class TenantRow(Model):

@@ -122,6 +122,13 @@ def usage_ledger() -> DynamoUsageLedger | None:
 
 
 @cache
+def runtime_history() -> DynamoRuntimeHistory:
+    """The tenants' run-time histories: read by each pass (the snapshot's predictor), learnt by the
+    job-events stream's consumer (the notifier) from the completed runs it reads."""
+    return DynamoRuntimeHistory(settings().tenants_table)
+
+
+@cache
 def workflow_settings() -> WorkflowSettings:
     cfg = settings()
     return WorkflowSettings(
@@ -147,7 +154,7 @@ def snapshot_source() -> SnapshotSource:
         cloud_enabled=cfg.cloud_enabled,
         usage=usage_ledger(),
         circuits=DynamoCircuitRepository(cfg.tenants_table),
-        runtimes=DynamoRuntimeHistory(cfg.tenants_table),
+        runtimes=runtime_history(),
         capacity=CloudCapacity.from_json(cfg.cloud_capacity) if cfg.cloud_capacity else None,
         queue=QueueLimits(
             read_budget=cfg.queue_read_budget,
@@ -194,7 +201,6 @@ def workflow_service() -> WorkflowService:
         clock=now,
         settings=workflow_settings(),
         usage=usage_ledger(),
-        runtimes=DynamoRuntimeHistory(settings().tenants_table),
     )
 
 

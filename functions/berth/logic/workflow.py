@@ -24,7 +24,6 @@ from berth.domain.ports import (
     HostRepository,
     JobRepository,
     PassTrigger,
-    RuntimeHistory,
     TaskTokens,
     UsageLedger,
     WorkQueues,
@@ -43,7 +42,6 @@ from berth.domain.workflow import (
     retry_decision,
 )
 from berth.logic.job_update import Decision, Keep, Save, Update, update_job
-from berth.logic.runtimes import record_completed_run
 
 Clock = Callable[[], datetime]
 
@@ -177,8 +175,6 @@ class WorkflowService:
     #: ended attempt's final record is stored with the job's own write (``Save.usage``), so the job
     #: repository must be wired to the same ledger.
     usage: UsageLedger | None = None
-    #: Where completed runs are learnt for the scheduler's predictor (None: not recorded).
-    runtimes: RuntimeHistory | None = None
 
     # -- WaitForPlacement ------------------------------------------------------------------------
     def await_placement(self, job_id: str, token: str, execution: str | None = None) -> None:
@@ -331,7 +327,9 @@ class WorkflowService:
     # -- Finalize --------------------------------------------------------------------------------
     def finalize(self, job_id: str, attempt: int) -> dict[str, Any]:
         """Every rank succeeded: COMPLETED (a job being canceled that finished first completes too).
-        A job whose start was never reported moves to RUNNING first, with its own event."""
+        A job whose start was never reported moves to RUNNING first, with its own event. The run is
+        learnt from the COMPLETED event's row by the job-events stream's consumer, not here
+        (``berth.logic.runtimes``)."""
 
         def run(job: Job) -> Decision:
             if job.status is not S.STARTING:
@@ -356,7 +354,6 @@ class WorkflowService:
         done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
         if done.written:
             release_holds(self.hosts, done.before, attempt)
-            record_completed_run(self.runtimes, done.before, done.after.updated_at)
             self.trigger.request(f"job {job_id} completed")
         return {"status": str(done.after.status)}
 

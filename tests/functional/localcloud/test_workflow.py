@@ -165,7 +165,19 @@ def test_happy_path_with_events_on_the_bus(cloud: LocalCloud, hosts: Hosts) -> N
     assert all(e["detail-type"] == "Berth Job State Change" and e["source"] == "berth" for e in seen)
     last = seen[-1]["detail"]
     assert last["tenant"] == "vision" and last["site"] == "onprem" and last["attempt"] == 1
-    assert "spec" not in last and "env" not in json.dumps(last)
+    assert "spec" not in last and "env" not in json.dumps(last) and "run_observation" not in last
+    # The stream's consumer learnt the completed run into the team's run-time history (issue 18:
+    # not Finalize; berth.logic.runtimes)
+    tenants = (
+        cloud.session()
+        .resource("dynamodb", endpoint_url=cloud.endpoint_url)
+        .Table(cloud.output("TenantsTableName"))
+    )
+    deadline = time.monotonic() + 10
+    while "Item" not in (learnt := tenants.get_item(Key={"pk": "RUNTIMES#vision"}, ConsistentRead=True)):
+        assert time.monotonic() < deadline, "the completed run was never learnt"
+        time.sleep(0.2)
+    assert json.loads(learnt["Item"]["history"])["observed"] >= 1  # a JSONAttribute: a JSON string
 
 
 def test_transient_failure_retries_on_another_host(cloud: LocalCloud, hosts: Hosts) -> None:
