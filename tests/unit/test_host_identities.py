@@ -7,7 +7,8 @@ import pytest
 
 from berth.domain.errors import Forbidden
 from berth.domain.identity import Identity
-from berth.logic.host_identities import MAX_KEPT, HostIdentities
+from berth.logic.host_identities import HostIdentities
+from berth.logic.kept_answers import MAX_KEPT
 
 ARN = "arn:aws:sts::123456789012:assumed-role/berth-host-h0/i-0abc"
 UID = "AROAEXAMPLEEXAMPLE01:i-0abc"

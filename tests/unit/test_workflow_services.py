@@ -800,3 +800,36 @@ def test_token_heartbeats_come_once_a_third_of_the_window_at_the_deployed_timing
     gaps = [(b - a).total_seconds() for a, b in zip([start, *sends], sends, strict=False)]
     assert max(gaps) <= settings.dispatch_heartbeat_s / 3 + settings.agent_heartbeat_s
     assert all(settings.token_heartbeat_due(None, t) for t in beats)
+
+
+def test_a_teams_grants_are_read_once_per_sandbox_for_the_cache_time_and_each_time_without() -> None:
+    """Vending credentials reads the team's grants (a GetItem of its record); a sandbox keeps them for
+    ``grants_cache_s``, so a claim does not read them again per attempt. 0 reads them every time."""
+    from berth.domain.job_access import AccountScope
+    from berth.domain.storage import StorageLayout
+    from berth.logic.credentials import CredentialService
+
+    w = World(hosts=1)
+    job = w.submit()
+    reads: list[str] = []
+
+    class CountingTenants:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(w.tenants, name)
+
+        def grants(self, tenant: str) -> Any:
+            reads.append(tenant)
+            return w.tenants.grants(tenant)
+
+    for cache_s, expected in ((30.0, 1), (0.0, 3)):
+        reads.clear()
+        service = CredentialService(
+            StorageLayout("artifacts", "data"),
+            AccountScope("aws", "us-east-1", "1" * 12),
+            CountingTenants(),  # type: ignore[arg-type]
+            RecordingVendor(),
+            grants_cache_s=cache_s,
+        )
+        for attempt in (1, 2, 3):
+            service.for_attempt(job, attempt, 600)
+        assert reads == [job.tenant] * expected

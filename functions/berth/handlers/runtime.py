@@ -243,6 +243,7 @@ def credential_service() -> CredentialService | None:
         scope=AccountScope(partition=partition, region=region, account=account),
         tenants=tenant_repository(),
         vendor=StsCredentialVendor(cfg.job_role_arn),
+        grants_cache_s=cfg.credential_grants_cache_s,
     )
 
 

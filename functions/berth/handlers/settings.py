@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     #: How long an agent API sandbox reuses a host identity it verified (``logic/host_identities.py``;
     #: 0: read the signer's registration on every request). A removed host is refused within it.
     host_identity_cache_s: float = 30.0
+    #: How long a sandbox vending attempts' credentials reuses a team's data grants and a dataset's
+    #: record (``CredentialService.grants_cache_s``); 0 reads them for every credential.
+    credential_grants_cache_s: float = 30.0
 
     # -- the workflow (docs/workflow.md); empty names leave that part unwired (tests of the API alone)
     #: The job state machine; the API starts one execution per job, named after it.

@@ -3,7 +3,7 @@ the cloud dispatch for Batch jobs; both land with their issues)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from berth.domain.errors import Conflict
 from berth.domain.job import Job
@@ -15,7 +15,8 @@ from berth.domain.job_access import (
     session_policy_json,
 )
 from berth.domain.ports import CredentialVendor, JobCredentials, TenantRepository
-from berth.domain.storage import StorageLayout, dataset_names
+from berth.domain.storage import DataGrants, Dataset, StorageLayout, dataset_names
+from berth.logic.kept_answers import KeptAnswers
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,23 @@ class CredentialService:
     scope: AccountScope
     tenants: TenantRepository
     vendor: CredentialVendor
+    #: How long a sandbox reuses a team's grants and a dataset's record it read (0: read each time).
+    #: A revoked grant stops appearing in new credentials within it; credentials already vended
+    #: keep what they were given until they expire (up to an hour), which is the longer delay.
+    grants_cache_s: float = 0.0
+    _grants: KeptAnswers[str, DataGrants] = field(init=False, repr=False, compare=False)
+    _datasets: KeptAnswers[str, Dataset | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_grants", KeptAnswers(self.grants_cache_s))
+        object.__setattr__(self, "_datasets", KeptAnswers(self.grants_cache_s))
 
     def for_attempt(self, job: Job, attempt: int, remaining_lease_s: float) -> JobCredentials:
         if job.status.is_terminal:
             raise Conflict(f"job {job.id} is {job.status}; no credentials for a finished job")
-        datasets = {name: self.tenants.dataset(name) for name in dataset_names(job.spec)}
-        policy = session_policy(
-            job, attempt, self.layout, self.tenants.grants(job.tenant), datasets, self.scope
-        )
+        datasets = {name: self._datasets.get(name, self.tenants.dataset) for name in dataset_names(job.spec)}
+        grants = self._grants.get(job.tenant, self.tenants.grants)
+        policy = session_policy(job, attempt, self.layout, grants, datasets, self.scope)
         return self.vendor.assume(
             session_name(job, attempt),
             session_policy_json(policy),

@@ -24,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from berth.domain.identity import Identity
-
-#: Past this many identities kept, the oldest half is dropped (a fleet of hosts per sandbox).
-MAX_KEPT = 4096
+from berth.logic.kept_answers import KeptAnswers
 
 
 @dataclass
@@ -37,21 +35,12 @@ class HostIdentities:
     lookup: Callable[[Identity], tuple[str, str]]
     ttl_s: float = 30.0
     clock: Callable[[], float] = time.monotonic
-    _kept: dict[tuple[str | None, str | None], tuple[float, tuple[str, str]]] = field(
-        default_factory=dict, repr=False
-    )
+    _kept: KeptAnswers[Identity, tuple[str, str]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._kept = KeptAnswers(self.ttl_s, self.clock)
 
     def host(self, identity: Identity) -> tuple[str, str]:
-        """(host id, principal) of a verified host identity; Forbidden (not kept) for anyone else."""
-        key = (identity.arn, identity.unique_id)
-        now = self.clock()
-        hit = self._kept.get(key)
-        if hit is not None and now < hit[0]:
-            return hit[1]
-        answer = self.lookup(identity)
-        if self.ttl_s > 0:
-            if len(self._kept) >= MAX_KEPT:
-                for old in sorted(self._kept, key=lambda k: self._kept[k][0])[: MAX_KEPT // 2]:
-                    del self._kept[old]
-            self._kept[key] = (now + self.ttl_s, answer)
-        return answer
+        """(host id, principal) of a verified host identity; Forbidden (not kept) for anyone else.
+        Kept by the whole identity: its ARN and its unique id."""
+        return self._kept.get(identity, self.lookup)
