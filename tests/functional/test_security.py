@@ -213,3 +213,24 @@ def test_keyed_submits_still_meet_the_active_job_quota(api: Invoke, spec: dict[s
     assert status == 429 and body["error"]["code"] == "QuotaExceeded"
     status, again = api("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": "a"})
     assert status == 201 and again["id"] == first["id"] and _jobs_stored() == 1
+
+
+def test_an_accepted_member_is_kept_for_the_cache_time_and_a_removal_bites_after(
+    api: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API keeps an identity it accepted (not a refusal) for ``identity_cache_s``: a member
+    removed from the table still passes in a warm sandbox until the entry expires, then is refused."""
+    import boto3 as _boto3
+
+    from berth.handlers import services
+
+    _register_role(ROLE_ID)
+    assert api("GET", "/v1/jobs", identity=_session("alice"))[0] == 200
+    _boto3.client("dynamodb", region_name="us-east-1").delete_item(
+        TableName=TABLES["BERTH_TENANTS_TABLE"], Key={"pk": {"S": f"PRINCIPAL#{ROLE}"}}
+    )
+    assert api("GET", "/v1/jobs", identity=_session("alice"))[0] == 200  # kept
+    kept = services.members()
+    monkeypatch.setattr(kept, "clock", lambda: 10.0**12)  # past every entry's expiry
+    status, body = api("GET", "/v1/jobs", identity=_session("alice"))
+    assert status == 403 and body["error"]["code"] == "Forbidden"

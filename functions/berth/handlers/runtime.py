@@ -111,8 +111,8 @@ def tenant_repository() -> DynamoTenantRepository:
 
 @cache
 def host_identities() -> HostIdentities:
-    """The agent API's verified host identities, kept per sandbox (``host_identity_cache_s``)."""
-    return HostIdentities(TenantService(tenant_repository()).host, ttl_s=settings().host_identity_cache_s)
+    """The agent API's verified host identities, kept per sandbox (``identity_cache_s``)."""
+    return HostIdentities(TenantService(tenant_repository()).host, ttl_s=settings().identity_cache_s)
 
 
 @cache

@@ -29,6 +29,7 @@ from berth.logic.arrays import ArrayService
 from berth.logic.circuits import CircuitService
 from berth.logic.fleet import FleetService
 from berth.logic.jobs import JobService
+from berth.logic.kept_answers import KeptAnswers
 from berth.logic.observability import ObservabilityService
 from berth.logic.outputs import OutputService
 from berth.logic.plan import PlanService
@@ -154,11 +155,18 @@ def rate_limiter() -> RateLimiter:
     )
 
 
+@cache
+def members() -> KeptAnswers[Identity, Caller]:
+    """Verified members kept per sandbox for ``identity_cache_s`` (refusals never kept; by ARN and
+    unique id): a member's removal or change of role takes effect within it."""
+    return KeptAnswers(settings().identity_cache_s)
+
+
 def caller(event: BaseProxyEvent) -> Caller:
     """The verified caller (ARN and unique id from the gateway), within its tenant's rate limit.
     ``event`` is a router's ``current_event``: the REST resolver's API Gateway proxy event."""
     identity = cast(APIGatewayProxyEvent, event).request_context.identity
-    verified = tenants().caller(Identity(arn=identity.user_arn, unique_id=identity.user))
+    verified = members().get(Identity(arn=identity.user_arn, unique_id=identity.user), tenants().caller)
     rate_limiter().check(verified.tenant)
     return verified
 

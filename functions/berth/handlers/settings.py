@@ -30,9 +30,10 @@ class Settings(BaseSettings):
     #: How long the submit-time feasibility check reuses the fleet, policy and offers it read (static
     #: facts; explain and capacity always read afresh).
     feasibility_cache_s: float = 5.0
-    #: How long an agent API sandbox reuses a host identity it verified (``logic/host_identities.py``;
-    #: 0: read the signer's registration on every request). A removed host is refused within it.
-    host_identity_cache_s: float = 30.0
+    #: How long a sandbox reuses a caller's identity it verified (a member's tenant and role in the API,
+    #: a host's id in the agent API; ``logic/kept_answers.py``): a removal or a change of role takes
+    #: effect within it. Refusals are never kept. 0 reads the caller's registration on every request.
+    identity_cache_s: float = 30.0
     #: How long a sandbox vending attempts' credentials reuses a team's data grants and a dataset's
     #: record (``CredentialService.grants_cache_s``); 0 reads them for every credential.
     credential_grants_cache_s: float = 30.0
