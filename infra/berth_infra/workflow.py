@@ -275,11 +275,13 @@ class JobWorkflow(Construct):
         self.workflow_fn.allow("Tokens", answer_tokens, [sm_arn])
         self.scheduler_fn.allow("Tokens", answer_tokens, [sm_arn])
         self.agent_fn.allow("Tokens", [*answer_tokens, "states:SendTaskHeartbeat"], [sm_arn])
-        # Only the workflow's tasks end jobs (classify: FAILED/CANCELED, finalize: COMPLETED), which
-        # decrements the tenant's active-job counter; the scheduler and the agent API never do.
-        self.workflow_fn.allow(
-            "TenantCounters", ["dynamodb:UpdateItem"], [arns["tenants"]], _tenant_counter_writes()
-        )
+        # The workflow's tasks end jobs (classify: FAILED/CANCELED, finalize: COMPLETED), and so does
+        # the agent API when the last rank of an on-prem attempt reports success (COMPLETED, with the
+        # attempt's final usage record): each decrements the tenant's active-job counter. The
+        # scheduler never ends a job.
+        for fn in (self.workflow_fn, self.agent_fn):
+            fn.allow("TenantCounters", ["dynamodb:UpdateItem"], [arns["tenants"]], _tenant_counter_writes())
+        self.agent_fn.allow("Usage", ["dynamodb:PutItem"], [arns["usage"]])
         self.workflow_fn.allow("Hosts", ["dynamodb:GetItem", "dynamodb:UpdateItem"], [arns["hosts"]])
         self.workflow_fn.allow(
             "HostQueues", ["sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"], [host_queues]
@@ -549,7 +551,19 @@ class JobWorkflow(Construct):
                 jitter_strategy=sfn.JitterType.FULL,
             )
         dispatch_onprem.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
-        dispatch_onprem.next(finalize)
+        # The last rank's `succeeded` report completes the job itself (AgentService.report) and says
+        # so; Finalize runs only when it did not (a start never reported, an older agent API).
+        dispatch_onprem.next(
+            sfn.Choice(self, "CompletedByReport")
+            .when(
+                sfn.Condition.and_(
+                    sfn.Condition.is_present("$.result.completed"),
+                    sfn.Condition.boolean_equals("$.result.completed", True),
+                ),
+                done,
+            )
+            .otherwise(finalize)
+        )
         dispatch_cloud.add_catch(classify, errors=["States.ALL"], result_path="$.failure")
         dispatch_cloud.next(finalize)
         finalize.next(done)

@@ -426,13 +426,17 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
     # AgentService (logic/agent.py) and TenantService.host.
     AGENT_HANDLER: {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
-        # jobs.get, jobs.update (claim, report), jobs.save (STARTING -> RUNNING only)
+        # jobs.get, jobs.update (claim, report), jobs.save (STARTING -> RUNNING, and the last rank's
+        # success: RUNNING -> COMPLETED)
         ("JobsTableName", None): {"dynamodb:GetItem", "dynamodb:PutItem"},
         # an array task's change moves its array's counter shard in the same transaction
         ("JobsTableName", "*#c*"): {"dynamodb:UpdateItem"},
         ("JobEventsTableName", None): {"dynamodb:PutItem"},
         # the caller's PRINCIPAL# membership row (role host)
         ("TenantsTableName", None): {"dynamodb:GetItem"},
+        # the completion decrements the tenant's active-job counter, and stores the final usage record
+        ("TenantsTableName", "TENANT#*"): {"dynamodb:UpdateItem"},
+        ("UsageTableName", None): {"dynamodb:PutItem"},
         # register (get + conditional update), heartbeat
         ("HostsTableName", None): {"dynamodb:GetItem", "dynamodb:UpdateItem"},
         # attempt heartbeats, success of the last rank, failures, cancel before start

@@ -128,6 +128,20 @@ def test_dispatch_onprem_catches_timeouts_and_heartbeat_loss(synthesized: Synthe
     assert dispatch["TimeoutSecondsPath"] == "$.placed.timeout_s"
 
 
+def test_an_on_prem_attempt_the_agent_api_completed_skips_finalize(synthesized: Synthesized) -> None:
+    """The last rank's report completes the job and answers ``completed: true``: straight to Done.
+    Any other success (``completed`` false or absent: an older agent API) runs Finalize."""
+    states = _states(synthesized)
+    choice = states[states["DispatchOnPrem"]["Next"]]
+    assert choice["Type"] == "Choice" and choice["Default"] == "Finalize"
+    (rule,) = choice["Choices"]
+    assert rule["Next"] == "Done" and states["Done"]["Type"] == "Succeed"
+    assert rule["And"] == [
+        {"Variable": "$.result.completed", "IsPresent": True},
+        {"Variable": "$.result.completed", "BooleanEquals": True},
+    ]
+
+
 def test_placement_and_dispatch_wait_for_a_task_token(synthesized: Synthesized) -> None:
     states = _states(synthesized)
     for name in ("WaitForPlacement", "DispatchOnPrem"):

@@ -833,3 +833,77 @@ def test_a_teams_grants_are_read_once_per_sandbox_for_the_cache_time_and_each_ti
         for attempt in (1, 2, 3):
             service.for_attempt(job, attempt, 600)
         assert reads == [job.tenant] * expected
+
+
+def test_the_last_ranks_success_report_completes_the_job_and_finalize_has_nothing_left() -> None:
+    """The report's own write is the COMPLETED transition (cost and event with it), the GPUs are
+    released, and the token says ``completed`` so the execution skips Finalize; a Finalize run
+    anyway (an older state machine, a redelivered task) changes nothing."""
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit(gpus=2))
+    w.clock.now += timedelta(minutes=3)
+    w.agent.report(HostCaller(host, ""), AttemptReport(**_ref(job).model_dump(), event=ReportEvent.SUCCEEDED))
+    done = w.job(job.id)
+    assert done.status is JobStatus.COMPLETED and done.reason == "completed (attempt 1)"
+    assert done.cost_usd > 0 and done.run.attempt.dispatch_token is None
+    assert w.held() == []
+    (_, token, output), *_ = [c for c in w.tokens.of("succeed") if c[1].startswith("dispatch-")]
+    assert token == f"dispatch-{job.id}-1" and output["completed"] is True
+    events = [e.to for e in w.jobs.events(job.id)]
+    assert w.workflow.finalize(job.id, 1) == {"status": "COMPLETED"}
+    assert [e.to for e in w.jobs.events(job.id)] == events and events[-1] is JobStatus.COMPLETED
+    assert w.job(job.id).version == done.version
+
+
+def test_a_success_before_any_start_report_is_left_to_finalize() -> None:
+    """A job still STARTING when its success comes (its start report lost) needs its RUNNING event
+    first: the report only notes the rank and the token says not completed; Finalize does both."""
+    w = World(hosts=1)
+    job = w.submit()
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    ref = _ref(w.job(job.id))
+    host = _host(w.job(job.id))
+    w.agent.claim(HostCaller(host, ""), ref)
+    w.agent.report(HostCaller(host, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.job(job.id).status is JobStatus.STARTING
+    assert w.tokens.of("succeed")[-1][1:] == (
+        "d",
+        {"result": "succeeded", "exit_code": 0, "completed": False},
+    )
+    w.workflow.finalize(job.id, 1)
+    assert [e.to for e in w.jobs.events(job.id)][-2:] == [JobStatus.RUNNING, JobStatus.COMPLETED]
+    assert w.held() == []
+
+
+def test_a_gang_completes_with_its_last_ranks_report_only() -> None:
+    w = World(hosts=2, gpus=8)
+    job = w.submit(gpus=16, resources={"gpu_type": "A100", "gpus": 16, "nodes": 2})
+    w.workflow.await_placement(job.id, "t")
+    w.scheduler.run_pass()
+    w.workflow.dispatch_onprem(job.id, 1, "d")
+    ref = _ref(w.job(job.id))
+    for h in ("h0", "h1"):
+        w.agent.claim(HostCaller(h, ""), ref)
+        w.agent.report(HostCaller(h, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.STARTED))
+    w.agent.report(HostCaller("h0", ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.job(job.id).status is JobStatus.RUNNING and len(w.held()) == 16  # both hosts, 8 GPUs each
+    w.agent.report(HostCaller("h1", ""), AttemptReport(**ref.model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.job(job.id).status is JobStatus.COMPLETED and w.held() == []
+    assert w.tokens.of("succeed")[-1][2]["completed"] is True
+
+
+def test_a_completed_attempt_whose_release_fails_stays_completed_for_the_orphan_reaper() -> None:
+    from berth.domain.errors import StoreUnavailable
+
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+
+    def down(*_a: Any, **_k: Any) -> bool:
+        raise StoreUnavailable("hosts table throttled")
+
+    w.hosts.release = down  # type: ignore[method-assign]
+    w.agent.report(HostCaller(host, ""), AttemptReport(**_ref(job).model_dump(), event=ReportEvent.SUCCEEDED))
+    assert w.job(job.id).status is JobStatus.COMPLETED
+    assert w.tokens.of("succeed")[-1][2]["completed"] is True

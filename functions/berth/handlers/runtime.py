@@ -259,6 +259,7 @@ def agent_service() -> AgentService:
         settings=workflow_settings(),
         vendor=credential_service(),
         metric_store=metric_store(),
+        usage=usage_ledger(),  # the last rank's report completes the job with its final record
     )
 
 

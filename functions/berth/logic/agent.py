@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from berth.domain.agent_wire import AttemptCredentials, ClaimAnswer, HeartbeatAnswer, RegisterAnswer
-from berth.domain.errors import Conflict, DomainError, NotFound, ValidationFailed
+from berth.domain.errors import Conflict, DomainError, NotFound, StoreUnavailable, ValidationFailed
 from berth.domain.fleet import HostInventory
 from berth.domain.job import Job, iso
 from berth.domain.job_access import MAX_CREDENTIAL_S
@@ -28,6 +28,7 @@ from berth.domain.ports import (
     MetricsRepository,
     PassTrigger,
     TaskTokens,
+    UsageLedger,
     WorkQueues,
 )
 from berth.domain.reasons import attempt_failure_detail
@@ -41,12 +42,13 @@ from berth.domain.workflow import (
     Failure,
     HeartbeatRequest,
     ReportEvent,
+    RunState,
     agent_failure,
 )
 from berth.logic.credentials import CredentialService
 from berth.logic.gpu_faults import GpuFaultService
 from berth.logic.job_update import Change, Decision, JobMissing, JobUpdate, Keep, Save, Update, update_job
-from berth.logic.workflow import WorkflowSettings
+from berth.logic.workflow import WorkflowSettings, completion, release_holds
 
 S = JobStatus
 log = logging.getLogger(__name__)
@@ -88,6 +90,9 @@ class AgentService:
     vendor: CredentialService | None = None
     #: Stores attempts' usage samples; None where the deployment keeps none.
     metric_store: MetricsRepository | None = None
+    #: The usage ledger the job repository writes final records to (None: none kept), as the
+    #: workflow's: the last rank's report completes the job with its attempt's final record.
+    usage: UsageLedger | None = None
     metrics_retention: timedelta = timedelta(days=METRICS_RETENTION_DAYS)
 
     # -- hosts -----------------------------------------------------------------------------------
@@ -240,6 +245,10 @@ class AgentService:
                 return Update(job.updated(job.updated_at, run=run))
             if report.event is ReportEvent.SUCCEEDED and host.host_id not in job.run.attempt.succeeded:
                 run = job.run.with_attempt(succeeded=(*job.run.attempt.succeeded, host.host_id))
+                if _completes(job, run):
+                    # The last rank: COMPLETED in this write, so the execution skips Finalize.
+                    keep = self.usage is not None
+                    return completion(job.model_copy(update={"run": run}), report.attempt, now, keep)
                 return Update(job.updated(job.updated_at, run=run))
             return Keep()
 
@@ -250,8 +259,14 @@ class AgentService:
         if report.event is ReportEvent.SUCCEEDED:
             placement = done.before.placement
             assert isinstance(placement, OnPremPlacement)
+            completed = done.written and done.after.status is S.COMPLETED
+            if completed:
+                self._release(done.before, report.attempt)
             if done.written and token and len(done.after.run.attempt.succeeded) >= len(placement.hosts):
-                self.tokens.succeed(token, {"result": "succeeded", "exit_code": report.exit_code or 0})
+                # ``completed``: the workflow goes straight to its end (Finalize would find nothing
+                # to do); otherwise Finalize completes the job (a start never reported).
+                output = {"result": "succeeded", "exit_code": report.exit_code or 0, "completed": completed}
+                self.tokens.succeed(token, output)
         elif report.event is not ReportEvent.STARTED and token:
             # FAILED or CANCELED: one rank failing fails the attempt on every host (the workflow
             # classifies it; the other ranks get a stop directive once the attempt is no longer current).
@@ -262,6 +277,17 @@ class AgentService:
             detail = attempt_failure_detail(done.before.id, failure, report.exit_code, report.message)
             self.tokens.fail(token, failure.error_name, f"{host.host_id}: {detail}")
         return self._answer(done.after)
+
+    def _release(self, job: Job, attempt: int) -> None:
+        """Free the GPUs of the attempt the agent API completed (as Finalize does). A failure leaves
+        them to the orphan reaper (``orphan_grace_s``): the job is COMPLETED either way."""
+        try:
+            release_holds(self.hosts, job, attempt)
+        except StoreUnavailable as exc:
+            log.warning(
+                "GPUs of a completed attempt not released; the orphan reaper will",
+                extra={"job_id": job.id, "attempt": attempt, "error": str(exc)},
+            )
 
     def _update_attempt(self, host: HostCaller, ref: AttemptRef, change: Change, doing: str) -> JobUpdate:
         """``update_job`` on the attempt ``ref`` names; a missing job is answered like another host's."""
@@ -356,6 +382,20 @@ class AgentService:
     def _answer(job: Job) -> dict[str, Any]:
         directive = "cancel" if job.status is S.CANCELING else ("stop" if job.run.attempt.stop else None)
         return {"directive": directive, "status": str(job.status)}
+
+
+def _completes(job: Job, run: RunState) -> bool:
+    """Whether ``run`` (``job``'s with one more rank succeeded) completes the job in the report's own
+    write: every rank succeeded, the job RUNNING (or CANCELING: one that finished first completes)
+    and its dispatch token parked. A job whose start was never reported is left to Finalize, which
+    writes its RUNNING event first."""
+    placement = job.placement
+    return (
+        isinstance(placement, OnPremPlacement)
+        and len(run.attempt.succeeded) >= len(placement.hosts)
+        and job.status in (S.RUNNING, S.CANCELING)
+        and job.run.attempt.dispatch_token is not None
+    )
 
 
 def _not_this_hosts(ref: AttemptRef) -> NotFound:

@@ -340,15 +340,7 @@ class WorkflowService:
         def complete(job: Job) -> Decision:
             if job.status.is_terminal:
                 return Keep()
-            now = self.clock()
-            cost, usage = self._end_attempt(job, now)  # its usage record goes with the job's write
-            run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(
-                update={"cost_done_usd": cost}
-            )
-            nxt, event = job.transition(
-                S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost
-            )
-            return Save(nxt, event, usage=usage)
+            return completion(job, attempt, self.clock(), keep_usage=self.usage is not None)
 
         running = update_job(self.jobs, job_id, run, doing="finalizing")
         done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
@@ -362,13 +354,29 @@ class WorkflowService:
         to store in the same transaction as the job's write (``Save.usage``; None when there is none
         or no ledger): the ledger and the job move together, and a retried task rewrites the record
         (a final record never counts twice)."""
-        usage = attempt_usage(job, now, final=True)
-        if usage is None:
-            return job.run.cost_done_usd, None
-        return job.run.cost_done_usd + usage.cost_usd, usage if self.usage is not None else None
+        return ended_attempt_cost(job, now, keep_usage=self.usage is not None)
 
     def new_fencing_token(self) -> str:
         return secrets.token_urlsafe(18)
+
+
+def ended_attempt_cost(job: Job, now: datetime, keep_usage: bool) -> tuple[float, AttemptUsage | None]:
+    """The job's cost with its current attempt ended ``now``, and that attempt's final usage record
+    (None when there is none, or ``keep_usage`` is false: no ledger)."""
+    usage = attempt_usage(job, now, final=True)
+    if usage is None:
+        return job.run.cost_done_usd, None
+    return job.run.cost_done_usd + usage.cost_usd, usage if keep_usage else None
+
+
+def completion(job: Job, attempt: int, now: datetime, keep_usage: bool) -> Save:
+    """``job`` COMPLETED by its attempt ``attempt`` ending ``now``: its cost, and the attempt's final
+    usage record in the same write. Finalize writes it, and so does the agent API when the last rank's
+    ``succeeded`` report comes (``AgentService.report``), so that Finalize is not run."""
+    cost, usage = ended_attempt_cost(job, now, keep_usage)
+    run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(update={"cost_done_usd": cost})
+    nxt, event = job.transition(S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost)
+    return Save(nxt, event, usage=usage)
 
 
 #: How an attempt the scheduler stopped reports its end (the agent's cancel, the process's exit).
