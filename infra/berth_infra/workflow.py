@@ -571,6 +571,7 @@ class JobWorkflow(Construct):
             sfn.Choice(self, "RetryOrEnd")
             .when(sfn.Condition.string_equals("$.decision.action", "retry"), backoff)
             .when(sfn.Condition.string_equals("$.decision.action", "cancel"), canceled)
+            .when(sfn.Condition.string_equals("$.decision.action", "done"), done)
             .otherwise(failed)
         )
         backoff.next(requeue)

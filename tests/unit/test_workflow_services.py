@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from berth.domain.errors import NotFound
+from berth.domain.errors import NotFound, StoreUnavailable
 from berth.domain.fleet import HostInventory, InventoryRefused
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
@@ -907,3 +907,24 @@ def test_a_completed_attempt_whose_release_fails_stays_completed_for_the_orphan_
     w.agent.report(HostCaller(host, ""), AttemptReport(**_ref(job).model_dump(), event=ReportEvent.SUCCEEDED))
     assert w.job(job.id).status is JobStatus.COMPLETED
     assert w.tokens.of("succeed")[-1][2]["completed"] is True
+
+
+def test_a_dispatch_that_timed_out_after_the_report_completed_the_job_ends_done() -> None:
+    """The report completed the job but its token answer was lost: the dispatch's heartbeat times out
+    and ClassifyFailure finds the job COMPLETED: ``done``, nothing retried, nothing released twice."""
+    w = World(hosts=1)
+    job, host = w.run_to_running(w.submit())
+
+    def down(*_a: Any, **_k: Any) -> bool:
+        raise StoreUnavailable("sfn down")
+
+    w.tokens.succeed = down  # type: ignore[method-assign]
+    success = AttemptReport(**_ref(job).model_dump(), event=ReportEvent.SUCCEEDED)
+    with pytest.raises(StoreUnavailable):
+        w.agent.report(HostCaller(host, ""), success)
+    assert w.job(job.id).status is JobStatus.COMPLETED and w.held() == []
+    with pytest.raises(Fenced):  # the agent's retry: the attempt has ended
+        w.agent.report(HostCaller(host, ""), success)
+    decision = w.workflow.classify_failure(job.id, 1, "States.HeartbeatTimeout", "no heartbeat")
+    assert decision == {"action": "done", "backoff_s": 0}
+    assert w.job(job.id).status is JobStatus.COMPLETED

@@ -247,7 +247,10 @@ class WorkflowService:
                 # Classified already (this task is being retried): carry on with the retry.
                 return Keep({"action": "retry", "backoff_s": 1})
             if job.status.is_terminal:
-                return Keep({"action": "fail" if job.status is S.FAILED else "cancel", "backoff_s": 0})
+                # Ended already: by this task's earlier try, or COMPLETED by the agent API (whose token
+                # answer was lost, so the dispatch timed out): the execution ends as the job did.
+                action = {S.FAILED: "fail", S.COMPLETED: "done"}.get(job.status, "cancel")
+                return Keep({"action": action, "backoff_s": 0})
             now = self.clock()
             ran = (
                 None
