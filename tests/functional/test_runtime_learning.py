@@ -90,7 +90,8 @@ def test_finalize_leaves_learning_to_the_stream_which_updates_each_tenant_once_p
     calls.clear()
     for job in jobs:
         assert workflow_service().finalize(job.id, 1) == {"status": "COMPLETED"}
-    # Finalize: the job's transaction and the pass trigger; no run-time history read or written
+    # Finalize: the job's transaction; no run-time history read or written, no pass asked for
+    assert calls.ops()["SendMessage"] == 0
     assert not [k for k in calls.keys("GetItem") if k.startswith("RUNTIMES#")]
     assert calls.ops()["PutItem"] == 0
     assert runtime_history().read(["vision", "nlp"]) == {}
