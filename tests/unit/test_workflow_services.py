@@ -37,7 +37,7 @@ from berth.domain.workflow import (
 from berth.logic.agent import AgentService, AlreadyClaimed, Fenced, HostCaller
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
-from berth.logic.workflow import WorkflowService, WorkflowSettings
+from berth.logic.workflow import WorkflowService, WorkflowSettings, placement_output
 from tests.unit.fakes import FakeDocuments, FakeHosts, FakePlacements, fake_store
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -340,6 +340,14 @@ def test_a_placement_token_parked_after_the_pass_is_answered_at_once() -> None:
     assert w.tokens.of("succeed")[-1][1] == "late"
 
 
+class Executions:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> None:
+        self.started.append(job_id)
+
+
 # -- the pass the job-events stream asks for may come before WaitForPlacement (issue 18) ----------------
 def test_a_pass_that_places_the_job_before_its_token_is_parked_loses_nothing() -> None:
     """The submit's event row asks for a pass (logic/pass_triggers.py), which may place the job
@@ -380,6 +388,30 @@ def test_a_token_parked_between_the_pass_read_and_its_write_costs_one_more_pass_
     assert w.scheduler.run_pass().placed == 1
     assert [c[1] for c in w.tokens.of("succeed")] == ["tok"]
     assert w.job(job.id).status is JobStatus.STARTING
+
+
+def test_a_job_placed_before_its_lost_execution_started_gets_one_after_the_grace() -> None:
+    """A submit whose StartExecution was lost: the stream's pass places the job before the repair of
+    queued jobs (30 s) would have started it. A STARTING job with no token parked and no dispatch,
+    unchanged for the orphan grace, gets its execution started; that execution's wait answers itself."""
+    w = World()
+    executions = Executions()
+    w.scheduler = dataclasses.replace(w.scheduler, executions=executions)
+    job = w.submit()
+    w.scheduler.run_pass()
+    assert w.job(job.id).status is JobStatus.STARTING and executions.started == []
+    w.clock.now += timedelta(seconds=w.settings.orphan_grace_s - 1)
+    w.scheduler.run_pass()
+    assert executions.started == []
+    w.clock.now += timedelta(seconds=1)
+    assert w.scheduler.run_pass().executions_restarted == 1
+    assert executions.started == [job.id]
+    w.workflow.await_placement(job.id, "restarted")
+    assert w.tokens.of("succeed")[-1][1:] == ("restarted", placement_output(w.job(job.id)))
+    # once dispatched (or with a token parked), never again
+    w.workflow.dispatch_onprem(job.id, 1, "dispatch")
+    w.clock.now += timedelta(seconds=w.settings.orphan_grace_s)
+    assert w.scheduler.run_pass().executions_restarted == 0
 
 
 def test_the_workflows_tasks_ask_for_no_pass() -> None:
