@@ -234,7 +234,7 @@ class JobWorkflow(Construct):
             "NotifierFunction",
             handler="berth.handlers.notifier.lambda_handler",
             description="Berth notifier: job state changes from the events table's stream to EventBridge; "
-            "completed runs into the run-time history",
+            "a pass per batch that can place a job; completed runs into the run-time history",
             environment={**env, "POWERTOOLS_SERVICE_NAME": "berth-notifier"},
             bundle=bundle,
             reserved_concurrency=5,
@@ -271,6 +271,10 @@ class JobWorkflow(Construct):
         for fn in (self.workflow_fn, self.scheduler_fn, self.agent_fn):
             fn.allow("Jobs", ["dynamodb:GetItem", "dynamodb:PutItem"], [arns["jobs"]])
             fn.allow("JobEvents", ["dynamodb:PutItem"], [arns["job_events"]])
+        # Pass requests: the scheduler's own (deferred placements, wake_at), the agent API's (a host
+        # registered or undrained) and the job-events stream's consumer's, one per batch of changes
+        # that can let a pass place a job (issue 18: no longer the workflow's tasks, one per job).
+        for fn in (self.scheduler_fn, self.agent_fn, self.notifier_fn):
             fn.allow("Trigger", ["sqs:SendMessage"], [self.trigger_queue.queue_arn])
         self.workflow_fn.allow("Tokens", answer_tokens, [sm_arn])
         self.scheduler_fn.allow("Tokens", answer_tokens, [sm_arn])

@@ -90,7 +90,8 @@ def test_finalize_leaves_learning_to_the_stream_which_updates_each_tenant_once_p
     calls.clear()
     for job in jobs:
         assert workflow_service().finalize(job.id, 1) == {"status": "COMPLETED"}
-    # Finalize: the job's transaction and the pass trigger; no run-time history read or written
+    # Finalize: the job's transaction; no run-time history read or written, no pass asked for
+    assert calls.ops()["SendMessage"] == 0
     assert not [k for k in calls.keys("GetItem") if k.startswith("RUNTIMES#")]
     assert calls.ops()["PutItem"] == 0
     assert runtime_history().read(["vision", "nlp"]) == {}
@@ -106,10 +107,13 @@ def test_finalize_leaves_learning_to_the_stream_which_updates_each_tenant_once_p
     records = _stream_records([j.id for j in jobs])
     assert len(records) == 4 * 4  # QUEUED, STARTING, RUNNING, COMPLETED
     calls.clear()
-    assert notifier.lambda_handler({"Records": records}, FakeContext()) == {"published": 16, "learnt": 4}  # type: ignore[arg-type]
+    out = notifier.lambda_handler({"Records": records}, FakeContext())  # type: ignore[arg-type]
+    assert out == {"published": 16, "pass_requested": True, "learnt": 4}
     # one read-modify-write of each tenant's history for the whole batch
     assert calls.keys("GetItem") == ["RUNTIMES#vision", "RUNTIMES#nlp"]
     assert calls.ops()["PutItem"] == 2 and calls.ops()["PutEvents"] == 2
+    # one pass asked for the whole batch (tests/functional/test_stream_triggers.py)
+    assert calls.ops()["SendMessage"] == 1
     assert len(published) == 16 and not any("run_observation" in d for d in published)
     docs = runtime_history().read(["vision", "nlp"])
     assert docs["vision"]["observed"] == 3 and docs["nlp"]["observed"] == 1

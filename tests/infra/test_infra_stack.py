@@ -325,8 +325,6 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         (STATE_MACHINE, None): {"states:SendTaskSuccess", "states:SendTaskFailure"},
         # dispatch_onprem: SqsWorkQueues.send ensures the host's queue (created with a tag) first
         (HOST_QUEUES, None): {"sqs:CreateQueue", "sqs:TagQueue", "sqs:SendMessage"},
-        # a pass after await_placement, classify and finalize
-        ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
         # dispatch_cloud: the attempt's submit request
         ("BatchSubmitQueueUrl", None): {"sqs:SendMessage"},
     },
@@ -453,12 +451,14 @@ EXPECTED_STATEMENTS: dict[str, dict[tuple[str, str | None], set[str]]] = {
         # metrics: DynamoMetricsRepository.put (pynamodb's batch writer)
         ("JobMetricsTableName", None): {"dynamodb:BatchWriteItem"},
     },
-    # EventBridgePublisher (dal/workflow.py) fed by the job-events stream.
+    # EventBridgePublisher and SqsPassTrigger (dal/workflow.py) fed by the job-events stream.
     "berth.handlers.notifier.lambda_handler": {
         ("logs", None): {"logs:CreateLogStream", "logs:PutLogEvents"},
         ("EventBusName", None): {"events:PutEvents"},
         # a batch's completed runs learnt into their tenants' run-time histories (berth.logic.runtimes)
         ("TenantsTableName", "RUNTIMES#*"): {"dynamodb:GetItem", "dynamodb:PutItem"},
+        # one pass per batch whose changes can let it place a job (berth.logic.pass_triggers)
+        ("SchedulerQueueUrl", None): {"sqs:SendMessage"},
         ("JobEventsTableName/stream", None): {
             "dynamodb:DescribeStream",
             "dynamodb:GetRecords",

@@ -293,6 +293,32 @@ def test_the_stream_consumer_learns_completed_runs_and_finalize_no_longer_does(
     assert _runtime_history_grants(synthesized, "berth.handlers.workflow.lambda_handler") == []
 
 
+def _trigger_grants(s: Synthesized, handler: str) -> list[dict[str, Any]]:
+    """The statements of the function's role on the scheduler's trigger queue."""
+    role = _function(s, handler)[1]["Properties"]["Role"]["Fn::GetAtt"][0]
+    queue = {"Fn::GetAtt": [_output_ref(s, "SchedulerQueueUrl"), "Arn"]}
+    return [
+        st
+        for policy in s.resources("AWS::IAM::Policy").values()
+        if {"Ref": role} in policy["Properties"]["Roles"]
+        for st in policy["Properties"]["PolicyDocument"]["Statement"]
+        if queue == st["Resource"] or queue in (st["Resource"] if isinstance(st["Resource"], list) else [])
+    ]
+
+
+def test_the_stream_consumer_asks_for_passes_and_the_workflow_no_longer_does(
+    synthesized: Synthesized,
+) -> None:
+    # issue 18: one pass request per batch of job state changes (berth.logic.pass_triggers), from the
+    # job-events stream's consumer, instead of about two per job from the workflow's tasks.
+    (grant,) = _trigger_grants(synthesized, "berth.handlers.notifier.lambda_handler")
+    assert grant["Action"] == "sqs:SendMessage" and grant["Effect"] == "Allow"
+    _, notifier = _function(synthesized, "berth.handlers.notifier.lambda_handler")
+    env = notifier["Properties"]["Environment"]["Variables"]
+    assert env["BERTH_SCHEDULER_QUEUE_URL"] == {"Ref": _output_ref(synthesized, "SchedulerQueueUrl")}
+    assert _trigger_grants(synthesized, "berth.handlers.workflow.lambda_handler") == []
+
+
 def test_bus_policy_lets_only_the_notifier_put_berth_events(synthesized: Synthesized) -> None:
     bus = _output_ref(synthesized, "EventBusName")
     assert synthesized.json["Resources"][bus]["Properties"]["Name"] == "berth-Berth"

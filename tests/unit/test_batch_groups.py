@@ -280,21 +280,19 @@ def test_a_groups_tokens_are_answered_only_once_all_its_tasks_are_placed() -> No
     assert all(_group(w.job(j.id)) == BatchGroup(first=0, size=4) for j in jobs)
 
 
-def test_an_array_tasks_first_wait_asks_for_no_pass_of_its_own() -> None:
-    """The expander asks for one pass per chunk of tasks it creates; each task's first wait adds
-    none (a SendMessage per task saved), a retried task's wait does."""
+def test_no_wait_for_placement_asks_for_a_pass_of_its_own() -> None:
+    """The job's move to QUEUED asks for one through the job-events stream (logic/pass_triggers.py;
+    an array task's creation: the expander asks for one per invocation), so no wait does: neither a
+    task's first wait, nor a single job's, nor a retried task's (a SendMessage per job saved)."""
     w = CloudWorld()
     w.trigger.requests.clear()
     (task,) = _tasks(w, [0], n=2)  # _tasks parks the placement token (await_placement)
-    assert w.trigger.requests == []
     single = w.submit(constraints={"placement": "cloud"})
     w.workflow.await_placement(single.id, "p")
-    assert w.trigger.requests == [(f"job {single.id} queued", 0)]
-    w.trigger.requests.clear()
     retried = w.job(task.id).model_copy(update={"attempts": 1})
     w.jobs.update(retried.updated(w.clock()))
     w.workflow.await_placement(task.id, "p2")
-    assert w.trigger.requests == [(f"job {task.id} queued", 0)]
+    assert w.trigger.requests == []
 
 
 def test_a_pass_whose_placement_lost_a_race_asks_for_another_soon() -> None:

@@ -158,11 +158,17 @@ class Context:
     aws_request_id = "req-1"
 
 
+class _NoTrigger:
+    def request(self, reason: str, delay_s: int = 0) -> None:
+        return None
+
+
 def _notify(monkeypatch: pytest.MonkeyPatch, records: list[Any], publisher: Any, history: Any) -> Any:
     from berth.handlers import notifier
 
     monkeypatch.setattr(notifier, "event_publisher", lambda: publisher)
     monkeypatch.setattr(notifier, "runtime_history", lambda: history)
+    monkeypatch.setattr(notifier, "pass_trigger", lambda: _NoTrigger())  # tests/unit/test_pass_triggers.py
     return notifier.lambda_handler({"Records": records}, Context())  # type: ignore[arg-type]
 
 
@@ -170,7 +176,11 @@ def test_the_notifier_publishes_every_change_then_learns_the_batch(monkeypatch: 
     records = _completed("vision", "resnet", 300.0) + _completed("vision", "vit", 60.0)
     records += _completed("nlp", "bert", 90.0)
     publisher, history = Publisher(), CountingHistory()
-    assert _notify(monkeypatch, records, publisher, history) == {"published": 12, "learnt": 3}
+    assert _notify(monkeypatch, records, publisher, history) == {
+        "published": 12,
+        "pass_requested": True,
+        "learnt": 3,
+    }
     assert len(publisher.published) == 12
     assert not any("run_observation" in d for d in publisher.published)
     assert history.updates == ["vision", "nlp"]
@@ -185,7 +195,11 @@ def test_a_learning_failure_does_not_stop_publishing(
 ) -> None:
     records = _completed("vision", "resnet", 300.0)
     publisher, history = Publisher(), CountingHistory(failing={"vision": error})
-    assert _notify(monkeypatch, records, publisher, history) == {"published": 4, "learnt": 0}
+    assert _notify(monkeypatch, records, publisher, history) == {
+        "published": 4,
+        "pass_requested": True,
+        "learnt": 0,
+    }
     assert [d["to"] for d in publisher.published] == ["QUEUED", "STARTING", "RUNNING", "COMPLETED"]
     assert history.updates == ["vision"]
 

@@ -4,6 +4,7 @@ retry decisions, and the agent service's fencing."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from datetime import UTC, datetime, timedelta
@@ -36,7 +37,7 @@ from berth.domain.workflow import (
 from berth.logic.agent import AgentService, AlreadyClaimed, Fenced, HostCaller
 from berth.logic.scheduler_service import SchedulerService
 from berth.logic.snapshot import SnapshotSource
-from berth.logic.workflow import WorkflowService, WorkflowSettings
+from berth.logic.workflow import WorkflowService, WorkflowSettings, placement_output
 from tests.unit.fakes import FakeDocuments, FakeHosts, FakePlacements, fake_store
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -130,7 +131,6 @@ class World:
             self.hosts,
             self.tokens,
             self.queues,
-            self.trigger,
             self.clock,
             self.settings,
             rng=random.Random(7),
@@ -338,6 +338,99 @@ def test_a_placement_token_parked_after_the_pass_is_answered_at_once() -> None:
     w.scheduler.run_pass()  # places before the execution parked its token
     w.workflow.await_placement(job.id, "late")
     assert w.tokens.of("succeed")[-1][1] == "late"
+
+
+class Executions:
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def start(self, job_id: str, payload: dict[str, Any]) -> None:
+        self.started.append(job_id)
+
+
+# -- the pass the job-events stream asks for may come before WaitForPlacement (issue 18) ----------------
+def test_a_pass_that_places_the_job_before_its_token_is_parked_loses_nothing() -> None:
+    """The submit's event row asks for a pass (logic/pass_triggers.py), which may place the job
+    before its execution's WaitForPlacement parks a token: there is none to answer, the wait answers
+    itself at once from the placed job, and the job runs and completes."""
+    w = World()
+    job = w.submit(gpus=2)
+    assert w.scheduler.run_pass().placed == 1
+    placed = w.job(job.id)
+    assert placed.status is JobStatus.STARTING and placed.run.placement_token is None
+    assert w.tokens.of("succeed") == []  # no token to answer yet
+    w.workflow.await_placement(job.id, "late")
+    assert w.tokens.of("succeed") == [
+        ("succeed", "late", {"outcome": "placed", "site": "onprem", "attempt": 1, "timeout_s": 86520})
+    ]
+    assert w.job(job.id).run.placement_token is None  # answered, not parked
+    w.workflow.dispatch_onprem(job.id, 1, "dispatch")
+    host = _host(placed)
+    ref = _ref(w.job(job.id))
+    w.agent.claim(HostCaller(host, ""), ref)
+    w.agent.report(HostCaller(host, ""), AttemptReport(**ref.model_dump(), event=ReportEvent.STARTED))
+    assert w.job(job.id).status is JobStatus.RUNNING
+    assert w.workflow.finalize(job.id, 1) == {"status": "COMPLETED"}
+    assert w.held() == []
+
+
+def test_a_token_parked_between_the_pass_read_and_its_write_costs_one_more_pass_soon() -> None:
+    """The other order: the pass read the job QUEUED without a token, the wait parks one (a new
+    version), the placement's write loses its race and the pass asks for another one a second later,
+    which places the job and answers the parked token."""
+    w = World()
+    job = w.submit()
+    w.jobs.before_save = lambda placed: w.workflow.await_placement(job.id, "tok")
+    w.trigger.requests.clear()
+    assert w.scheduler.run_pass().placed == 0
+    assert w.job(job.id).status is JobStatus.QUEUED and w.job(job.id).run.placement_token == "tok"
+    assert ("placements lost a race", 1) in w.trigger.requests
+    assert w.scheduler.run_pass().placed == 1
+    assert [c[1] for c in w.tokens.of("succeed")] == ["tok"]
+    assert w.job(job.id).status is JobStatus.STARTING
+
+
+def test_a_job_placed_before_its_lost_execution_started_gets_one_after_the_grace() -> None:
+    """A submit whose StartExecution was lost: the stream's pass places the job before the repair of
+    queued jobs (30 s) would have started it. A STARTING job with no token parked and no dispatch,
+    unchanged for the orphan grace, gets its execution started; that execution's wait answers itself."""
+    w = World()
+    executions = Executions()
+    w.scheduler = dataclasses.replace(w.scheduler, executions=executions)
+    job = w.submit()
+    w.scheduler.run_pass()
+    assert w.job(job.id).status is JobStatus.STARTING and executions.started == []
+    w.clock.now += timedelta(seconds=w.settings.orphan_grace_s - 1)
+    w.scheduler.run_pass()
+    assert executions.started == []
+    w.clock.now += timedelta(seconds=1)
+    assert w.scheduler.run_pass().executions_restarted == 1
+    assert executions.started == [job.id]
+    w.workflow.await_placement(job.id, "restarted")
+    assert w.tokens.of("succeed")[-1][1:] == ("restarted", placement_output(w.job(job.id)))
+    # once dispatched (or with a token parked), never again
+    w.workflow.dispatch_onprem(job.id, 1, "dispatch")
+    w.clock.now += timedelta(seconds=w.settings.orphan_grace_s)
+    assert w.scheduler.run_pass().executions_restarted == 0
+
+
+def test_the_workflows_tasks_ask_for_no_pass() -> None:
+    """Issue 18: a job's moves to QUEUED and out of a state holding capacity ask for a pass through
+    the job-events stream's consumer (logic/pass_triggers.py), once per batch; WaitForPlacement,
+    ClassifyFailure and Finalize no longer do (about two SendMessage calls per job)."""
+    assert "trigger" not in {f.name for f in dataclasses.fields(WorkflowService)}
+    w = World()
+    job = w.submit()
+    w.run_to_running(job)
+    w.trigger.requests.clear()
+    assert w.workflow.classify_failure(job.id, 1, "Berth.HostLost", "lease expired")["action"] == "retry"
+    assert w.workflow.requeue(job.id) == {"outcome": "queued"}
+    w.workflow.await_placement(job.id, "again")
+    assert w.trigger.requests == []
+    w.scheduler.run_pass()
+    w.trigger.requests.clear()
+    assert w.workflow.finalize(job.id, 2) == {"status": "COMPLETED"}
+    assert w.trigger.requests == []
 
 
 def test_two_racing_passes_never_give_a_gpu_twice() -> None:

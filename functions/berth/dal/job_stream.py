@@ -1,6 +1,6 @@
-"""The job-events table's stream (NEW_IMAGE) as its consumer reads it: the rows inserted, the
-notification each carries (``detail``) and the run a COMPLETED row carries (``run_observation``).
-Pure: it decodes records Lambda passes, it calls nothing."""
+"""The job-events table's stream (NEW_IMAGE) as its consumer reads it: the rows inserted, the state
+change each records (``events``), the notification each carries (``detail``) and the run a COMPLETED
+row carries (``run_observation``). Pure: it decodes records Lambda passes, it calls nothing."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer
+from pydantic import ValidationError
+from pynamodb.attributes import UTCDateTimeAttribute
 
+from berth.domain.job import JobEvent
 from berth.domain.run_observation import RunObservation
 
 _deserialize = TypeDeserializer().deserialize
+_datetime = UTCDateTimeAttribute().deserialize
 
 
 def inserted(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -30,6 +34,27 @@ def inserted(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _json(value: Any) -> Any:
     """A JSONAttribute's value: pynamodb stores a JSON string."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+def events(images: Iterable[Mapping[str, Any]]) -> list[JobEvent]:
+    """The state changes the rows record (``JobEventRow``: job, seq, at, from, to, reason), in
+    order; a row that does not parse is skipped."""
+    out: list[JobEvent] = []
+    for image in images:
+        try:
+            out.append(
+                JobEvent(
+                    job_id=image["job_id"],
+                    seq=int(image["seq"]),
+                    at=_datetime(image["at"]),
+                    from_=image.get("from_status"),
+                    to=image["to_status"],
+                    reason=image.get("reason") or "",
+                )
+            )
+        except (KeyError, TypeError, ValueError, ValidationError):
+            continue
+    return out
 
 
 def details(images: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -197,7 +197,6 @@ def workflow_service() -> WorkflowService:
         hosts=host_repository(),
         tokens=task_tokens(),
         queues=work_queues(),
-        trigger=pass_trigger(),
         clock=now,
         settings=workflow_settings(),
         usage=usage_ledger(),

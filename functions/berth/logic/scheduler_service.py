@@ -15,7 +15,7 @@ did not apply, the next one decides again from the store.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -172,7 +172,7 @@ class SchedulerService:
         report.hosts = len(inputs.fleet.records)
         report.figures = pass_figures(inputs.pending, inputs.snapshot.tenants, now)
         report.orphans_released = self.release_orphans(inputs.fleet.records, inputs.running_jobs, now)
-        report.executions_restarted = self.repair_executions(inputs.pending, now)
+        report.executions_restarted = self.repair_executions(inputs.pending, now, inputs.running_jobs)
         report.placements_reanswered = self.reanswer_placements(inputs.running_jobs, now)
         if self.cloud is not None:
             board = CircuitBoard(inputs.fleet.circuits, now.timestamp(), inputs.fleet.policy.circuit)
@@ -291,9 +291,13 @@ class SchedulerService:
                     released += int(self.hosts.release(rec.host_id, key))
         return released
 
-    def repair_executions(self, pending: list[QueueEntry], now: datetime) -> int:
+    def repair_executions(self, pending: list[QueueEntry], now: datetime, running: Sequence[Job] = ()) -> int:
         """Queued jobs whose execution never parked a placement token (its start was lost) get one;
-        a start for a job that has an execution is refused by name, so this is always safe."""
+        a start for a job that has an execution is refused by name, so this is always safe. So do
+        STARTING jobs that a pass placed before any execution parked a token (a pass asked for by
+        the job's submit, through the job-events stream, may come first) and that no execution has
+        dispatched for the orphan grace: their start was lost too, and the new execution's
+        WaitForPlacement answers itself at once."""
         if self.executions is None:
             return 0
         restarted = 0
@@ -303,6 +307,15 @@ class SchedulerService:
                 and (now - entry.updated_at).total_seconds() >= self.execution_repair_s
             ):
                 self.executions.start(entry.job_id, self.settings.execution_input(entry.job_id))
+                restarted += 1
+        for job in running:
+            if (
+                job.status is S.STARTING
+                and job.run.placement_token is None
+                and job.run.attempt.dispatch_token is None
+                and (now - job.updated_at).total_seconds() >= self.settings.orphan_grace_s
+            ):
+                self.executions.start(job.id, self.settings.execution_input(job.id))
                 restarted += 1
         return restarted
 

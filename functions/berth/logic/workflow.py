@@ -131,7 +131,9 @@ class WorkflowHooks:
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
     trigger: PassTrigger | None = None
     """Asks for a pass when a running cloud job is canceled: the pass's sweep terminates its Batch
-    job now rather than at the next timer (None: the timer's pass does it)."""
+    job now rather than at the next timer (None: the timer's pass does it). The job-events stream
+    asks for none here: a move to CANCELING frees nothing until the attempt ends
+    (``berth.logic.pass_triggers``)."""
 
     def submitted(self, job: Job) -> None:
         if self.executions is None:
@@ -167,7 +169,6 @@ class WorkflowService:
     hosts: HostRepository
     tokens: TaskTokens
     queues: WorkQueues
-    trigger: PassTrigger
     clock: Clock
     settings: WorkflowSettings = field(default_factory=WorkflowSettings)
     rng: random.Random = field(default_factory=random.Random)
@@ -178,8 +179,12 @@ class WorkflowService:
 
     # -- WaitForPlacement ------------------------------------------------------------------------
     def await_placement(self, job_id: str, token: str, execution: str | None = None) -> None:
-        """Park the execution's placement token on the queued job and ask for a pass. A job already
-        placed (the pass won the race with this write) or ended answers the token at once."""
+        """Park the execution's placement token on the queued job. A job already placed (the pass won
+        the race with this write) or ended answers the token at once. No pass is asked for here: the
+        job's move to QUEUED (its submit, its requeue) asks for one through the job-events stream
+        (``berth.logic.pass_triggers``), which may well run that pass before this write; a pass
+        that places the job first leaves no token to answer, and this answers it (a pass that reads
+        the job before this write loses its placement's race, and asks for another pass at once)."""
 
         def park(job: Job) -> Decision:
             if job.status is not S.QUEUED:
@@ -188,13 +193,8 @@ class WorkflowService:
             return Update(job.updated(job.updated_at, run=run))
 
         done = update_job(self.jobs, job_id, park, doing="waiting for placement")
-        job = done.before
         if not done.written:
-            self.tokens.succeed(token, placement_output(job))
-        elif job.spec.array_task is None or job.attempts > 0:
-            # An array task's first wait needs no poke of its own: the expander that created
-            # it asks for one pass per chunk of tasks (logic/arrays.py).
-            self.trigger.request(f"job {job_id} queued")
+            self.tokens.succeed(token, placement_output(done.before))
 
     # -- DispatchOnPrem --------------------------------------------------------------------------
     def dispatch_onprem(self, job_id: str, attempt: int, token: str) -> None:
@@ -305,8 +305,9 @@ class WorkflowService:
 
         done = update_job(self.jobs, job_id, classify, doing="classifying its failure")
         if done.written:
+            # The move out of a state that held capacity asks for a pass through the job-events
+            # stream (berth.logic.pass_triggers): after its batching windows, so normally after this.
             release_holds(self.hosts, done.before, attempt)
-            self.trigger.request(f"job {job_id} attempt {attempt} ended")
         return done.outcome
 
     # -- Requeue ---------------------------------------------------------------------------------
@@ -348,8 +349,7 @@ class WorkflowService:
         running = update_job(self.jobs, job_id, run, doing="finalizing")
         done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
         if done.written:
-            release_holds(self.hosts, done.before, attempt)
-            self.trigger.request(f"job {job_id} completed")
+            release_holds(self.hosts, done.before, attempt)  # the stream's consumer asks for a pass
         return {"status": str(done.after.status)}
 
     def _end_attempt(self, job: Job, now: datetime) -> tuple[float, AttemptUsage | None]:

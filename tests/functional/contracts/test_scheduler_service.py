@@ -49,9 +49,7 @@ def _world(
         placements=store.placements,
         apply_workers=workers,  # 1: a crash lands at a known point
     )
-    workflow = WorkflowService(
-        store.jobs, store.hosts, tokens, Queues(), Trigger(), clock, settings, random.Random(1)
-    )
+    workflow = WorkflowService(store.jobs, store.hosts, tokens, Queues(), clock, settings, random.Random(1))
     for i in range(hosts):
         store.hosts.register(
             HostInventory(

@@ -178,6 +178,14 @@ def test_happy_path_with_events_on_the_bus(cloud: LocalCloud, hosts: Hosts) -> N
         assert time.monotonic() < deadline, "the completed run was never learnt"
         time.sleep(0.2)
     assert json.loads(learnt["Item"]["history"])["observed"] >= 1  # a JSONAttribute: a JSON string
+    # ... and asked for the job's passes, one per batch (issue 18: not WaitForPlacement or Finalize;
+    # berth.logic.pass_triggers), with the permission and queue URL the template gives it
+    deadline = time.monotonic() + 10
+    while not any(m.get("pass_requested") for m in _log_messages(cloud, "WorkflowNotifierFunction")):
+        assert time.monotonic() < deadline, "the stream's consumer never asked for a pass"
+        time.sleep(0.2)
+    messages = _log_messages(cloud, "WorkflowNotifierFunction")
+    assert not [m for m in messages if "could not ask for a scheduling pass" in str(m.get("message"))]
 
 
 def test_transient_failure_retries_on_another_host(cloud: LocalCloud, hosts: Hosts) -> None:
@@ -383,6 +391,31 @@ def test_agent_credentials_are_the_attempts_and_fenced(cloud: LocalCloud, hosts:
     with pytest.raises(AgentApiError) as forged:
         owner.call("credentials", {**ref, "fencing_token": "guess"})
     assert forged.value.status == 409
+
+
+def _log_group(cloud: LocalCloud, function_prefix: str) -> str:
+    stack = cloud.stack
+    assert stack is not None
+    (group,) = [
+        physical
+        for logical, (kind, physical) in stack.resources.items()
+        if kind == "AWS::Logs::LogGroup" and logical.startswith(function_prefix + "LogGroup")
+    ]
+    return str(group)
+
+
+def _log_messages(cloud: LocalCloud, function_prefix: str) -> list[dict[str, Any]]:
+    """The structured (JSON) log lines of the function whose logical id starts so."""
+    logs = cloud.session().client("logs", endpoint_url=cloud.endpoint_url)
+    out = []
+    for page in logs.get_paginator("filter_log_events").paginate(
+        logGroupName=_log_group(cloud, function_prefix)
+    ):
+        for event in page["events"]:
+            message = event["message"].strip()
+            if message.startswith("{"):
+                out.append(json.loads(message))
+    return out
 
 
 def _emf_points(cloud: LocalCloud, function_prefix: str, metric: str) -> list[dict[str, Any]]:
