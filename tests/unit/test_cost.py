@@ -49,6 +49,7 @@ class CostWorld(World):
         self.source = replace(self.source, usage=self.usage, cloud_enabled=cloud)
         self.scheduler = replace(self.scheduler, source=self.source, usage=self.usage)
         self.workflow = replace(self.workflow, usage=self.usage)
+        self.agent = replace(self.agent, usage=self.usage)  # the last rank's report completes jobs
         self.jobs.usage_ledger = self.usage  # the ended attempt's record goes with the job's write
 
     def at(self, when: timedelta, host: str | None = None) -> None:

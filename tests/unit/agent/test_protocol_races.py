@@ -359,7 +359,8 @@ def test_duplicate_delivery_to_one_agent_runs_once(tmp_path: Path) -> None:
     _finish(a)
     assert a.executor.starts == [(job.id, 1)]
     assert [m[0] for m in _marks(marker)] == ["start", "end"]
-    assert [(o.ran, o.reason) for o in a.outcomes] == [(True, ""), (False, "AlreadyClaimed")]
+    # the late duplicate finds the job COMPLETED (its report completed it): Fenced, deleted, not run
+    assert [(o.ran, o.reason) for o in a.outcomes] == [(True, ""), (False, "Fenced")]
 
 
 # -- restart --------------------------------------------------------------------------------------
