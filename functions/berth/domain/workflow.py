@@ -269,9 +269,6 @@ class AttemptState(_Model):
     submitted_at: datetime | None = None
     """When the cloud attempt's Batch job was submitted (its time waiting for an instance counts
     from here)."""
-    dispatched_at: datetime | None = None
-    """When the on-prem attempt's dispatch token was parked: its heartbeat clock starts no earlier
-    (``token_heartbeat_due``)."""
 
 
 #: The attempt's fields, which jobs stored before ``AttemptState`` existed keep at the top level.

@@ -156,9 +156,8 @@ class AgentService:
             ckpt = checkpoints.get((ref.job_id, ref.attempt, ref.fencing_token))
             if ckpt is not None:
                 job = self._note_checkpoint(job, ref.attempt, ckpt)
-            attempt = job.run.attempt
-            if attempt.dispatch_token and self.settings.token_heartbeat_due(attempt.dispatched_at, now):
-                self.tokens.heartbeat(attempt.dispatch_token)
+            if job.run.attempt.dispatch_token:
+                self.tokens.heartbeat(job.run.attempt.dispatch_token)
             if job.status is S.CANCELING:
                 directives.append(
                     Directive(job_id=job.id, attempt=ref.attempt, action="cancel", reason=job.reason)

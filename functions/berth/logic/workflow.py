@@ -88,21 +88,6 @@ class WorkflowSettings:
         declares a silent host lost first (``lease_s + host_silence_s`` after its last heartbeat)."""
         return self.lease_s + self.host_silence_s + self.heartbeat_s
 
-    def token_heartbeat_due(self, dispatched_at: datetime | None, now: datetime) -> bool:
-        """Whether an agent's heartbeat of an attempt dispatched at ``dispatched_at`` also sends the
-        dispatch token's SendTaskHeartbeat: once per third of the state's HeartbeatSeconds (the first
-        beat past each such mark, with half a beat's slack for a late one), not on every beat. A missed
-        mark leaves two thirds of the window, and the lease reaper declares a silent host lost first
-        anyway. None (dispatched before this was kept): every beat."""
-        if dispatched_at is None:
-            return True
-        window = self.dispatch_heartbeat_s / 3
-        slack = 1.5 * self.agent_heartbeat_s
-        if slack >= window:
-            return True
-        elapsed = (now - dispatched_at).total_seconds()
-        return elapsed >= window and elapsed % window < slack
-
     def execution_input(self, job_id: str) -> dict[str, Any]:
         """The input of a job's execution: the job and the timings its states read."""
         return {"job_id": job_id, "heartbeat_s": self.dispatch_heartbeat_s}
@@ -210,9 +195,7 @@ class WorkflowService:
                 return Keep((Failure.CANCELED.error_name, "canceled before any host claimed it"))
             if not isinstance(job.placement, OnPremPlacement) or job.run.attempt.fencing_token is None:
                 return Keep((Failure.INVALID_SPEC.error_name, "the job has no on-prem placement"))
-            run = job.run.with_attempt(dispatch_token=token, dispatched_at=self.clock()).model_copy(
-                update={"placement_token": None}
-            )
+            run = job.run.with_attempt(dispatch_token=token).model_copy(update={"placement_token": None})
             return Update(job.updated(job.updated_at, run=run))
 
         done = update_job(self.jobs, job_id, park, doing="dispatching")
