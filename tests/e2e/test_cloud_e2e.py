@@ -348,7 +348,11 @@ def test_region_outage_opens_the_circuit_and_placement_returns_after_recovery(
         assert time.monotonic() < deadline, _circuits(alice)
         time.sleep(0.5)
     assert _circuits(alice)[region] == "half-open"
-    probe = _wait(alice, _submit(alice, _cloud_job("after-recovery")), timeout=120)
+    # At an equal price the scheduler prefers a closed circuit's region to a half-open one, so the
+    # probe is a job that wants this region (a job free to go anywhere would only come back here
+    # once the circuit had closed by itself, which made this test depend on how late its pass ran).
+    probe_spec = {**_cloud_job("after-recovery"), "constraints": {"regions": [region]}}
+    probe = _wait(alice, _submit(alice, probe_spec), timeout=120)
     assert probe["status"] == "COMPLETED" and probe["attempts"] == 1, probe
     assert probe["placement"]["region"] == region, (region, probe["placement"])
     assert _circuits(alice)[region] == "closed"
