@@ -8,6 +8,7 @@ here too. ``tests/functional/contracts`` runs the same suites against these and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections import Counter
@@ -21,6 +22,7 @@ from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, NotF
 from berth.domain.fleet import (
     Admission,
     Hold,
+    HoldRelease,
     HostInventory,
     HostRecord,
     StoredDocument,
@@ -65,6 +67,8 @@ class FakeJobs:
         self.reads: Counter[str] = Counter()
         #: Where ``save`` records an ended attempt's usage (as DynamoDB's does in its transaction).
         self.usage_ledger: Any = None
+        #: Where ``save`` gives an ended attempt's GPU holds back (as DynamoDB's does in its transaction).
+        self.hosts: Any = None
 
     def create(self, job: Job, event: JobEvent, max_active: int, claim: SubmitClaim | None = None) -> None:
         with self.table.lock:
@@ -86,18 +90,28 @@ class FakeJobs:
             if claim is not None:
                 self.claims[claim.key] = (job.id, claim)
 
-    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
+    def save(
+        self,
+        job: Job,
+        event: JobEvent,
+        usage: AttemptUsage | None = None,
+        releases: tuple[HoldRelease, ...] = (),
+    ) -> None:
         if self.before_save is not None:
             hook, self.before_save = self.before_save, None
             hook(job)
         if usage is not None and self.usage_ledger is None:
             raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
-        with self.table.lock:
+        if releases and self.hosts is None:
+            raise ValueError("this job repository has no hosts table to give the attempt's GPUs back to")
+        with self.table.lock, self.hosts.lock if releases else contextlib.nullcontext():
             stored = self.jobs.get(job.id)
             if stored is None or stored.version != job.version - 1:
                 raise Conflict("version moved")
             if usage is not None and self.usage_ledger is not None:
                 self.usage_ledger.record(usage)  # its rule: a record of more run time stays
+            for r in releases:  # a hold already released is left as it is
+                self.hosts.release(r.host_id, r.attempt, r.gpu_ids)
             self.jobs[job.id] = job
             self.history[job.id].append(event)
             if event.from_ is not None and event.from_.is_active and job.status.is_terminal:

@@ -274,11 +274,11 @@ def test_the_final_usage_record_is_written_with_the_jobs_own_save() -> None:
     saved: list[Any] = []
     save = w.jobs.save
 
-    def recording_save(job: Any, event: Any, usage: Any = None) -> None:
+    def recording_save(job: Any, event: Any, usage: Any = None, releases: Any = ()) -> None:
         saved.append(usage)
         in_save[0] = True
         try:
-            save(job, event, usage)
+            save(job, event, usage, releases)
         finally:
             in_save[0] = False
 

@@ -79,7 +79,7 @@ def test_cancel_gives_up_when_the_job_never_settles(svc: JobService) -> None:
     assert isinstance(jobs, FakeJobs)
     original = jobs.save
 
-    def always_conflict(j: object, e: object, usage: object = None) -> None:
+    def always_conflict(j: object, e: object, usage: object = None, releases: object = ()) -> None:
         raise Conflict("moved")
 
     jobs.save = always_conflict  # type: ignore[method-assign]

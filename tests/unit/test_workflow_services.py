@@ -103,6 +103,7 @@ class World:
     def __init__(self, hosts: int = 2, gpus: int = 8) -> None:
         self.jobs, self.tenants = fake_store()
         self.hosts = FakeHosts()
+        self.jobs.hosts = self.hosts  # an ended attempt's GPUs go back in the job's write
         self.clock = Clock()
         self.tokens = Tokens()
         self.queues = Queues()
@@ -968,18 +969,30 @@ def test_a_gang_completes_with_its_last_ranks_report_only() -> None:
     assert w.tokens.of("succeed")[-1][2]["completed"] is True
 
 
-def test_a_completed_attempt_whose_release_fails_stays_completed_for_the_orphan_reaper() -> None:
-    from berth.domain.errors import StoreUnavailable
-
+def test_the_completion_gives_the_gpus_back_in_its_own_write_and_a_hold_gone_is_left() -> None:
+    """The last rank's report completes the job and frees its GPUs in one write (no release after
+    it); a hold the reaper already released is left as it is, and the job completes all the same."""
     w = World(hosts=1)
     job, host = w.run_to_running(w.submit())
+    separate: list[str] = []
+    original = w.hosts.release
 
-    def down(*_a: Any, **_k: Any) -> bool:
-        raise StoreUnavailable("hosts table throttled")
+    def recording(host_id: str, attempt: str, gpu_ids: Any = None) -> bool:
+        separate.append(attempt)
+        return original(host_id, attempt, gpu_ids)
 
-    w.hosts.release = down  # type: ignore[method-assign]
+    # the job repository's own handle on the hosts (its transaction); the services' handle records
+    w.jobs.hosts = type("Tx", (), {"lock": w.hosts.lock, "release": staticmethod(original)})()
+    w.hosts.release = recording  # type: ignore[method-assign]
     w.agent.report(HostCaller(host, ""), AttemptReport(**_ref(job).model_dump(), event=ReportEvent.SUCCEEDED))
-    assert w.job(job.id).status is JobStatus.COMPLETED
+    assert w.job(job.id).status is JobStatus.COMPLETED and w.held() == [] and separate == []
+
+    other, host = w.run_to_running(w.submit())
+    original(host, f"{other.id}#1")  # the reaper was first
+    w.agent.report(
+        HostCaller(host, ""), AttemptReport(**_ref(other).model_dump(), event=ReportEvent.SUCCEEDED)
+    )
+    assert w.job(other.id).status is JobStatus.COMPLETED and w.held() == []
     assert w.tokens.of("succeed")[-1][2]["completed"] is True
 
 

@@ -21,6 +21,7 @@ from berth.dal.models import (
     array_counter_model,
     claim_model,
     event_model,
+    host_model,
     job_model,
     tenant_model,
 )
@@ -29,6 +30,7 @@ from berth.dal.tenants import DIRECTORY, TENANT
 from berth.dal.usage import DynamoUsageLedger
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import AlreadySubmitted, Conflict, InvalidRequest, QuotaExceeded, StoreUnavailable
+from berth.domain.fleet import HoldRelease
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent, iso
 from berth.domain.job_spec import JobSpec
@@ -86,9 +88,12 @@ class DynamoJobRepository:
         shards: int = QUEUE_SHARDS,
         sleep: Callable[[float], None] = time.sleep,
         usage: DynamoUsageLedger | None = None,
+        hosts_table: str | None = None,
     ) -> None:
         self._arrays = arrays
         self._usage = usage
+        #: The hosts, whose ended attempts' holds ``save`` gives back in the job's own transaction.
+        self._Host = None if hosts_table is None else host_model(hosts_table)
         self._shards = shards
         self._sleep = sleep
         self._jobs_table = jobs_table
@@ -218,21 +223,53 @@ class DynamoJobRepository:
                 ) from exc
             raise
 
-    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
-        if usage is not None and self._usage is not None:
+    def save(
+        self,
+        job: Job,
+        event: JobEvent,
+        usage: AttemptUsage | None = None,
+        releases: tuple[HoldRelease, ...] = (),
+    ) -> None:
+        if usage is not None and self._usage is None:
+            raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
+        if releases and self._Host is None:
+            raise ValueError("this job repository has no hosts table to give the attempt's GPUs back to")
+        # Items whose own condition may fail without the job's write failing: a usage record of more
+        # run time already stored (the ledger's rule keeps it), a hold already released. Each such
+        # try drops what failed and writes the rest; the job's own condition failing is a Conflict.
+        for _ in range(2 + len(releases)):
             try:
                 with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
                     self.add_save(tx, job, event)  # puts first: the job (0), its event (1)
-                    self._usage.add_record(tx, usage)  # (2)
+                    if usage is not None and self._usage is not None:
+                        self._usage.add_record(tx, usage)  # (2)
+                    first = _items_in(tx)  # the releases are the last updates
+                    for r in releases:
+                        self._add_release(tx, r)
                 return
             except Conflict as exc:
-                if USAGE_ITEM not in failed_conditions(exc):
+                failed = failed_conditions(exc)
+                gone = {releases[i - first] for i in failed if first <= i < first + len(releases)}
+                usage_kept = usage is not None and USAGE_ITEM in failed
+                if not gone and not usage_kept:
                     raise
-                # A record of more run time is stored (the ledger's rule keeps it): the job alone.
-        elif usage is not None:
-            raise ValueError("this job repository has no usage ledger to record the attempt's usage in")
-        with translated(f"update job {job.id}"), TransactWrite(connection=self._conn) as tx:
-            self.add_save(tx, job, event)
+                releases = tuple(r for r in releases if r not in gone)
+                usage = None if usage_kept else usage
+        raise Conflict(f"job {job.id}: its write kept failing")
+
+    def _add_release(self, tx: TransactWrite, release: HoldRelease) -> None:
+        """The hold's GPUs back to the host's free set, the hold gone: only while it is still there."""
+        R = self._Host
+        assert R is not None
+        tx.update(
+            R(release.host_id),
+            actions=[
+                R.free_gpu_ids.add(set(release.gpu_ids)),
+                R.holds[release.attempt].remove(),
+                R.version.add(1),
+            ],
+            condition=R.holds[release.attempt].exists(),
+        )
 
     def add_save(self, tx: TransactWrite, job: Job, event: JobEvent) -> None:
         """``save``'s items (the job under its version, its event, the tenant's counter when it ends)
@@ -455,6 +492,15 @@ class DynamoJobRepository:
 
     def _decode_token(self, token: str, tenant: str, status: JobStatus | None) -> dict[str, Any]:
         return _check_token(self._tokens.decode(token), tenant, status)
+
+
+def _items_in(tx: TransactWrite) -> int:
+    """How many items ``tx`` holds so far. pynamodb sends them as condition checks, deletes, puts,
+    then updates, each in the order added, so an update added now has this index in the request
+    (and in a cancellation's reasons)."""
+    return sum(
+        len(items) for items in (tx._condition_check_items, tx._delete_items, tx._put_items, tx._update_items)
+    )
 
 
 def _check_all_token(data: dict[str, Any], status: JobStatus | None) -> str:

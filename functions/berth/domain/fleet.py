@@ -36,6 +36,17 @@ def attempt_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#{attempt}"
 
 
+@dataclass(frozen=True, slots=True)
+class HoldRelease:
+    """One host's hold of an ended attempt, given back in the same transaction as the job's own write
+    (``JobRepository.save``): the GPUs return to the host's free set and the hold goes, if the hold
+    is still there (one already released is left as it is)."""
+
+    host_id: str
+    attempt: str  # attempt_key(job_id, attempt)
+    gpu_ids: tuple[str, ...]
+
+
 class Hold(_Frozen):
     """What one running attempt holds on a host: GPUs by UUID, CPU and memory."""
 

@@ -10,7 +10,14 @@ from typing import Any, Protocol
 from berth.domain.agent_wire import CachedDataset
 from berth.domain.cloud import BatchJob, BatchSubmission, SubmitRequest
 from berth.domain.cost import AttemptUsage
-from berth.domain.fleet import Admission, HoldRequest, HostInventory, HostRecord, StoredDocument
+from berth.domain.fleet import (
+    Admission,
+    HoldRelease,
+    HoldRequest,
+    HostInventory,
+    HostRecord,
+    StoredDocument,
+)
 from berth.domain.gpu_health import GpuFault
 from berth.domain.idempotency import SubmitClaim
 from berth.domain.job import Job, JobEvent
@@ -59,12 +66,21 @@ class JobRepository(Protocol):
 
     def get(self, job_id: str) -> Job | None: ...
 
-    def save(self, job: Job, event: JobEvent, usage: AttemptUsage | None = None) -> None:
+    def save(
+        self,
+        job: Job,
+        event: JobEvent,
+        usage: AttemptUsage | None = None,
+        releases: tuple[HoldRelease, ...] = (),
+    ) -> None:
         """Store ``job`` (version n) only if the stored one is still version n-1, with its event,
         atomically (releasing its active-job count when it ends); Conflict if another writer got
         there first. ``usage``: the ended attempt's usage record, stored in the same write under
         ``UsageLedger.record``'s rule (a stored record of more run time stays, and the job is saved
-        all the same); a repository without a usage ledger refuses it (ValueError)."""
+        all the same); a repository without a usage ledger refuses it (ValueError). ``releases``:
+        the ended attempt's GPU holds, given back in the same write; a hold already released is
+        left as it is and the job saved all the same; a repository without the hosts refuses them
+        (ValueError)."""
 
     def update(self, job: Job) -> None:
         """Store ``job`` (version n) if the stored version is n-1, without an event; else Conflict."""

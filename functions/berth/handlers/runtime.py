@@ -66,6 +66,7 @@ def job_repository() -> DynamoJobRepository:
         tokens,
         arrays=array_repository(),
         usage=usage_ledger(),  # an ended attempt's usage record goes with the job's write
+        hosts_table=cfg.hosts_table,  # and its GPU holds go back in it
     )
 
 

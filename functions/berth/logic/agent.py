@@ -48,7 +48,7 @@ from berth.domain.workflow import (
 from berth.logic.credentials import CredentialService
 from berth.logic.gpu_faults import GpuFaultService
 from berth.logic.job_update import Change, Decision, JobMissing, JobUpdate, Keep, Save, Update, update_job
-from berth.logic.workflow import WorkflowSettings, completion, release_holds
+from berth.logic.workflow import WorkflowSettings, completion, hold_releases, release_holds
 
 S = JobStatus
 log = logging.getLogger(__name__)
@@ -259,8 +259,8 @@ class AgentService:
             placement = done.before.placement
             assert isinstance(placement, OnPremPlacement)
             completed = done.written and done.after.status is S.COMPLETED
-            if completed:
-                self._release(done.before, report.attempt)
+            if completed and not hold_releases(done.before, report.attempt):
+                self._release(done.before, report.attempt)  # GPUs given back in the write otherwise
             if done.written and token and len(done.after.run.attempt.succeeded) >= len(placement.hosts):
                 # ``completed``: the workflow goes straight to its end (Finalize would find nothing
                 # to do); otherwise Finalize completes the job (a start never reported).

@@ -29,6 +29,7 @@ from typing_extensions import TypeVar
 
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import Conflict, NotFound
+from berth.domain.fleet import HoldRelease
 from berth.domain.job import Job, JobEvent
 from berth.domain.ports import JobRepository
 
@@ -56,6 +57,8 @@ class Save(Generic[T]):
     outcome: T = None  # type: ignore[assignment]  # T defaults to None (PEP 696)
     usage: AttemptUsage | None = None
     """The ended attempt's usage record, stored in the same write (``JobRepository.save``)."""
+    releases: tuple[HoldRelease, ...] = ()
+    """The ended attempt's GPU holds, given back in the same write (``JobRepository.save``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,7 @@ def update_job(
         event = decision.event if isinstance(decision, Save) else None
         try:
             if isinstance(decision, Save):
-                jobs.save(decision.job, decision.event, decision.usage)
+                jobs.save(decision.job, decision.event, decision.usage, decision.releases)
             else:
                 jobs.update(decision.job)
         except Conflict:

@@ -16,7 +16,7 @@ from typing import Any
 
 from berth.domain.cost import AttemptUsage, attempt_usage
 from berth.domain.errors import StoreUnavailable
-from berth.domain.fleet import attempt_key
+from berth.domain.fleet import HoldRelease, attempt_key
 from berth.domain.job import Job
 from berth.domain.placement import CloudPlacement, OnPremPlacement
 from berth.domain.ports import (
@@ -138,6 +138,19 @@ class WorkflowHooks:
                 self.trigger.request(f"job {after.id} canceling")
             except StoreUnavailable:
                 return  # the timer's pass terminates it
+
+
+def hold_releases(job: Job, attempt: int) -> tuple[HoldRelease, ...]:
+    """The GPU holds of ``job``'s attempt ``attempt`` to give back with the write that ends it
+    (``Save.releases``): those its placement names, when that attempt is the job's current one and
+    every host's GPUs are known; else none (``release_holds`` then reads each host after the write)."""
+    placement = job.placement
+    if job.attempts != attempt or not isinstance(placement, OnPremPlacement):
+        return ()
+    if not all(h.gpu_ids for h in placement.hosts):
+        return ()
+    key = attempt_key(job.id, attempt)
+    return tuple(HoldRelease(h.host_id, key, h.gpu_ids) for h in placement.hosts)
 
 
 def release_holds(hosts: HostRepository, job: Job, attempt: int) -> None:
@@ -284,12 +297,14 @@ class WorkflowService:
                 event,
                 {"action": decision.action.value, "backoff_s": decision.backoff_s, "failure": failure.value},
                 usage,
+                hold_releases(job, attempt),  # the GPUs go back in the same write
             )
 
         done = update_job(self.jobs, job_id, classify, doing="classifying its failure")
-        if done.written:
-            # The move out of a state that held capacity asks for a pass through the job-events
-            # stream (berth.logic.pass_triggers): after its batching windows, so normally after this.
+        if done.written and not hold_releases(done.before, attempt):
+            # GPUs its placement does not name (an older attempt's): read each host. The move out of
+            # a state that held capacity asks for a pass through the job-events stream
+            # (berth.logic.pass_triggers), after its batching windows.
             release_holds(self.hosts, done.before, attempt)
         return done.outcome
 
@@ -331,7 +346,7 @@ class WorkflowService:
 
         running = update_job(self.jobs, job_id, run, doing="finalizing")
         done = update_job(self.jobs, job_id, complete, doing="finalizing", current=running.after)
-        if done.written:
+        if done.written and not hold_releases(done.before, attempt):
             release_holds(self.hosts, done.before, attempt)  # the stream's consumer asks for a pass
         return {"status": str(done.after.status)}
 
@@ -356,13 +371,14 @@ def ended_attempt_cost(job: Job, now: datetime, keep_usage: bool) -> tuple[float
 
 
 def completion(job: Job, attempt: int, now: datetime, keep_usage: bool) -> Save:
-    """``job`` COMPLETED by its attempt ``attempt`` ending ``now``: its cost, and the attempt's final
-    usage record in the same write. Finalize writes it, and so does the agent API when the last rank's
-    ``succeeded`` report comes (``AgentService.report``), so that Finalize is not run."""
+    """``job`` COMPLETED by its attempt ``attempt`` ending ``now``: its cost, the attempt's final
+    usage record and its GPUs given back, all in the same write. Finalize writes it, and so does the
+    agent API when the last rank's ``succeeded`` report comes (``AgentService.report``), so that
+    Finalize is not run."""
     cost, usage = ended_attempt_cost(job, now, keep_usage)
     run = job.run.with_attempt(dispatch_token=None, cost_at=None).model_copy(update={"cost_done_usd": cost})
     nxt, event = job.transition(S.COMPLETED, f"completed (attempt {attempt})", now, run=run, cost_usd=cost)
-    return Save(nxt, event, usage=usage)
+    return Save(nxt, event, usage=usage, releases=hold_releases(job, attempt))
 
 
 #: How an attempt the scheduler stopped reports its end (the agent's cancel, the process's exit).

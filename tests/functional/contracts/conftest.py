@@ -42,6 +42,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         hosts = FakeHosts()
         ledger = FakeUsage()
         jobs.usage_ledger = ledger  # save's usage record (as DynamoDB's transaction does)
+        jobs.hosts = hosts  # save's GPU holds given back (likewise)
         yield Store(jobs, tenants, hosts, FakeDocuments(), ledger, FakePlacements(jobs, hosts))
         return
     request.getfixturevalue("aws")
@@ -58,6 +59,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         TABLES["BERTH_JOB_EVENTS_TABLE"],
         TABLES["BERTH_TENANTS_TABLE"],
         usage=ledger,
+        hosts_table=TABLES["BERTH_HOSTS_TABLE"],
     )
     hosts = DynamoHostRepository(TABLES["BERTH_HOSTS_TABLE"])
     yield Store(

@@ -8,6 +8,7 @@ import pytest
 
 from berth.domain.cost import AttemptUsage
 from berth.domain.errors import Conflict, InvalidRequest, QuotaExceeded
+from berth.domain.fleet import HoldRelease
 from berth.domain.job import Job, new_job, new_job_id
 from berth.domain.job_spec import JobSpec
 from berth.domain.placement import CloudPlacement, HostGpus, OnPremPlacement, Site
@@ -341,4 +342,69 @@ def test_save_with_usage_is_one_transaction(store: Store, calls: Calls) -> None:
     calls.clear()
     done, ev = running.transition(JobStatus.FAILED, "failed", T0)
     store.jobs.save(done, ev, _usage(done, 1800))
+    assert calls.operations() == ["TransactWriteItems"]
+
+
+# -- an ended attempt's GPU holds, given back in the job's own write ---------------------------------
+def _held(store: Store, job: Job) -> tuple[Job, HoldRelease]:
+    from berth.domain.fleet import HostInventory, attempt_key
+
+    inventory = HostInventory.model_validate(
+        {"host_id": "h1", "pool": "default", "gpu_type": "V100", "gpu_ids": ["G0", "G1", "G2"], "cpu": 64,
+         "memory_gib": 256}
+    )  # fmt: skip
+    store.hosts.register(inventory, T0 + timedelta(hours=1))
+    key = attempt_key(job.id, 1)
+    store.hosts.hold("h1", key, ("G0", "G1"), 8, 64)
+    running, ev = job.transition(JobStatus.STARTING, "placed", T0)
+    store.jobs.save(running, ev)
+    return running, HoldRelease("h1", key, ("G0", "G1"))
+
+
+def _free(store: Store) -> set[str]:
+    rec = store.hosts.get("h1")
+    assert rec is not None
+    return set(rec.free_gpu_ids)
+
+
+def test_save_gives_the_attempts_gpus_back_in_the_same_write(store: Store) -> None:
+    running, release = _held(store, _new(store))
+    assert _free(store) == {"G2"}
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev, _usage(done, 60), (release,))
+    rec = store.hosts.get("h1")
+    assert rec is not None and release.attempt not in rec.holds and _free(store) == {"G0", "G1", "G2"}
+    assert store.jobs.get(done.id) == done and store.jobs.count_active("vision") == 0
+
+
+def test_a_hold_released_meanwhile_is_left_and_the_job_is_saved(store: Store) -> None:
+    """The reaper (or a retried task) gave the GPUs back first, and one went to another attempt: the
+    job's write neither fails nor frees that GPU again."""
+    running, release = _held(store, _new(store))
+    assert store.hosts.release("h1", release.attempt, release.gpu_ids)
+    store.hosts.hold("h1", "j-other#1", ("G0",), 4, 32)
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev, None, (release,))
+    assert store.jobs.get(done.id) == done
+    rec = store.hosts.get("h1")
+    assert rec is not None and rec.holds["j-other#1"].gpu_ids == ("G0",) and _free(store) == {"G1", "G2"}
+
+
+def test_a_save_that_loses_on_the_version_gives_nothing_back(store: Store) -> None:
+    running, release = _held(store, _new(store))
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev)
+    again, ev2 = running.transition(JobStatus.RETRYING, "retrying", T0)  # from the same version
+    with pytest.raises(Conflict):
+        store.jobs.save(again, ev2, None, (release,))
+    assert _free(store) == {"G2"} and store.jobs.get(done.id) == done
+
+
+def test_save_with_usage_and_releases_is_one_transaction(store: Store, calls: Calls) -> None:
+    if not hasattr(store.jobs, "_conn"):
+        pytest.skip("only DynamoDB's calls are counted")
+    running, release = _held(store, _new(store))
+    calls.clear()
+    done, ev = running.transition(JobStatus.FAILED, "failed", T0)
+    store.jobs.save(done, ev, _usage(done, 60), (release,))
     assert calls.operations() == ["TransactWriteItems"]
