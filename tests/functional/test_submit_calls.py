@@ -33,27 +33,37 @@ def _stored_jobs() -> int:
     return int(ddb.scan(TableName=TABLES["BERTH_JOBS_TABLE"], Select="COUNT")["Count"])
 
 
-def test_keyed_submit_makes_six_calls(warm_fleet: Invoke, spec: dict[str, Any], calls: Calls) -> None:
-    """Steady state (the feasibility check's fleet cached): the member's item, the rate counter,
-    Powertools' in-progress record, the tenant's item (once, for quota, grants and feasibility), the
-    job's transaction and Powertools' completed record. No read of the job just created."""
+def test_keyed_submit_makes_five_calls(warm_fleet: Invoke, spec: dict[str, Any], calls: Calls) -> None:
+    """Steady state (the feasibility check's fleet cached, the member's identity kept from the first
+    request, ``BERTH_IDENTITY_CACHE_S``): the rate counter, Powertools' in-progress record, the
+    tenant's item (once, for quota, grants and feasibility), the job's transaction and Powertools'
+    completed record. No read of the member's item, nor of the job just created."""
     assert warm_fleet("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": "warm"})[0] == 201
     calls.clear()
     status, job = warm_fleet("POST", "/v1/jobs", body=spec, headers={"Idempotency-Key": "second"})
     assert status == 201 and job["status"] == "QUEUED" and job["tenant"] == "vision"
-    assert calls.ops() == {"GetItem": 2, "UpdateItem": 2, "PutItem": 1, "TransactWriteItems": 1}
-    assert calls.keys("GetItem") == [f"PRINCIPAL#{ALICE}", "TENANT#vision"]
+    assert calls.ops() == {"GetItem": 1, "UpdateItem": 2, "PutItem": 1, "TransactWriteItems": 1}
+    assert calls.keys("GetItem") == ["TENANT#vision"]
     # the answer is the stored job (and, as a fact of the submit only, which defaults it got)
     stored = warm_fleet("GET", f"/v1/jobs/{job['id']}")[1]
     assert stored == {k: v for k, v in job.items() if k != "defaults_applied"}
 
 
-def test_unkeyed_submit_makes_four_calls(warm_fleet: Invoke, spec: dict[str, Any], calls: Calls) -> None:
+def test_unkeyed_submit_makes_three_calls(warm_fleet: Invoke, spec: dict[str, Any], calls: Calls) -> None:
     assert warm_fleet("POST", "/v1/jobs", body=spec)[0] == 201
     calls.clear()
     assert warm_fleet("POST", "/v1/jobs", body=spec)[0] == 201
-    assert calls.ops() == {"GetItem": 2, "UpdateItem": 1, "TransactWriteItems": 1}
-    assert calls.keys("GetItem") == [f"PRINCIPAL#{ALICE}", "TENANT#vision"]
+    assert calls.ops() == {"GetItem": 1, "UpdateItem": 1, "TransactWriteItems": 1}
+    assert calls.keys("GetItem") == ["TENANT#vision"]
+
+
+def test_the_first_request_of_a_sandbox_reads_the_members_item(
+    api: Invoke, spec: dict[str, Any], calls: Calls
+) -> None:
+    cold_start()
+    calls.clear()
+    assert api("GET", "/v1/jobs")[0] == 200
+    assert f"PRINCIPAL#{ALICE}" in calls.keys("GetItem")
 
 
 def test_cold_feasibility_cache_reads_no_circuits(api: Invoke, spec: dict[str, Any], calls: Calls) -> None:
